@@ -1,0 +1,112 @@
+//! Glue between the [`Filter`] trait and the generated bindings. Used by the
+//! code `#[shallot_guest::filter]` emits; not part of the API.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+pub use wit_bindgen;
+
+pub use crate::bindings::__export_filter_world as export_world;
+use crate::bindings::exports::shallot::filter::{chat_filter, plugin, token_filter, tool_filter, turn_filter};
+use crate::bindings::shallot::filter::types::{ChatRequest, ToolRequest, TokenBatch, TurnRequest};
+use crate::{Fctx, Filter, FilterError, Hook, TokenOut, TokenTransform, Tokens};
+
+/// What the attribute knows about the filter type it was put on.
+pub trait Export: Filter {
+    const NAME: &'static str;
+    const VERSION: &'static str;
+    const HOOKS: &'static [Hook];
+    /// The configured filter of this instance.
+    fn slot() -> &'static OnceLock<Self>;
+}
+
+/// Implements every exported interface for the filter `F`.
+pub struct Adapter<F>(PhantomData<F>);
+
+fn configured<F: Export>() -> &'static F {
+    F::slot().get().expect("the shallot host calls `configure` before any hook")
+}
+
+fn parse_config<F: Export>(config: &str) -> Result<F, String> {
+    match serde_json::from_str(config) {
+        Ok(filter) => Ok(filter),
+        // No configuration: let a struct whose fields all have defaults
+        // stand in for `null`.
+        Err(_) if config.trim() == "null" => {
+            serde_json::from_str("{}").map_err(|e| format!("configuration required: {e}"))
+        }
+        Err(e) => Err(format!("invalid configuration: {e}")),
+    }
+}
+
+impl<F: Export> plugin::Guest for Adapter<F> {
+    fn configure(config: String) -> Result<(), String> {
+        let mut filter = parse_config::<F>(&config)?;
+        filter.configure()?;
+        F::slot().set(filter).map_err(|_| "configure called twice".to_owned())
+    }
+
+    fn describe() -> plugin::Descriptor {
+        let init = configured::<F>().init();
+        plugin::Descriptor {
+            name: F::NAME.to_owned(),
+            version: F::VERSION.to_owned(),
+            init_fctx: serde_json::to_string(&init)
+                .unwrap_or_else(|e| panic!("FCtx init does not serialize: {e}")),
+            hooks: F::HOOKS.to_vec(),
+        }
+    }
+}
+
+impl<F: Export> chat_filter::Guest for Adapter<F> {
+    fn around_chat(request: &ChatRequest, fctx: String) -> Result<chat_filter::ChatOutcome, FilterError> {
+        let mut fctx = Fctx::new(fctx);
+        let response = configured::<F>().around_chat(request, &mut fctx)?;
+        Ok(chat_filter::ChatOutcome { response, fctx: fctx.into_changed() })
+    }
+}
+
+impl<F: Export> tool_filter::Guest for Adapter<F> {
+    fn around_tool(request: &ToolRequest, fctx: String) -> Result<tool_filter::ToolOutcome, FilterError> {
+        let mut fctx = Fctx::new(fctx);
+        let response = configured::<F>().around_tool(request, &mut fctx)?;
+        Ok(tool_filter::ToolOutcome { response, fctx: fctx.into_changed() })
+    }
+}
+
+impl<F: Export> turn_filter::Guest for Adapter<F> {
+    fn around_turn(request: &TurnRequest, fctx: String) -> turn_filter::TurnOutcome {
+        let mut fctx = Fctx::new(fctx);
+        let result = configured::<F>().around_turn(request, &mut fctx);
+        turn_filter::TurnOutcome { result, fctx: fctx.into_changed() }
+    }
+}
+
+impl<F: Export> token_filter::Guest for Adapter<F> {
+    type TokenTransformer = Transformer<F>;
+}
+
+/// One stream's transform, owned by the host through a resource handle.
+pub struct Transformer<F> {
+    inner: RefCell<Box<dyn TokenTransform>>,
+    filter: PhantomData<F>,
+}
+
+impl<F: Export> token_filter::GuestTokenTransformer for Transformer<F> {
+    fn new() -> Self {
+        Transformer { inner: RefCell::new(configured::<F>().token_transform()), filter: PhantomData }
+    }
+
+    fn step(&self, tokens: TokenBatch) -> Result<TokenBatch, FilterError> {
+        let mut out = TokenOut::default();
+        self.inner.borrow_mut().step(Tokens::new(tokens), &mut out)?;
+        Ok(out.into_batch())
+    }
+
+    fn flush(&self) -> Result<TokenBatch, FilterError> {
+        let mut out = TokenOut::default();
+        self.inner.borrow_mut().flush(&mut out)?;
+        Ok(out.into_batch())
+    }
+}

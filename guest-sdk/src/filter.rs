@@ -1,0 +1,73 @@
+//! The [`Filter`] trait: one method per hook, each passing through by default.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{
+    ChatRequest, ChatResponse, Fctx, FilterError, PassThrough, TokenTransform, ToolRequest,
+    ToolResponse, TurnRequest, TurnResult, next,
+};
+
+/// A shallot filter.
+///
+/// The implementing type is the filter's configuration: the host's JSON
+/// config is deserialized into it (`null` or `{}` when the operator gives
+/// none), then [`Filter::configure`] runs once per instance. Hooks take
+/// `&self`: anything that must outlive one hook call belongs in the private
+/// context ([`Fctx`]), never in the filter value, because the host may run
+/// each invoke in a fresh instance.
+///
+/// Put `#[shallot_guest::filter]` on the impl block: it exports the
+/// component, lists the hooks you wrote in the descriptor (the host skips
+/// the others at no cost) and fills in `type State = ()` if you leave it out.
+pub trait Filter: DeserializeOwned + Send + Sync + 'static {
+    /// The private context (FCtx): one value per filter per invoke, the same
+    /// in this filter's around-turn, around-chat and around-tool, kept across
+    /// every round of the tool loop. Invisible to every other filter.
+    type State: Serialize + DeserializeOwned + Default;
+
+    /// Finishes the configuration once it is deserialized (compile patterns,
+    /// check ranges). An error rejects the configuration when the plugin is
+    /// loaded, with your message.
+    fn configure(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The FCtx seed, used the first time the filter is entered in an invoke.
+    fn init(&self) -> Self::State {
+        Self::State::default()
+    }
+
+    /// Around one model call. Call [`next::chat`] zero times (short-circuit),
+    /// once, or several times (retry).
+    fn around_chat(
+        &self,
+        request: &ChatRequest,
+        fctx: &mut Fctx<Self::State>,
+    ) -> Result<ChatResponse, FilterError> {
+        let _ = fctx;
+        next::chat(request)
+    }
+
+    /// Around one tool execution.
+    fn around_tool(
+        &self,
+        request: &ToolRequest,
+        fctx: &mut Fctx<Self::State>,
+    ) -> Result<ToolResponse, FilterError> {
+        let _ = fctx;
+        next::tool(request)
+    }
+
+    /// Around a whole agent turn. Pass `Interrupt` and `Error` results
+    /// through untouched; re-enter only on `Done`.
+    fn around_turn(&self, request: &TurnRequest, fctx: &mut Fctx<Self::State>) -> TurnResult {
+        let _ = fctx;
+        next::turn(request)
+    }
+
+    /// A fresh token transformer for one model stream.
+    fn token_transform(&self) -> Box<dyn TokenTransform> {
+        Box::new(PassThrough)
+    }
+}

@@ -1,0 +1,106 @@
+//! Write [shallot] filters in Rust.
+//!
+//! A filter is one layer of an onion around a model call (chat), a tool
+//! execution (tool) and a whole agent turn (turn), plus an optional
+//! streaming token transform. Implement [`Filter`] for your configuration
+//! type, override the hooks you need (every other hook passes through), and
+//! put `#[shallot_guest::filter]` on the impl block. Build the crate as a
+//! `cdylib` for `wasm32-wasip2` and drop the `.wasm` into shallot's plugins
+//! directory.
+//!
+//! This crate owns the guest side of the `shallot:filter` WIT contract; it
+//! must not grow host logic: the host owns ordering, private state (FCtx)
+//! storage, limits and errors attribution.
+//!
+//! # Example: block a word, count calls in FCtx, mask digits while streaming
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use shallot_guest::{
+//!     ChatRequest, ChatResponse, Filter, FilterError, Fctx, FinishReason, Message, TokenOut,
+//!     TokenTransform, Tokens, log, next,
+//! };
+//!
+//! /// The configuration the operator gives, e.g. `{"word": "bomb"}`.
+//! #[derive(Deserialize)]
+//! struct Guard {
+//!     word: String,
+//! }
+//!
+//! /// Private per-invoke state: survives every round of the tool loop.
+//! #[derive(Serialize, Deserialize, Default)]
+//! struct Calls {
+//!     n: u32,
+//! }
+//!
+//! #[shallot_guest::filter]
+//! impl Filter for Guard {
+//!     type State = Calls;
+//!
+//!     fn around_chat(&self, req: &ChatRequest, fctx: &mut Fctx<Calls>) -> Result<ChatResponse, FilterError> {
+//!         fctx.get_mut().n += 1;
+//!         let asked = req.messages().iter().any(|m| m.text().contains(&self.word));
+//!         if asked {
+//!             // Short-circuit: the model is never called.
+//!             return Ok(ChatResponse::new(&Message::assistant("I can't help with that."), FinishReason::ContentFiltered));
+//!         }
+//!         let response = next::chat(req)?;
+//!         log::debug(&format!("model answered, call #{}", fctx.get().n));
+//!         Ok(response)
+//!     }
+//!
+//!     fn token_transform(&self) -> Box<dyn TokenTransform> {
+//!         Box::new(MaskDigits)
+//!     }
+//! }
+//!
+//! struct MaskDigits;
+//!
+//! impl TokenTransform for MaskDigits {
+//!     fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError> {
+//!         for token in tokens.iter() {
+//!             let masked: String = token.text.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
+//!             out.push(&masked, token.meta);
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//!
+//! [shallot]: https://github.com/shallot-rs/shallot
+
+extern crate self as shallot_guest;
+
+pub mod context;
+mod fctx;
+mod filter;
+pub mod log;
+mod tokens;
+mod types;
+
+#[doc(hidden)]
+pub mod __private;
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "filter",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "__export_filter_world",
+        default_bindings_module: "shallot_guest::bindings",
+        runtime_path: "shallot_guest::__private::wit_bindgen::rt",
+    });
+}
+
+pub use bindings::exports::shallot::filter::plugin::Hook;
+pub use bindings::shallot::filter::next;
+pub use bindings::shallot::filter::types::{
+    ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Image,
+    Message, Role, ToolCall, ToolCallRecord, ToolRequest, ToolResponse, ToolSpec, TurnDone,
+    TurnInterrupt, TurnRequest, TurnResult, Usage,
+};
+pub use fctx::Fctx;
+pub use filter::Filter;
+pub use shallot_guest_macro::filter;
+pub use tokens::{PassThrough, Token, TokenOut, TokenTransform, Tokens};

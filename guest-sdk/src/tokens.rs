@@ -1,0 +1,132 @@
+//! The streaming token transform: tokens in, 0..N tokens out, per stream.
+
+use crate::FilterError;
+use crate::bindings::shallot::filter::types::{TokenBatch, TokenMeta};
+
+/// One streamed token: its text and optional metadata (a JSON object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token<'a> {
+    pub text: &'a str,
+    pub meta: Option<&'a str>,
+}
+
+/// A batch of tokens handed to [`TokenTransform::step`], in stream order.
+pub struct Tokens {
+    batch: TokenBatch,
+}
+
+impl Tokens {
+    pub(crate) fn new(batch: TokenBatch) -> Self {
+        Self { batch }
+    }
+
+    /// Number of tokens in the batch.
+    pub fn len(&self) -> usize {
+        self.batch.ends.len()
+    }
+
+    /// Whether the batch has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.batch.ends.is_empty()
+    }
+
+    /// The text of every token, back to back.
+    pub fn text(&self) -> &str {
+        &self.batch.text
+    }
+
+    /// The tokens, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Token<'_>> {
+        let mut metas = self.batch.metas.iter().peekable();
+        let mut start = 0usize;
+        self.batch.ends.iter().enumerate().map(move |(index, &end)| {
+            let end = end as usize;
+            let text = &self.batch.text[start..end];
+            start = end;
+            let meta = match metas.peek() {
+                Some(m) if m.index as usize == index => metas.next().map(|m| m.json.as_str()),
+                _ => None,
+            };
+            Token { text, meta }
+        })
+    }
+}
+
+/// Where a transform writes the tokens it emits.
+#[derive(Default)]
+pub struct TokenOut {
+    batch: TokenBatch,
+}
+
+impl Default for TokenBatch {
+    fn default() -> Self {
+        TokenBatch { text: String::new(), ends: Vec::new(), metas: Vec::new() }
+    }
+}
+
+impl TokenOut {
+    /// Emits one token.
+    pub fn push(&mut self, text: &str, meta: Option<&str>) {
+        if let Some(json) = meta {
+            self.batch.metas.push(TokenMeta { index: self.batch.ends.len() as u32, json: json.to_owned() });
+        }
+        self.batch.text.push_str(text);
+        self.batch.ends.push(self.batch.text.len() as u32);
+    }
+
+    /// Emits a token unchanged.
+    pub fn push_token(&mut self, token: Token<'_>) {
+        self.push(token.text, token.meta)
+    }
+
+    /// Emits a whole batch unchanged (without copying when nothing was
+    /// emitted before it).
+    pub fn push_all(&mut self, tokens: Tokens) {
+        if self.batch.ends.is_empty() {
+            self.batch = tokens.batch;
+        } else {
+            for token in tokens.iter() {
+                self.push_token(token);
+            }
+        }
+    }
+
+    /// Number of tokens emitted so far.
+    pub fn len(&self) -> usize {
+        self.batch.ends.len()
+    }
+
+    /// Whether nothing was emitted yet.
+    pub fn is_empty(&self) -> bool {
+        self.batch.ends.is_empty()
+    }
+
+    pub(crate) fn into_batch(self) -> TokenBatch {
+        self.batch
+    }
+}
+
+/// A token transform for one model stream. It may keep state in `self`
+/// (a buffer, a window): a fresh value is made for every stream.
+pub trait TokenTransform {
+    /// Takes the next tokens of the stream and emits 0..N tokens for them:
+    /// drop, pass, expand, or buffer them for a later step or `flush`.
+    fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError>;
+
+    /// The stream ended normally: emit whatever is still buffered. Not
+    /// called when the stream fails, so buffered tokens never leak then.
+    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
+        let _ = out;
+        Ok(())
+    }
+}
+
+/// The identity transform.
+pub struct PassThrough;
+
+impl TokenTransform for PassThrough {
+    fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError> {
+        out.push_all(tokens);
+        Ok(())
+    }
+}

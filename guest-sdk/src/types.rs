@@ -1,0 +1,72 @@
+//! Conveniences on the contract's types.
+
+use crate::{ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Message, Role, ToolResponse};
+
+impl Message {
+    /// A message with text content.
+    pub fn new(role: Role, text: impl Into<String>) -> Self {
+        Message { role, content: Some(Content::Text(text.into())), tool_calls: Vec::new(), tool_call_id: None }
+    }
+
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::new(Role::System, text)
+    }
+
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::new(Role::User, text)
+    }
+
+    /// An assistant message.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, text)
+    }
+
+    /// A tool-result message answering the call `call_id`.
+    pub fn tool_result(call_id: impl Into<String>, output: impl Into<String>) -> Self {
+        Message { tool_call_id: Some(call_id.into()), ..Self::new(Role::Tool, output) }
+    }
+
+    /// The text of the message: its text content, or its text parts joined.
+    pub fn text(&self) -> String {
+        match &self.content {
+            None => String::new(),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .filter_map(|part| match part {
+                    ContentPart::Text(text) => Some(text.as_str()),
+                    ContentPart::Image(_) => None,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ChatResponse {
+    /// An assistant answer with `text`, for a filter that answers itself.
+    pub fn from_text(text: impl Into<String>, reason: FinishReason) -> Self {
+        ChatResponse::new(&Message::assistant(text), reason)
+    }
+}
+
+impl ToolResponse {
+    /// A tool result from any serializable value.
+    pub fn from_value<T: serde::Serialize + ?Sized>(value: &T) -> Self {
+        let json = serde_json::to_string(value).unwrap_or_else(|e| panic!("tool output does not serialize: {e}"));
+        ToolResponse::new(&json)
+    }
+}
+
+impl FilterError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        FilterError { kind, message: message.into() }
+    }
+
+    /// An `invalid-request` error.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+}

@@ -1,0 +1,127 @@
+//! Command-line interface: argument parsing, output, and progress. Thin:
+//! everything it does is a call into the library.
+
+mod chat;
+mod plugins;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use shallot::plugin::LoadEvent;
+use shallot::{Engine, EngineConfig, PluginSet};
+
+/// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
+///
+/// Filters are onion layers around a model call, a tool call and an agent
+/// turn, plus a streaming token transform. Drop `.wasm` filters into a
+/// plugins directory (layered in file-name order, each optionally with a
+/// `<name>.json` config beside it) or list them in a `shallot.toml`.
+#[derive(Parser)]
+#[command(name = "shallot", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Where compiled plugins are cached [default: $SHALLOT_CACHE_DIR, $XDG_CACHE_HOME/shallot or ~/.cache/shallot]
+    #[arg(long, global = true, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile plugins on every run instead of caching them.
+    #[arg(long, global = true)]
+    no_cache: bool,
+    /// Log more: -v for info, -vv for debug (filters' own logs), -vvv for trace. RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Send prompts through the filters to the model and print the answers.
+    Chat(chat::ChatArgs),
+    /// Inspect plugins.
+    #[command(subcommand)]
+    Plugins(plugins::PluginsCommand),
+}
+
+/// Where the filters come from.
+#[derive(Args, Debug, Clone)]
+#[group(multiple = false)]
+pub(crate) struct Source {
+    /// A plugins directory: every *.wasm, in file-name order.
+    #[arg(long, value_name = "DIR")]
+    plugins: Option<PathBuf>,
+    /// A shallot.toml listing filters explicitly (name, plugin, config, limits, grants, isolation).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+impl Source {
+    /// Loads the plugin set, reporting slow compiles on stderr.
+    pub(crate) async fn load(&self, engine: &Engine) -> anyhow::Result<PluginSet> {
+        let mut progress = |event: LoadEvent<'_>| report(&event);
+        let set = match (&self.plugins, &self.config) {
+            (Some(dir), _) => PluginSet::from_dir(engine, dir, &mut progress).await?,
+            (_, Some(file)) => PluginSet::from_config(engine, file, &mut progress).await?,
+            (None, None) => PluginSet::default(),
+        };
+        Ok(set)
+    }
+}
+
+/// Shows a compile as it starts, so a slow one is never a silent pause.
+fn report(event: &LoadEvent<'_>) {
+    if let LoadEvent::Compiling { path, size } = event {
+        eprintln!("compiling {} ({})...", path.display(), human_size(*size));
+    }
+}
+
+pub(crate) fn human_size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let mut config = EngineConfig::default();
+    if cli.no_cache {
+        config.cache_dir = None;
+    } else if let Some(dir) = cli.cache_dir.clone() {
+        config.cache_dir = Some(dir);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let engine = Engine::new(config)?;
+        match cli.command {
+            Command::Chat(args) => chat::run(&engine, args).await,
+            Command::Plugins(command) => plugins::run(&engine, command).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,shallot={default}")));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}

@@ -1,0 +1,108 @@
+//! `shallot plugins`: list a plugin set, check one plugin file.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Subcommand;
+use shallot::cache::CacheState;
+use shallot::plugin::{self, FilterSpec, WIT_PACKAGE, WIT_VERSION};
+use shallot::{Engine, PluginSet};
+
+use super::{Source, human_size, report};
+
+#[derive(Subcommand)]
+pub(crate) enum PluginsCommand {
+    /// List the filters a plugins directory or shallot.toml resolves to, in
+    /// layer order (first = outermost), with hooks, version, size and
+    /// compile-cache state. Compiles what is not cached yet.
+    List {
+        #[command(flatten)]
+        source: Source,
+    },
+    /// Check that FILE is a filter component for this host's WIT version,
+    /// configure it, and show what it implements.
+    Check {
+        /// The .wasm file.
+        file: PathBuf,
+        /// Configuration to check it with, as JSON.
+        #[arg(long, value_name = "JSON")]
+        with_config: Option<String>,
+    },
+}
+
+pub(crate) async fn run(engine: &Engine, command: PluginsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        PluginsCommand::List { source } => list(engine, source).await,
+        PluginsCommand::Check { file, with_config } => check(engine, file, with_config).await,
+    }
+}
+
+async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
+    let specs = match (&source.plugins, &source.config) {
+        (Some(dir), _) => plugin::read_dir(dir)?,
+        (_, Some(file)) => plugin::read_config(file)?,
+        (None, None) => anyhow::bail!("give --plugins DIR or --config FILE"),
+    };
+    let mut before: HashMap<PathBuf, CacheState> = HashMap::new();
+    for (path, _) in &specs {
+        if let Ok(bytes) = plugin::read(path) {
+            before.insert(path.clone(), plugin::cache_state(engine, &bytes));
+        }
+    }
+    let mut compile_times = HashMap::new();
+    let set = PluginSet::from_specs(engine, specs, &mut |event| {
+        report(&event);
+        if let plugin::LoadEvent::Loaded { filter, compile_time: Some(t) } = event {
+            compile_times.insert(filter.plugin().path().to_path_buf(), t);
+        }
+    })
+    .await?;
+    println!("{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} PLUGIN", "#", "NAME", "HOOKS", "VERSION", "SIZE", "ISOLATION", "CACHE");
+    for (i, filter) in set.filters().iter().enumerate() {
+        let path = filter.plugin().path();
+        let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
+        let cache = match (before.get(path), compile_times.get(path)) {
+            (_, Some(t)) => format!("compiled now ({:.1} s)", t.as_secs_f64()),
+            (Some(state), None) => state.as_str().to_owned(),
+            (None, None) => "?".to_owned(),
+        };
+        println!(
+            "{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} {}",
+            i + 1,
+            filter.name(),
+            if hooks.is_empty() { "-".to_owned() } else { hooks.join(",") },
+            filter.version(),
+            human_size(filter.plugin().size()),
+            filter.isolation().as_str(),
+            cache,
+            path.display(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn check(engine: &Engine, file: PathBuf, with_config: Option<String>) -> anyhow::Result<ExitCode> {
+    let config = with_config
+        .map(|text| serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--with-config is not JSON: {e}")))
+        .transpose()?;
+    let bytes = plugin::read(&file)?;
+    let state = plugin::cache_state(engine, &bytes);
+    if state != CacheState::Cached {
+        eprintln!("compiling {} ({})...", file.display(), human_size(bytes.len() as u64));
+    }
+    let compiled = {
+        let (engine, file) = (engine.clone(), file.clone());
+        tokio::task::spawn_blocking(move || plugin::compile(&engine, &file, &bytes)).await??
+    };
+    let filter = plugin::configure(engine, Arc::new(compiled), FilterSpec { config, ..FilterSpec::default() }).await?;
+    let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
+    println!("ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter", file.display());
+    println!("  name     {}", filter.name());
+    println!("  version  {}", filter.version());
+    println!("  hooks    {}", if hooks.is_empty() { "none (passes everything through)".to_owned() } else { hooks.join(", ") });
+    println!("  init     {}", filter.init_fctx());
+    println!("  size     {}", human_size(filter.plugin().size()));
+    Ok(ExitCode::SUCCESS)
+}

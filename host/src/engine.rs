@@ -1,0 +1,155 @@
+//! The one wasmtime engine every plugin runs on, with its epoch ticker, its
+//! instance slots and its compile cache.
+//!
+//! Configuration choices, each measured (docs/PERFORMANCE.md):
+//! - the pooling allocator, so a fresh instance costs microseconds, not a
+//!   hundred; its slots bound how many instances live at once, and a
+//!   semaphore in front of it makes a request wait for a slot rather than
+//!   fail for lack of one;
+//! - epoch interruption, for CPU budgets that cost almost nothing per call;
+//! - `concurrency_support` off: the component-model-async machinery makes
+//!   every layer about three times dearer and we do not use it. With it off
+//!   wasmtime does not detect re-entry into an instance, so the host never
+//!   enters an instance that is already on the stack (see `plugin::pool`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use wasmtime::component::Linker;
+use wasmtime::{InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::cache::Cache;
+use crate::plugin::host::HostState;
+
+/// Settings of the engine. The defaults suit a server handling thousands of
+/// concurrent streams on a small machine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Filter instances that may be in use at once, across all invokes.
+    /// An invoke reserves the instances its filters need before it starts
+    /// and waits (never fails) while the slots are taken.
+    pub instance_slots: u32,
+    /// Idle instances of `warm` filters kept for reuse.
+    pub warm_instances: u32,
+    /// Where compiled plugins are cached; `None` compiles every time.
+    pub cache_dir: Option<PathBuf>,
+    /// The epoch tick: the unit of CPU budgets and how often a busy filter
+    /// yields to other requests.
+    pub tick: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            instance_slots: 1000,
+            warm_instances: 256,
+            cache_dir: Cache::default_dir(),
+            tick: Duration::from_millis(10),
+        }
+    }
+}
+
+/// Instances created outside any invoke (loading, `plugins check`) use
+/// these spare pool slots.
+const LOADER_SLOTS: u32 = 8;
+/// Core instances, memories and tables a single filter component may hold.
+/// A Rust guest has 4 core instances, 2 memories and 2 tables; Python and
+/// JavaScript guests more.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 24;
+const MEMORIES_PER_COMPONENT: u32 = 4;
+const TABLES_PER_COMPONENT: u32 = 8;
+/// The largest memory cap a filter may be given.
+pub const MAX_MEMORY_MIB: u32 = 4096;
+
+/// The shared wasmtime engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<EngineInner>,
+}
+
+pub(crate) struct EngineInner {
+    pub wasmtime: wasmtime::Engine,
+    pub linker: Linker<HostState>,
+    pub cache: Option<Cache>,
+    pub slots: Arc<Semaphore>,
+    pub slot_count: u32,
+    pub warm_idle: AtomicUsize,
+    pub warm_cap: usize,
+    pub tick: Duration,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Engine {
+    /// Builds the engine and starts its epoch ticker thread.
+    pub fn new(config: EngineConfig) -> anyhow::Result<Self> {
+        let components = config.instance_slots + config.warm_instances + LOADER_SLOTS;
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(components)
+            .total_core_instances(components * 4)
+            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+            .total_memories(components * 2)
+            .max_memories_per_component(MEMORIES_PER_COMPONENT)
+            .total_tables(components * 2)
+            .max_tables_per_component(TABLES_PER_COMPONENT)
+            .total_stacks(components)
+            .max_memory_size((MAX_MEMORY_MIB as usize) << 20);
+
+        let mut wasm = wasmtime::Config::new();
+        wasm.wasm_component_model(true)
+            .epoch_interruption(true)
+            .concurrency_support(false)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let wasmtime = wasmtime::Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+
+        let mut linker = Linker::new(&wasmtime);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        crate::plugin::host::add_to_linker(&mut linker).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        spawn_ticker(wasmtime.clone(), config.tick, stop_ticker.clone())?;
+
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                cache: config.cache_dir.map(Cache::new),
+                linker,
+                slots: Arc::new(Semaphore::new(config.instance_slots as usize)),
+                slot_count: config.instance_slots,
+                warm_idle: AtomicUsize::new(0),
+                warm_cap: config.warm_instances as usize,
+                tick: config.tick,
+                wasmtime,
+                stop_ticker,
+            }),
+        })
+    }
+
+    /// The underlying wasmtime engine.
+    pub fn wasmtime(&self) -> &wasmtime::Engine {
+        &self.inner.wasmtime
+    }
+
+    /// The compile cache, if enabled.
+    pub fn cache(&self) -> Option<&Cache> {
+        self.inner.cache.as_ref()
+    }
+}
+
+/// Advances the engine's epoch every `tick` until the engine is dropped.
+fn spawn_ticker(engine: wasmtime::Engine, tick: Duration, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    std::thread::Builder::new().name("shallot-epoch".into()).spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(tick);
+            engine.increment_epoch();
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! Typed errors. A failure anywhere inside a chain (a filter's own error, a
+//! trap, a deadline, a memory cap, a terminal failure) becomes a
+//! [`ChainError`] value naming where it came from; nothing inside a chain
+//! panics the host or reaches another request.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// The class of a failure, which decides what a caller may do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Worth retrying: overload, a dropped connection, a 5xx.
+    Transient,
+    /// A deadline passed.
+    Timeout,
+    /// Content was blocked.
+    ContentFiltered,
+    /// The request is wrong; retrying will not help.
+    InvalidRequest,
+    /// Credentials are missing or refused.
+    Auth,
+    /// A named thing (tool, model, conversation) does not exist.
+    NotFound,
+    /// A configured limit was reached.
+    LimitExceeded,
+    /// A filter trapped, ran out of time or memory, or broke the contract.
+    PluginFault,
+    /// A bug or an unexpected state in the host.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kebab-case name used in the WIT contract and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Transient => "transient",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ContentFiltered => "content-filtered",
+            ErrorKind::InvalidRequest => "invalid-request",
+            ErrorKind::Auth => "auth",
+            ErrorKind::NotFound => "not-found",
+            ErrorKind::LimitExceeded => "limit-exceeded",
+            ErrorKind::PluginFault => "plugin-fault",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// A filter hook: what a filter may implement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hook {
+    AroundChat,
+    AroundTool,
+    AroundTurn,
+    TokenTransform,
+}
+
+impl Hook {
+    /// Every hook, in contract order.
+    pub const ALL: [Hook; 4] = [Hook::AroundChat, Hook::AroundTool, Hook::AroundTurn, Hook::TokenTransform];
+
+    /// The kebab-case name used in the WIT contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::AroundChat => "around-chat",
+            Hook::AroundTool => "around-tool",
+            Hook::AroundTurn => "around-turn",
+            Hook::TokenTransform => "token-transform",
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where an error came from: the filter, its plugin file, and the call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub filter: Arc<str>,
+    /// `None` for a native (Rust) filter.
+    pub plugin: Option<Arc<Path>>,
+    /// The call that failed: a hook name, or `configure`, `step`, `flush`.
+    pub call: &'static str,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "filter '{}'", self.filter)?;
+        if let Some(plugin) = &self.plugin {
+            write!(f, " ({})", plugin.display())?;
+        }
+        write!(f, " in {}", self.call)
+    }
+}
+
+/// A failure inside a chain, as a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The filter it came from; `None` for the terminal or the host.
+    pub origin: Option<Origin>,
+}
+
+impl ChainError {
+    /// An error of `kind` not attributed to a filter.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ChainError { kind, message: message.into(), origin: None }
+    }
+
+    /// Attributes the error to `origin`.
+    pub fn at(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+}
+
+impl fmt::Display for ChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.origin {
+            Some(origin) => write!(f, "{origin}: {} ({})", self.message, self.kind.as_str()),
+            None => write!(f, "{} ({})", self.message, self.kind.as_str()),
+        }
+    }
+}
+
+impl std::error::Error for ChainError {}

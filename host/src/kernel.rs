@@ -1,0 +1,299 @@
+//! The kernel: an ordered filter list composed, once, into the chat, tool
+//! and turn onions over their terminals, and the entry points that run an
+//! invoke through them.
+//!
+//! Data flows one way: configuration -> plugin set -> kernel (onions) ->
+//! terminals. The kernel owns admission: an invoke first reserves the
+//! instance slots its wasm filters may need, waiting its turn when the
+//! engine is busy, and never fails for lack of one.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::context::Context;
+use crate::engine::Engine;
+use crate::error::{ChainError, ErrorKind, Hook};
+use crate::invoke::Invoke;
+use crate::model::{ChatModel, EmbeddedModel, ModelTerminal};
+use crate::onion::{Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn};
+use crate::plugin::pool::Lease;
+use crate::plugin::{PluginSet, WasmFilter};
+use crate::stream::TokenSink;
+use crate::tool::ToolRegistry;
+use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult};
+
+/// What an invoke starts with; decides how many instances it reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    Chat,
+    Tool,
+    Turn,
+}
+
+/// A filter of the kernel, native or wasm.
+pub(crate) struct Entry {
+    pub name: Arc<str>,
+    pub hooks: Vec<Hook>,
+    pub init: Fctx,
+    pub filter: LayerFilter,
+}
+
+impl Entry {
+    pub(crate) fn wasm(&self) -> Option<&Arc<WasmFilter>> {
+        match &self.filter {
+            LayerFilter::Wasm(filter) => Some(filter),
+            LayerFilter::Native(_) => None,
+        }
+    }
+}
+
+/// The composed kernel, shared by every invoke.
+pub(crate) struct Core {
+    pub filters: Vec<Entry>,
+    pub chat: Arc<Chain<Chat>>,
+    pub tool: Arc<Chain<Tool>>,
+    pub turn: Arc<Chain<Turn>>,
+    /// Filters with a token transform, in order.
+    pub token_layers: Vec<usize>,
+    engine: Option<Engine>,
+    tools: Arc<ToolRegistry>,
+}
+
+/// Why a kernel could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("two filters are named '{0}'; filter names key private state and must be unique")]
+    DuplicateName(String),
+    #[error("the wasm filters come from different engines; load every plugin with one `Engine`")]
+    MixedEngines,
+    #[error("one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`")]
+    TooFewSlots { need: usize, have: u32 },
+}
+
+/// Builds a [`Kernel`].
+#[derive(Default)]
+pub struct KernelBuilder {
+    filters: Vec<Entry>,
+    model: Option<Arc<dyn ChatModel>>,
+    tools: ToolRegistry,
+    turn: Option<Arc<dyn Terminal<Turn>>>,
+}
+
+impl KernelBuilder {
+    /// Appends the filters of `plugins`, in order.
+    pub fn plugins(mut self, plugins: &PluginSet) -> Self {
+        for filter in plugins.filters() {
+            self = self.wasm(filter.clone());
+        }
+        self
+    }
+
+    /// Appends one wasm filter.
+    pub fn wasm(mut self, filter: Arc<WasmFilter>) -> Self {
+        self.filters.push(Entry {
+            name: filter.name().into(),
+            hooks: filter.hooks().to_vec(),
+            init: filter.init_fctx().clone(),
+            filter: LayerFilter::Wasm(filter),
+        });
+        self
+    }
+
+    /// Appends a native (Rust) filter.
+    pub fn filter(mut self, filter: impl Filter) -> Self {
+        let filter: Arc<dyn Filter> = Arc::new(filter);
+        self.filters.push(Entry {
+            name: filter.name().into(),
+            hooks: filter.hooks().to_vec(),
+            init: filter.init_fctx(),
+            filter: LayerFilter::Native(filter),
+        });
+        self
+    }
+
+    /// The model at the core of the chat chain (default: [`EmbeddedModel`]).
+    pub fn model(mut self, model: impl ChatModel) -> Self {
+        self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// Registers a native tool.
+    pub fn tool<F, Fut>(mut self, spec: ToolSpec, handler: F) -> Self
+    where
+        F: Fn(serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<serde_json::Value, ChainError>> + Send + 'static,
+    {
+        self.tools.register(spec, handler);
+        self
+    }
+
+    /// The terminal of the turn chain (the tool loop).
+    pub fn turn_terminal(mut self, terminal: impl Terminal<Turn>) -> Self {
+        self.turn = Some(Arc::new(terminal));
+        self
+    }
+
+    /// Composes the onions.
+    pub fn build(self) -> Result<Kernel, BuildError> {
+        let mut names = HashSet::new();
+        for entry in &self.filters {
+            if !names.insert(entry.name.clone()) {
+                return Err(BuildError::DuplicateName(entry.name.to_string()));
+            }
+        }
+        let mut engine: Option<Engine> = None;
+        for filter in self.filters.iter().filter_map(Entry::wasm) {
+            match &engine {
+                None => engine = Some(filter.engine().clone()),
+                Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => return Err(BuildError::MixedEngines),
+                Some(_) => {}
+            }
+        }
+        if let Some(engine) = &engine {
+            let need = [CallKind::Chat, CallKind::Tool, CallKind::Turn]
+                .into_iter()
+                .map(|call| reservation(&self.filters, call, true).iter().sum::<usize>())
+                .max()
+                .unwrap_or(0);
+            if need > engine.inner.slot_count as usize {
+                return Err(BuildError::TooFewSlots { need, have: engine.inner.slot_count });
+            }
+        }
+        let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
+        let tools = Arc::new(self.tools);
+        let turn = self.turn.unwrap_or_else(|| Arc::new(NoToolLoop));
+        let core = Core {
+            chat: chain(&self.filters, Arc::new(ModelTerminal { model })),
+            tool: chain(&self.filters, tools.clone()),
+            turn: chain(&self.filters, turn),
+            token_layers: self
+                .filters
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| entry.hooks.contains(&Hook::TokenTransform))
+                .map(|(id, _)| id)
+                .collect(),
+            filters: self.filters,
+            engine,
+            tools,
+        };
+        Ok(Kernel { core: Arc::new(core) })
+    }
+}
+
+/// The layers of chain `K`: the filters with its hook, in order.
+fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc<Chain<K>> {
+    let layers = filters
+        .iter()
+        .enumerate()
+        .filter(|(_, entry)| entry.hooks.contains(&K::HOOK))
+        .map(|(id, entry)| Layer { id, filter: entry.filter.clone() })
+        .collect();
+    Arc::new(Chain { layers, terminal })
+}
+
+/// Instances each filter may need at once in one invoke of `call`.
+fn reservation(filters: &[Entry], call: CallKind, stream: bool) -> Vec<usize> {
+    filters.iter().map(|entry| entry.wasm().map_or(0, |filter| filter.need(call, stream))).collect()
+}
+
+/// The turn terminal until one is configured.
+struct NoToolLoop;
+
+#[async_trait]
+impl Terminal<Turn> for NoToolLoop {
+    async fn call(&self, _request: TurnRequest, _invoke: &Arc<Invoke>) -> TurnResult {
+        TurnResult::Error(ChainError::new(ErrorKind::Internal, "this kernel has no turn terminal (tool loop)"))
+    }
+}
+
+/// Filters composed around a model, tools and a tool loop. Cheap to clone;
+/// every call is an independent invoke with its own shared context and
+/// private contexts.
+#[derive(Clone)]
+pub struct Kernel {
+    core: Arc<Core>,
+}
+
+impl Kernel {
+    /// A builder with no filters, the embedded model and no tools.
+    pub fn builder() -> KernelBuilder {
+        KernelBuilder::default()
+    }
+
+    /// The filters, outermost first, with their hooks.
+    pub fn filters(&self) -> impl Iterator<Item = (&str, &[Hook])> {
+        self.core.filters.iter().map(|entry| (&*entry.name, entry.hooks.as_slice()))
+    }
+
+    /// The specs of the registered tools.
+    pub fn tools(&self) -> Vec<ToolSpec> {
+        self.core.tools.specs()
+    }
+
+    /// Runs `request` through the chat chain. Token transforms do not run:
+    /// they only shape a stream.
+    pub async fn chat(&self, request: ChatRequest, context: Context) -> Result<ChatResponse, ChainError> {
+        let invoke = self.admit(CallKind::Chat, context, None).await?;
+        invoke.chat(request).await
+    }
+
+    /// Runs `request` through the chat chain, streaming the answer through
+    /// the token transforms to `sink`. Returns the model's original response.
+    pub async fn chat_stream(&self, request: ChatRequest, context: Context, sink: impl TokenSink + 'static) -> Result<ChatResponse, ChainError> {
+        let invoke = self.admit(CallKind::Chat, context, Some(Arc::new(sink))).await?;
+        invoke.chat(request).await
+    }
+
+    /// Calls the tool `name` with `arguments` through the tool chain. An
+    /// unknown tool fails with `not-found` before any filter runs.
+    pub async fn tool(&self, name: &str, arguments: serde_json::Value, context: Context) -> Result<ToolResponse, ChainError> {
+        let tool = self
+            .core
+            .tools
+            .spec(name)
+            .ok_or_else(|| ChainError::new(ErrorKind::NotFound, format!("tool '{name}' is not registered")))?;
+        let invoke = self.admit(CallKind::Tool, context, None).await?;
+        invoke.tool(ToolRequest::new(tool, arguments.to_string())).await
+    }
+
+    /// Runs one agent turn through the turn chain.
+    pub async fn turn(&self, request: TurnRequest, context: Context) -> TurnResult {
+        self.run_turn(request, context, None).await
+    }
+
+    /// Runs one agent turn, streaming every model round to `sink`.
+    pub async fn turn_stream(&self, request: TurnRequest, context: Context, sink: impl TokenSink + 'static) -> TurnResult {
+        self.run_turn(request, context, Some(Arc::new(sink))).await
+    }
+
+    async fn run_turn(&self, request: TurnRequest, context: Context, sink: Option<Arc<dyn TokenSink>>) -> TurnResult {
+        match self.admit(CallKind::Turn, context, sink).await {
+            Ok(invoke) => Next::start(self.core.turn.clone(), invoke).call(request).await,
+            Err(error) => TurnResult::Error(error),
+        }
+    }
+
+    /// Starts an invoke: reserves its instance slots (waiting while the
+    /// engine is busy) and sets up its state.
+    async fn admit(&self, call: CallKind, context: Context, sink: Option<Arc<dyn TokenSink>>) -> Result<Arc<Invoke>, ChainError> {
+        let reserved = reservation(&self.core.filters, call, sink.is_some());
+        let total: usize = reserved.iter().sum();
+        let admission = match &self.core.engine {
+            Some(engine) if total > 0 => Some(
+                engine
+                    .inner
+                    .slots
+                    .clone()
+                    .acquire_many_owned(total as u32)
+                    .await
+                    .map_err(|e| ChainError::new(ErrorKind::Internal, e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let leases = reserved.into_iter().map(Lease::new).collect();
+        Ok(Arc::new(Invoke::new(self.core.clone(), context, sink, leases, admission)))
+    }
+}

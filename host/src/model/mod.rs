@@ -1,0 +1,99 @@
+//! Model terminals: what answers at the core of the chat chain.
+//!
+//! [`ChatModel`] is the seam: the embedded default model implements it for
+//! offline use and tests, and any provider client can. The terminal
+//! streams the model's tokens through the token transform chain when the
+//! invoke has a sink, batching tokens that arrive together.
+
+mod embedded;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+
+pub use embedded::EmbeddedModel;
+
+use crate::error::{ChainError, ErrorKind};
+use crate::invoke::Invoke;
+use crate::onion::{Chat, Terminal};
+use crate::stream::TokenStream;
+use crate::types::{ChatRequest, ChatResponse, TokenBatch};
+
+/// One event of a streamed model answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelEvent {
+    /// The next piece of the answer's text.
+    Token { text: String, meta: Option<String> },
+    /// The whole answer, as the non-streaming call would return it. Sent
+    /// once, last.
+    Done(ChatResponse),
+}
+
+/// A model that answers chat requests.
+#[async_trait]
+pub trait ChatModel: Send + Sync + 'static {
+    /// The model's name, for listings and responses.
+    fn name(&self) -> &str;
+
+    /// Answers `request` in one piece.
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, ChainError>;
+
+    /// Answers `request` as a stream of tokens ending with [`ModelEvent::Done`].
+    async fn stream(&self, request: &ChatRequest) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError>;
+}
+
+/// The chat chain's terminal over a [`ChatModel`].
+pub(crate) struct ModelTerminal {
+    pub model: Arc<dyn ChatModel>,
+}
+
+#[async_trait]
+impl Terminal<Chat> for ModelTerminal {
+    async fn call(&self, request: ChatRequest, invoke: &Arc<Invoke>) -> Result<ChatResponse, ChainError> {
+        let Some(sink) = invoke.sink() else {
+            return self.model.chat(&request).await;
+        };
+        let mut tokens = TokenStream::open(invoke, sink.clone()).await?;
+        match self.pump(&request, &mut tokens).await {
+            Ok(response) => {
+                tokens.finish().await?;
+                Ok(response)
+            }
+            Err(error) => {
+                tokens.abandon().await;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl ModelTerminal {
+    /// Feeds the model's stream through the token chain; returns the
+    /// model's own, untransformed response.
+    async fn pump(&self, request: &ChatRequest, tokens: &mut TokenStream) -> Result<ChatResponse, ChainError> {
+        let mut events = self.model.stream(request).await?;
+        let mut done = None;
+        while let Some(first) = events.next().await {
+            // Everything that already arrived goes through as one batch.
+            let mut batch = TokenBatch::default();
+            let mut event = Some(first);
+            while let Some(current) = event.take() {
+                match current? {
+                    ModelEvent::Token { text, meta } => {
+                        if !text.is_empty() {
+                            batch.push(&text, meta.as_deref());
+                        }
+                    }
+                    ModelEvent::Done(response) => done = Some(response),
+                }
+                event = events.next().now_or_never().flatten();
+            }
+            if !batch.is_empty() {
+                tokens.push(batch).await?;
+            }
+        }
+        done.ok_or_else(|| ChainError::new(ErrorKind::Transient, "the model stream ended without a final response"))
+    }
+}

@@ -1,0 +1,274 @@
+//! The onion: an ordered list of filters composed around a terminal, one
+//! chain for each kind of call (chat, tool, turn).
+//!
+//! Earlier in the list is outer: its "before" part runs first and its
+//! "after" part last. A filter without a hook for a chain is not in that
+//! chain at all. Each layer receives the request, its private context
+//! (FCtx) and [`Next`], the rest of the chain; it may call `next` zero
+//! times (short-circuit), once, or several times (retry). Composition
+//! happens once per kernel; a call only walks the list.
+//!
+//! This module owns composition and FCtx hand-over. It knows nothing of
+//! wasm: wasm layers are dispatched to `plugin::WasmFilter`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::context::Context;
+use crate::error::{ChainError, ErrorKind, Hook};
+use crate::invoke::Invoke;
+use crate::plugin::WasmFilter;
+use crate::stream::TokenTransform;
+use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
+
+/// A filter's private context for one invoke, as JSON text.
+pub type Fctx = Arc<str>;
+
+/// One of the three onions: what its requests and outputs are.
+pub trait ChainKind: Send + Sync + Sized + 'static {
+    type Request: Clone + Send + Sync + 'static;
+    /// What the chain returns: a `Result` for chat and tool, the
+    /// [`TurnResult`] variant (which has its own error case) for turn.
+    type Output: Send + 'static;
+    /// The hook filters implement to join this chain.
+    const HOOK: Hook;
+
+    /// The output for a failure.
+    fn fail(error: ChainError) -> Self::Output;
+
+    #[doc(hidden)]
+    fn around_native<'a>(
+        filter: &'a dyn Filter,
+        request: Self::Request,
+        fctx: Fctx,
+        next: Next<Self>,
+    ) -> BoxFuture<'a, Hooked<Self>>;
+
+    #[doc(hidden)]
+    fn around_wasm(
+        filter: Arc<WasmFilter>,
+        id: usize,
+        request: Self::Request,
+        fctx: Fctx,
+        next: Next<Self>,
+    ) -> impl Future<Output = Hooked<Self>> + Send + 'static;
+}
+
+/// The chat chain: around one model call.
+pub enum Chat {}
+/// The tool chain: around one tool execution.
+pub enum Tool {}
+/// The turn chain: around one whole agent turn (the tool loop).
+pub enum Turn {}
+
+impl ChainKind for Chat {
+    type Request = ChatRequest;
+    type Output = Result<ChatResponse, ChainError>;
+    const HOOK: Hook = Hook::AroundChat;
+
+    fn fail(error: ChainError) -> Self::Output {
+        Err(error)
+    }
+
+    fn around_native<'a>(f: &'a dyn Filter, r: ChatRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
+        f.around_chat(r, x, n)
+    }
+
+    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: ChatRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
+        f.around::<Self>(id, r, x, n).await
+    }
+}
+
+impl ChainKind for Tool {
+    type Request = ToolRequest;
+    type Output = Result<ToolResponse, ChainError>;
+    const HOOK: Hook = Hook::AroundTool;
+
+    fn fail(error: ChainError) -> Self::Output {
+        Err(error)
+    }
+
+    fn around_native<'a>(f: &'a dyn Filter, r: ToolRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
+        f.around_tool(r, x, n)
+    }
+
+    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: ToolRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
+        f.around::<Self>(id, r, x, n).await
+    }
+}
+
+impl ChainKind for Turn {
+    type Request = TurnRequest;
+    type Output = TurnResult;
+    const HOOK: Hook = Hook::AroundTurn;
+
+    fn fail(error: ChainError) -> Self::Output {
+        TurnResult::Error(error)
+    }
+
+    fn around_native<'a>(f: &'a dyn Filter, r: TurnRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
+        f.around_turn(r, x, n)
+    }
+
+    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: TurnRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
+        f.around::<Self>(id, r, x, n).await
+    }
+}
+
+/// What a hook returns: the chain's output and, if the filter changed it,
+/// its new private context.
+pub struct Hooked<K: ChainKind> {
+    pub output: K::Output,
+    pub fctx: Option<Fctx>,
+}
+
+impl<K: ChainKind> Hooked<K> {
+    /// The output, private context unchanged.
+    pub fn output(output: K::Output) -> Self {
+        Hooked { output, fctx: None }
+    }
+
+    /// The output with a new private context.
+    pub fn with_fctx(output: K::Output, fctx: impl Into<Fctx>) -> Self {
+        Hooked { output, fctx: Some(fctx.into()) }
+    }
+}
+
+/// A filter written in Rust and run natively in the host: the same onion
+/// semantics as a wasm filter, without the sandbox. For embedders, and the
+/// baseline wasm filters are measured against.
+#[async_trait]
+pub trait Filter: Send + Sync + 'static {
+    /// The filter's name: its identity in errors and the key of its FCtx.
+    fn name(&self) -> &str;
+
+    /// The hooks it implements; it is skipped in every other chain.
+    fn hooks(&self) -> &[Hook];
+
+    /// The FCtx seed (JSON), used the first time the filter is entered in
+    /// an invoke.
+    fn init_fctx(&self) -> Fctx {
+        Fctx::from("null")
+    }
+
+    /// Around one model call.
+    async fn around_chat(&self, request: ChatRequest, fctx: Fctx, next: Next<Chat>) -> Hooked<Chat> {
+        let _ = fctx;
+        Hooked::output(next.call(request).await)
+    }
+
+    /// Around one tool execution.
+    async fn around_tool(&self, request: ToolRequest, fctx: Fctx, next: Next<Tool>) -> Hooked<Tool> {
+        let _ = fctx;
+        Hooked::output(next.call(request).await)
+    }
+
+    /// Around one agent turn.
+    async fn around_turn(&self, request: TurnRequest, fctx: Fctx, next: Next<Turn>) -> Hooked<Turn> {
+        let _ = fctx;
+        Hooked::output(next.call(request).await)
+    }
+
+    /// A fresh token transform for one model stream.
+    fn token_transform(&self) -> Option<Box<dyn TokenTransform>> {
+        None
+    }
+}
+
+/// The innermost part of a chain: the model, the tool registry, the loop.
+#[async_trait]
+pub trait Terminal<K: ChainKind>: Send + Sync + 'static {
+    /// Runs the request. `invoke` gives the shared context and, for the
+    /// turn terminal, the chat and tool chains of the same invoke.
+    async fn call(&self, request: K::Request, invoke: &Arc<Invoke>) -> K::Output;
+}
+
+/// A filter in a chain.
+#[derive(Clone)]
+pub(crate) enum LayerFilter {
+    Native(Arc<dyn Filter>),
+    Wasm(Arc<WasmFilter>),
+}
+
+/// One layer of a chain; `id` is the filter's position in the kernel's
+/// filter list, which keys its FCtx and its instance lease.
+#[derive(Clone)]
+pub(crate) struct Layer {
+    pub id: usize,
+    pub filter: LayerFilter,
+}
+
+/// A composed chain: its layers, outermost first, over a terminal.
+pub(crate) struct Chain<K: ChainKind> {
+    pub layers: Vec<Layer>,
+    pub terminal: Arc<dyn Terminal<K>>,
+}
+
+/// The rest of the chain, as seen from inside a layer.
+pub struct Next<K: ChainKind> {
+    chain: Arc<Chain<K>>,
+    index: usize,
+    invoke: Arc<Invoke>,
+}
+
+impl<K: ChainKind> Clone for Next<K> {
+    fn clone(&self) -> Self {
+        Next { chain: self.chain.clone(), index: self.index, invoke: self.invoke.clone() }
+    }
+}
+
+impl<K: ChainKind> Next<K> {
+    /// The whole chain, from its outermost layer.
+    pub(crate) fn start(chain: Arc<Chain<K>>, invoke: Arc<Invoke>) -> Self {
+        Next { chain, index: 0, invoke }
+    }
+
+    /// Calls the inner layers and the terminal.
+    pub fn call(&self, request: K::Request) -> BoxFuture<'static, K::Output> {
+        let this = self.clone();
+        Box::pin(async move { this.run(request).await })
+    }
+
+    /// Calls the inner layers, giving up with a `timeout` error after
+    /// `timeout`; the inner call is cancelled.
+    pub async fn call_within(&self, request: K::Request, timeout: Duration) -> K::Output {
+        match tokio::time::timeout(timeout, self.call(request)).await {
+            Ok(output) => output,
+            Err(_) => K::fail(ChainError::new(
+                ErrorKind::Timeout,
+                format!("the inner call did not finish within {} ms", timeout.as_millis()),
+            )),
+        }
+    }
+
+    /// The invoke's shared context.
+    pub fn context(&self) -> &Context {
+        self.invoke.context()
+    }
+
+    /// The invoke this call belongs to.
+    pub fn invoke(&self) -> &Arc<Invoke> {
+        &self.invoke
+    }
+
+    async fn run(self, request: K::Request) -> K::Output {
+        let Some(layer) = self.chain.layers.get(self.index) else {
+            return self.chain.terminal.call(request, &self.invoke).await;
+        };
+        let invoke = self.invoke.clone();
+        let id = layer.id;
+        let fctx = invoke.fctx(id);
+        let next = Next { index: self.index + 1, ..self.clone() };
+        let hooked = match &layer.filter {
+            LayerFilter::Native(filter) => K::around_native(filter.as_ref(), request, fctx, next).await,
+            LayerFilter::Wasm(filter) => K::around_wasm(filter.clone(), id, request, fctx, next).await,
+        };
+        if let Some(fctx) = hooked.fctx {
+            invoke.set_fctx(id, fctx);
+        }
+        hooked.output
+    }
+}

@@ -1,0 +1,550 @@
+//! What the host gives a filter instance: its store data, the resources
+//! behind request and response handles, and the `next`, `context` and
+//! `log` imports.
+//!
+//! Requests and responses live in the instance's resource table as the
+//! host's own values. `next` takes the request the guest holds (a cheap
+//! clone: its big parts are shared), runs the inner layers, and hands the
+//! response back as a new handle; a pass-through layer never copies a
+//! message.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
+use wasmtime_wasi::{WasiCtxView, WasiView};
+
+use super::bindings::shallot::filter::{context, log, next, types as wit};
+use super::bindings::Filter as FilterWorld;
+use super::convert;
+use crate::error::{ChainError, ErrorKind, Origin};
+use crate::invoke::Invoke;
+use crate::onion::{Chat, Next, Tool, Turn};
+use crate::sandbox::Confinement;
+use crate::types::{
+    ChatRequest, ChatResponse, Content, FinishReason, ToolRequest, ToolResponse, TurnDone, TurnInterrupt,
+    TurnRequest, TurnResult,
+};
+
+/// Which filter an instance belongs to, for logs and error attribution.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    pub name: Arc<str>,
+    pub plugin: Arc<Path>,
+}
+
+impl Identity {
+    pub(crate) fn origin(&self, call: &'static str) -> Origin {
+        Origin { filter: self.name.clone(), plugin: Some(self.plugin.clone()), call }
+    }
+}
+
+/// The inner part of the chain that the current hook may call.
+pub(crate) enum Continuation {
+    None,
+    Chat(Next<Chat>),
+    Tool(Next<Tool>),
+    Turn(Next<Turn>),
+}
+
+/// What a call into the instance runs within: its invoke, and the rest of
+/// the chain.
+pub(crate) struct Scope {
+    pub invoke: Arc<Invoke>,
+    pub next: Continuation,
+}
+
+/// The data of a filter instance's store.
+pub struct HostState {
+    pub(crate) table: ResourceTable,
+    pub(crate) confinement: Confinement,
+    pub(crate) identity: Arc<Identity>,
+    pub(crate) scope: Option<Scope>,
+    /// The last failure `next` handed to the guest, so that a filter which
+    /// passes it on does not get the blame for it.
+    pub(crate) inner_error: Option<ChainError>,
+}
+
+impl HostState {
+    pub(crate) fn new(identity: Arc<Identity>, confinement: Confinement) -> Self {
+        HostState { table: ResourceTable::new(), confinement, identity, scope: None, inner_error: None }
+    }
+
+    /// Attributes an error the guest returned: the inner failure it passed
+    /// on keeps its origin; anything else is this filter's own.
+    pub(crate) fn attribute(&self, error: wit::FilterError, call: &'static str) -> ChainError {
+        if let Some(inner) = &self.inner_error {
+            let seen = convert::filter_error(inner);
+            if seen.kind == error.kind && seen.message == error.message {
+                return inner.clone();
+            }
+        }
+        ChainError::new(error.kind.into(), error.message).at(self.identity.origin(call))
+    }
+
+    fn inner_failed(&mut self, error: ChainError) -> wit::FilterError {
+        let seen = convert::filter_error(&error);
+        self.inner_error = Some(error);
+        seen
+    }
+
+    fn misuse(&self, what: &str) -> wit::FilterError {
+        wit::FilterError {
+            kind: wit::ErrorKind::InvalidRequest,
+            message: format!("next.{what} called outside an around-{what} hook"),
+        }
+    }
+
+    async fn chat_inner(&mut self, request: Resource<ChatRequest>, within: Option<u32>) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        let Some(Scope { next: Continuation::Chat(next), .. }) = &self.scope else {
+            return Ok(Err(self.misuse("chat")));
+        };
+        let next = next.clone();
+        let request = self.table.get(&request)?.clone();
+        let output = match within {
+            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            None => next.call(request).await,
+        };
+        self.confinement.meter.resumed_from_next();
+        match output {
+            Ok(response) => Ok(Ok(self.table.push(response)?)),
+            Err(error) => Ok(Err(self.inner_failed(error))),
+        }
+    }
+
+    async fn tool_inner(&mut self, request: Resource<ToolRequest>, within: Option<u32>) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        let Some(Scope { next: Continuation::Tool(next), .. }) = &self.scope else {
+            return Ok(Err(self.misuse("tool")));
+        };
+        let next = next.clone();
+        let request = self.table.get(&request)?.clone();
+        let output = match within {
+            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            None => next.call(request).await,
+        };
+        self.confinement.meter.resumed_from_next();
+        match output {
+            Ok(response) => Ok(Ok(self.table.push(response)?)),
+            Err(error) => Ok(Err(self.inner_failed(error))),
+        }
+    }
+
+    async fn turn_inner(&mut self, request: Resource<TurnRequest>, within: Option<u32>) -> wasmtime::Result<wit::TurnResult> {
+        let Some(Scope { next: Continuation::Turn(next), .. }) = &self.scope else {
+            return Ok(wit::TurnResult::Error(self.misuse("turn")));
+        };
+        let next = next.clone();
+        let request = self.table.get(&request)?.clone();
+        let output = match within {
+            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            None => next.call(request).await,
+        };
+        self.confinement.meter.resumed_from_next();
+        Ok(match output {
+            TurnResult::Done(done) => wit::TurnResult::Done(self.table.push(done)?),
+            TurnResult::Interrupt(interrupt) => wit::TurnResult::Interrupt(self.table.push(interrupt)?),
+            TurnResult::Error(error) => wit::TurnResult::Error(self.inner_failed(error)),
+        })
+    }
+
+    /// Moves a turn result the guest returned out of its table.
+    pub(crate) fn take_turn_result(&mut self, result: wit::TurnResult, call: &'static str) -> wasmtime::Result<TurnResult> {
+        Ok(match result {
+            wit::TurnResult::Done(done) => TurnResult::Done(self.table.delete(done)?),
+            wit::TurnResult::Interrupt(interrupt) => TurnResult::Interrupt(self.table.delete(interrupt)?),
+            wit::TurnResult::Error(error) => TurnResult::Error(self.attribute(error, call)),
+        })
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.confinement.wasi, table: &mut self.table }
+    }
+}
+
+/// Adds the `shallot:filter` imports to `linker`.
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    FilterWorld::add_to_linker::<HostState, HasSelf<HostState>>(linker, |state| state)
+}
+
+/// Parses JSON text that must be an object.
+fn json_object(text: &str, what: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(format!("{what} must be a JSON object")),
+        Err(e) => Err(format!("{what} is not JSON: {e}")),
+    }
+}
+
+/// Checks that `text` is JSON.
+fn json_text(text: &str, what: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map(|_| ()).map_err(|e| format!("{what} is not JSON: {e}"))
+}
+
+impl wit::Host for HostState {}
+
+impl wit::HostChatRequest for HostState {
+    fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<ChatRequest>> {
+        Ok(self.table.push(ChatRequest::new(convert::from_messages(messages)))?)
+    }
+
+    fn messages(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::Message>> {
+        Ok(convert::messages(&self.table.get(&this)?.messages))
+    }
+
+    fn message_count(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.messages.len() as u32)
+    }
+
+    fn message(&mut self, this: Resource<ChatRequest>, index: u32) -> wasmtime::Result<Option<wit::Message>> {
+        Ok(self.table.get(&this)?.messages.get(index as usize).map(convert::message))
+    }
+
+    fn set_messages(&mut self, this: Resource<ChatRequest>, messages: Vec<wit::Message>) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
+        Ok(())
+    }
+
+    fn push_message(&mut self, this: Resource<ChatRequest>, message: wit::Message) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.messages_mut().push(message.into());
+        Ok(())
+    }
+
+    fn insert_message(&mut self, this: Resource<ChatRequest>, index: u32, message: wit::Message) -> wasmtime::Result<()> {
+        let messages = self.table.get_mut(&this)?.messages_mut();
+        let index = (index as usize).min(messages.len());
+        messages.insert(index, message.into());
+        Ok(())
+    }
+
+    fn tools(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::ToolSpec>> {
+        Ok(self.table.get(&this)?.tools.iter().map(convert::tool_spec).collect())
+    }
+
+    fn set_tools(&mut self, this: Resource<ChatRequest>, tools: Vec<wit::ToolSpec>) -> wasmtime::Result<Result<(), String>> {
+        let tools = match tools.into_iter().map(convert::from_tool_spec).collect::<Result<Vec<_>, _>>() {
+            Ok(tools) => tools,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.table.get_mut(&this)?.tools = Arc::new(tools);
+        Ok(Ok(()))
+    }
+
+    fn options(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<String> {
+        Ok(serde_json::Value::Object((*self.table.get(&this)?.options).clone()).to_string())
+    }
+
+    fn set_options(&mut self, this: Resource<ChatRequest>, options: String) -> wasmtime::Result<Result<(), String>> {
+        match json_object(&options, "options") {
+            Ok(map) => {
+                self.table.get_mut(&this)?.options = Arc::new(map);
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn drop(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostChatResponse for HostState {
+    fn new(&mut self, message: wit::Message, finish_reason: wit::FinishReason) -> wasmtime::Result<Resource<ChatResponse>> {
+        Ok(self.table.push(ChatResponse::new(message.into(), finish_reason.into()))?)
+    }
+
+    fn message(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::Message> {
+        Ok(convert::message(&self.table.get(&this)?.message))
+    }
+
+    fn set_message(&mut self, this: Resource<ChatResponse>, message: wit::Message) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.message = message.into();
+        Ok(())
+    }
+
+    fn text(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.text())
+    }
+
+    fn set_text(&mut self, this: Resource<ChatResponse>, text: String) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.message.content = Some(Content::Text(text));
+        Ok(())
+    }
+
+    fn finish_reason(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::FinishReason> {
+        Ok(convert::finish_reason(self.table.get(&this)?.finish_reason))
+    }
+
+    fn set_finish_reason(&mut self, this: Resource<ChatResponse>, reason: wit::FinishReason) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.finish_reason = FinishReason::from(reason);
+        Ok(())
+    }
+
+    fn usage(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::Usage> {
+        Ok(convert::usage(self.table.get(&this)?.usage))
+    }
+
+    fn set_usage(&mut self, this: Resource<ChatResponse>, usage: wit::Usage) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.usage = usage.into();
+        Ok(())
+    }
+
+    fn model(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.model.clone())
+    }
+
+    fn metadata(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<String> {
+        Ok(serde_json::Value::Object(self.table.get(&this)?.metadata.clone()).to_string())
+    }
+
+    fn set_metadata(&mut self, this: Resource<ChatResponse>, metadata: String) -> wasmtime::Result<Result<(), String>> {
+        match json_object(&metadata, "metadata") {
+            Ok(map) => {
+                self.table.get_mut(&this)?.metadata = map;
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn drop(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostToolRequest for HostState {
+    fn tool(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<wit::ToolSpec> {
+        Ok(convert::tool_spec(&self.table.get(&this)?.tool))
+    }
+
+    fn name(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.tool.name.clone())
+    }
+
+    fn call_id(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.call_id.to_string())
+    }
+
+    fn arguments(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.arguments.to_string())
+    }
+
+    fn set_arguments(&mut self, this: Resource<ToolRequest>, arguments: String) -> wasmtime::Result<Result<(), String>> {
+        if let Err(e) = json_object(&arguments, "arguments") {
+            return Ok(Err(e));
+        }
+        self.table.get_mut(&this)?.arguments = Arc::from(arguments);
+        Ok(Ok(()))
+    }
+
+    fn drop(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostToolResponse for HostState {
+    fn new(&mut self, output: String) -> wasmtime::Result<Resource<ToolResponse>> {
+        json_text(&output, "tool-response output").map_err(wasmtime::Error::msg)?;
+        Ok(self.table.push(ToolResponse { output })?)
+    }
+
+    fn output(&mut self, this: Resource<ToolResponse>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.output.clone())
+    }
+
+    fn set_output(&mut self, this: Resource<ToolResponse>, output: String) -> wasmtime::Result<Result<(), String>> {
+        if let Err(e) = json_text(&output, "output") {
+            return Ok(Err(e));
+        }
+        self.table.get_mut(&this)?.output = output;
+        Ok(Ok(()))
+    }
+
+    fn drop(&mut self, this: Resource<ToolResponse>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostTurnRequest for HostState {
+    fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<TurnRequest>> {
+        Ok(self.table.push(TurnRequest::new(convert::from_messages(messages)))?)
+    }
+
+    fn messages(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<Vec<wit::Message>> {
+        Ok(convert::messages(&self.table.get(&this)?.messages))
+    }
+
+    fn message_count(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.messages.len() as u32)
+    }
+
+    fn set_messages(&mut self, this: Resource<TurnRequest>, messages: Vec<wit::Message>) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
+        Ok(())
+    }
+
+    fn push_message(&mut self, this: Resource<TurnRequest>, message: wit::Message) -> wasmtime::Result<()> {
+        Arc::make_mut(&mut self.table.get_mut(&this)?.messages).push(message.into());
+        Ok(())
+    }
+
+    fn resume(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<bool> {
+        Ok(self.table.get(&this)?.resume)
+    }
+
+    fn set_resume(&mut self, this: Resource<TurnRequest>, resume: bool) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.resume = resume;
+        Ok(())
+    }
+
+    fn load_history(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<bool> {
+        Ok(self.table.get(&this)?.load_history)
+    }
+
+    fn set_load_history(&mut self, this: Resource<TurnRequest>, load_history: bool) -> wasmtime::Result<()> {
+        self.table.get_mut(&this)?.load_history = load_history;
+        Ok(())
+    }
+
+    fn drop(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostTurnDone for HostState {
+    fn new(&mut self, response: Resource<ChatResponse>, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<TurnDone>> {
+        let response = self.table.delete(response)?;
+        let done = TurnDone {
+            response,
+            tool_calls: Vec::new(),
+            iterations: 0,
+            messages: Arc::new(convert::from_messages(messages)),
+        };
+        Ok(self.table.push(done)?)
+    }
+
+    fn response(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<Resource<ChatResponse>> {
+        let response = self.table.get(&this)?.response.clone();
+        Ok(self.table.push(response)?)
+    }
+
+    fn tool_calls(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<Vec<wit::ToolCallRecord>> {
+        Ok(self.table.get(&this)?.tool_calls.iter().map(convert::tool_call_record).collect())
+    }
+
+    fn iterations(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.iterations)
+    }
+
+    fn messages(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<Vec<wit::Message>> {
+        Ok(convert::messages(&self.table.get(&this)?.messages))
+    }
+
+    fn message_count(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<u32> {
+        Ok(self.table.get(&this)?.messages.len() as u32)
+    }
+
+    fn drop(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostTurnInterrupt for HostState {
+    fn reason(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&this)?.reason.clone())
+    }
+
+    fn pending(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<Option<wit::ToolCall>> {
+        Ok(self.table.get(&this)?.pending.as_ref().map(convert::tool_call))
+    }
+
+    fn drop(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl next::Host for HostState {
+    async fn chat(&mut self, request: Resource<ChatRequest>) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        self.chat_inner(request, None).await
+    }
+
+    async fn tool(&mut self, request: Resource<ToolRequest>) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        self.tool_inner(request, None).await
+    }
+
+    async fn turn(&mut self, request: Resource<TurnRequest>) -> wasmtime::Result<wit::TurnResult> {
+        self.turn_inner(request, None).await
+    }
+
+    async fn chat_within(&mut self, request: Resource<ChatRequest>, timeout_ms: u32) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        self.chat_inner(request, Some(timeout_ms)).await
+    }
+
+    async fn tool_within(&mut self, request: Resource<ToolRequest>, timeout_ms: u32) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        self.tool_inner(request, Some(timeout_ms)).await
+    }
+
+    async fn turn_within(&mut self, request: Resource<TurnRequest>, timeout_ms: u32) -> wasmtime::Result<wit::TurnResult> {
+        self.turn_inner(request, Some(timeout_ms)).await
+    }
+}
+
+impl context::Host for HostState {
+    fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.scope.as_ref().and_then(|scope| scope.invoke.context().get_json(&key)))
+    }
+
+    fn set(&mut self, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
+        let value: serde_json::Value = match serde_json::from_str(&value) {
+            Ok(value) => value,
+            Err(e) => return Ok(Err(format!("context value is not JSON: {e}"))),
+        };
+        match &self.scope {
+            Some(scope) => {
+                scope.invoke.context().set(&key, value);
+                Ok(Ok(()))
+            }
+            None => Ok(Err("no invoke is in progress".to_owned())),
+        }
+    }
+
+    fn remove(&mut self, key: String) -> wasmtime::Result<()> {
+        if let Some(scope) = &self.scope {
+            scope.invoke.context().remove(&key);
+        }
+        Ok(())
+    }
+
+    fn keys(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self.scope.as_ref().map(|scope| scope.invoke.context().keys()).unwrap_or_default())
+    }
+}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let filter = &*self.identity.name;
+        match level {
+            log::Level::Trace => tracing::trace!(target: "shallot::filter", filter, "{message}"),
+            log::Level::Debug => tracing::debug!(target: "shallot::filter", filter, "{message}"),
+            log::Level::Info => tracing::info!(target: "shallot::filter", filter, "{message}"),
+            log::Level::Warn => tracing::warn!(target: "shallot::filter", filter, "{message}"),
+            log::Level::Error => tracing::error!(target: "shallot::filter", filter, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+/// An error for a call that could not even start (e.g. a full table).
+pub(crate) fn internal(error: impl std::fmt::Display) -> ChainError {
+    ChainError::new(ErrorKind::Internal, error.to_string())
+}

@@ -1,0 +1,209 @@
+//! Loading one plugin file: check what it is, compile it (through the
+//! cache), check it speaks our WIT version, link it, and configure a filter
+//! from it. Every way a file can be wrong has its own clear message.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wasmtime::component::Component;
+
+use super::bindings::FilterPre;
+use super::filter::{Isolation, WasmFilter};
+use super::host::{HostState, Identity};
+use super::instance::{Blueprint, FilterInstance};
+use crate::cache::CacheState;
+use crate::engine::{Engine, MAX_MEMORY_MIB};
+use crate::error::ChainError;
+use crate::sandbox::{self, Grants, Limits};
+
+/// The WIT package filters are built against.
+pub const WIT_PACKAGE: &str = "shallot:filter";
+/// The version of it this host speaks; components built for a compatible
+/// version (same major, and same minor while the major is 0) load.
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: cannot read it: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: the file is empty")]
+    Empty { path: PathBuf },
+    #[error("{path}: not a WebAssembly file (it does not start with \\0asm)")]
+    NotWasm { path: PathBuf },
+    #[error(
+        "{path}: a core WebAssembly module, not a component; build it for the wasm32-wasip2 target \
+         (or wrap it with `wasm-tools component new`)"
+    )]
+    CoreModule { path: PathBuf },
+    #[error("{path}: not a valid component: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("{path}: built for {found}, but this host speaks {WIT_PACKAGE}@{WIT_VERSION}; rebuild it against this version of shallot-guest")]
+    WrongVersion { path: PathBuf, found: String },
+    #[error("{path}: not a shallot filter: it exports {exports}; a filter exports {WIT_PACKAGE}/plugin@{WIT_VERSION} (see the shallot-guest crate)")]
+    NotAFilter { path: PathBuf, exports: String },
+    #[error("{path}: needs an import shallot does not provide (filters get no filesystem, network or other host APIs): {message}")]
+    UnknownImport { path: PathBuf, message: String },
+    #[error("{path}: {error}")]
+    Filter { path: PathBuf, error: ChainError },
+    #[error("{path}: invalid limits: {message}")]
+    Limits { path: PathBuf, message: String },
+    #[error("two filters are named '{name}'; give one a different `name` in shallot.toml")]
+    DuplicateName { name: String },
+    #[error("{path}: {message}")]
+    Config { path: PathBuf, message: String },
+}
+
+/// A compiled and linked plugin file.
+pub struct Plugin {
+    path: Arc<Path>,
+    size: u64,
+    pre: FilterPre<HostState>,
+    compiled: bool,
+}
+
+impl Plugin {
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether this load compiled it (a cache miss).
+    pub fn was_compiled(&self) -> bool {
+        self.compiled
+    }
+}
+
+/// Reads a plugin file and checks that it is a component, without compiling.
+pub fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { path: path.into(), source })?;
+    if bytes.is_empty() {
+        return Err(LoadError::Empty { path: path.into() });
+    }
+    if !bytes.starts_with(b"\0asm") || bytes.len() < 8 {
+        return Err(LoadError::NotWasm { path: path.into() });
+    }
+    // Bytes 4..8: version 1 for a core module, 0x0d + layer 1 for a component.
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(LoadError::CoreModule { path: path.into() });
+    }
+    Ok(bytes)
+}
+
+/// Whether `bytes` are compiled in `engine`'s cache.
+pub fn cache_state(engine: &Engine, bytes: &[u8]) -> CacheState {
+    match engine.cache() {
+        Some(cache) => cache.state(engine.wasmtime(), bytes),
+        None => CacheState::Disabled,
+    }
+}
+
+/// Compiles (or loads from the cache) and links a plugin. Blocking and, on
+/// a cache miss, slow for big guests: run it off the async executor.
+pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
+    let invalid = |e: wasmtime::Error| LoadError::Invalid { path: path.into(), message: format!("{e:#}") };
+    let (component, compiled) = match engine.cache() {
+        Some(cache) => cache.load(engine.wasmtime(), bytes).map_err(invalid)?,
+        None => (Component::new(engine.wasmtime(), bytes).map_err(invalid)?, true),
+    };
+    check_contract(engine, path, &component)?;
+    let pre = engine
+        .inner
+        .linker
+        .instantiate_pre(&component)
+        .map_err(|e| LoadError::UnknownImport { path: path.into(), message: format!("{e:#}") })?;
+    let pre = FilterPre::new(pre).map_err(|e| LoadError::NotAFilter { path: path.into(), exports: format!("mismatched exports ({e:#})") })?;
+    Ok(Plugin { path: path.into(), size: bytes.len() as u64, pre, compiled })
+}
+
+/// Whether `version` (of our package) is compatible with [`WIT_VERSION`].
+fn compatible(version: &str) -> bool {
+    let parts = |v: &str| -> Option<(u64, u64)> {
+        let mut it = v.split('.');
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    };
+    match (parts(version), parts(WIT_VERSION)) {
+        (Some((major, minor)), Some((our_major, our_minor))) => {
+            major == our_major && (major != 0 || minor == our_minor)
+        }
+        _ => false,
+    }
+}
+
+/// Checks, by name, that the component is a filter of our WIT version, so
+/// a mismatch gets a message naming both versions.
+fn check_contract(engine: &Engine, path: &Path, component: &Component) -> Result<(), LoadError> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine.wasmtime()).map(|(name, _)| name.to_owned()).collect();
+    let imports: Vec<String> = ty.imports(engine.wasmtime()).map(|(name, _)| name.to_owned()).collect();
+    let ours = |name: &str| -> Option<String> {
+        let rest = name.strip_prefix(WIT_PACKAGE)?.strip_prefix('/')?;
+        rest.split_once('@').map(|(_, version)| version.to_owned())
+    };
+    let plugin_export = format!("{WIT_PACKAGE}/plugin@");
+    if exports.iter().any(|name| name.starts_with(&plugin_export) && ours(name).is_some_and(|v| compatible(&v))) {
+        return Ok(());
+    }
+    if let Some(version) = exports.iter().chain(&imports).filter_map(|name| ours(name)).find(|v| !compatible(v)) {
+        return Err(LoadError::WrongVersion { path: path.into(), found: format!("{WIT_PACKAGE}@{version}") });
+    }
+    let exports = if exports.is_empty() { "nothing".to_owned() } else { exports.join(", ") };
+    Err(LoadError::NotAFilter { path: path.into(), exports })
+}
+
+/// How an operator configured one filter.
+#[derive(Debug, Clone, Default)]
+pub struct FilterSpec {
+    /// The filter's name; `None` takes the plugin's own.
+    pub name: Option<String>,
+    /// The configuration handed to the plugin's `configure`.
+    pub config: Option<serde_json::Value>,
+    pub limits: Limits,
+    pub grants: Grants,
+    pub isolation: Isolation,
+}
+
+/// Configures a filter from a compiled plugin: instantiates it once to run
+/// `configure` (so a bad configuration fails here, not on a request) and
+/// `describe`.
+pub async fn configure(engine: &Engine, plugin: Arc<Plugin>, spec: FilterSpec) -> Result<Arc<WasmFilter>, LoadError> {
+    let path = plugin.path.to_path_buf();
+    let limits = spec.limits;
+    if limits.memory_mib == 0 || limits.memory_mib > MAX_MEMORY_MIB {
+        return Err(LoadError::Limits { path, message: format!("memory_mib must be 1..={MAX_MEMORY_MIB}") });
+    }
+    if limits.cpu_ms == 0 {
+        return Err(LoadError::Limits { path, message: "cpu_ms must be at least 1".to_owned() });
+    }
+    let budget = sandbox::budget_ticks(&limits, engine.inner.tick);
+    let config: Arc<str> = spec.config.as_ref().map_or_else(|| "null".to_owned(), |c| c.to_string()).into();
+    let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
+    let mut blueprint = Blueprint {
+        pre: plugin.pre.clone(),
+        identity: Arc::new(Identity { name: provisional.into(), plugin: plugin.path.clone() }),
+        limits,
+        grants: spec.grants,
+        config,
+        budget,
+    };
+    let description = {
+        let _slot = engine.inner.slots.acquire().await.map_err(|e| LoadError::Config { path: path.clone(), message: e.to_string() })?;
+        let mut instance = FilterInstance::create(&blueprint).await.map_err(|error| LoadError::Filter { path: path.clone(), error })?;
+        instance.describe(&limits, budget).await.map_err(|error| LoadError::Filter { path: path.clone(), error })?
+    };
+    let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();
+    if name.is_empty() {
+        return Err(LoadError::Config { path, message: "the filter has no name; set `name`".to_owned() });
+    }
+    blueprint.identity = Arc::new(Identity { name: name.clone(), plugin: plugin.path.clone() });
+    Ok(Arc::new(WasmFilter::new(name, plugin, blueprint, description, spec.isolation, engine.clone())))
+}
+
+fn file_stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+}

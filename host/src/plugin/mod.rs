@@ -1,0 +1,23 @@
+//! WebAssembly filters: loading plugin files, configuring filters from
+//! them, and running their hooks in sandboxed instances.
+//!
+//! `loader` reads and compiles one file; `set` loads a whole plugins
+//! directory or `shallot.toml`; `filter` is a configured filter and
+//! `instance` one of its instances; `pool` hands instances to invokes;
+//! `host` is what an instance imports; `convert` maps WIT types to ours.
+
+pub(crate) mod bindings;
+mod config;
+mod convert;
+mod filter;
+pub(crate) mod host;
+mod instance;
+mod loader;
+pub(crate) mod pool;
+mod set;
+
+pub use config::{read_config, read_dir};
+pub use filter::{Isolation, WasmFilter};
+pub(crate) use filter::WasmTransformer;
+pub use loader::{FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read};
+pub use set::{LoadEvent, PluginSet};

@@ -1,0 +1,99 @@
+//! A plugin set: the configured wasm filters, in layer order, loaded from a
+//! plugins directory or a `shallot.toml`.
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::config::{read_config, read_dir};
+use super::filter::WasmFilter;
+use super::loader::{self, FilterSpec, LoadError, Plugin};
+use crate::cache::CacheState;
+use crate::engine::Engine;
+
+/// Progress of a load, for a CLI to show on slow steps.
+pub enum LoadEvent<'a> {
+    /// A plugin is being compiled (not in the cache yet): this can take
+    /// seconds for a big guest.
+    Compiling { path: &'a Path, size: u64 },
+    /// A filter is configured and ready.
+    Loaded { filter: &'a WasmFilter, compile_time: Option<Duration> },
+}
+
+/// Configured wasm filters, outermost first.
+#[derive(Clone, Default)]
+pub struct PluginSet {
+    filters: Vec<Arc<WasmFilter>>,
+}
+
+impl PluginSet {
+    /// Loads every `*.wasm` of `dir` in file-name order (sidecar `<stem>.json`
+    /// configs), each in `invoke` isolation.
+    pub async fn from_dir(engine: &Engine, dir: &Path, progress: &mut dyn FnMut(LoadEvent<'_>)) -> Result<Self, LoadError> {
+        Self::from_specs(engine, read_dir(dir)?, progress).await
+    }
+
+    /// Loads the filters a `shallot.toml` lists.
+    pub async fn from_config(engine: &Engine, file: &Path, progress: &mut dyn FnMut(LoadEvent<'_>)) -> Result<Self, LoadError> {
+        Self::from_specs(engine, read_config(file)?, progress).await
+    }
+
+    /// Loads filters from plugin files and specs, in order. Each file is
+    /// compiled once even if several filters use it.
+    pub async fn from_specs(
+        engine: &Engine,
+        specs: Vec<(PathBuf, FilterSpec)>,
+        progress: &mut dyn FnMut(LoadEvent<'_>),
+    ) -> Result<Self, LoadError> {
+        let mut plugins: HashMap<PathBuf, (Arc<Plugin>, Option<Duration>)> = HashMap::new();
+        let mut names = HashSet::new();
+        let mut filters = Vec::with_capacity(specs.len());
+        for (path, spec) in specs {
+            let (plugin, compile_time) = match plugins.get(&path) {
+                Some(loaded) => loaded.clone(),
+                None => {
+                    let loaded = compile(engine, &path, progress).await?;
+                    plugins.insert(path.clone(), loaded.clone());
+                    loaded
+                }
+            };
+            let filter = loader::configure(engine, plugin, spec).await?;
+            if !names.insert(filter.name().to_owned()) {
+                return Err(LoadError::DuplicateName { name: filter.name().to_owned() });
+            }
+            progress(LoadEvent::Loaded { filter: &filter, compile_time });
+            filters.push(filter);
+        }
+        Ok(PluginSet { filters })
+    }
+
+    /// A set of already configured filters.
+    pub fn new(filters: Vec<Arc<WasmFilter>>) -> Self {
+        PluginSet { filters }
+    }
+
+    /// The filters, outermost first.
+    pub fn filters(&self) -> &[Arc<WasmFilter>] {
+        &self.filters
+    }
+}
+
+async fn compile(
+    engine: &Engine,
+    path: &Path,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<(Arc<Plugin>, Option<Duration>), LoadError> {
+    let bytes = loader::read(path)?;
+    if loader::cache_state(engine, &bytes) != CacheState::Cached {
+        progress(LoadEvent::Compiling { path, size: bytes.len() as u64 });
+    }
+    let started = Instant::now();
+    let (engine, owned) = (engine.clone(), path.to_path_buf());
+    let plugin = tokio::task::spawn_blocking(move || loader::compile(&engine, &owned, &bytes))
+        .await
+        .map_err(|e| LoadError::Invalid { path: path.into(), message: format!("compilation panicked: {e}") })??;
+    let compile_time = plugin.was_compiled().then(|| started.elapsed());
+    Ok((Arc::new(plugin), compile_time))
+}

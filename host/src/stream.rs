@@ -1,0 +1,145 @@
+//! The token transform chain: what the caller's sink sees of a model stream.
+//!
+//! For each model stream (so each round of the tool loop, and each `next`
+//! a chat filter makes) every filter with a token transform gets a fresh
+//! transformer. Tokens go through them in filter order: the first filter
+//! sees the raw tokens, whatever leaves the last reaches the sink. Each
+//! step takes a batch and returns 0..N tokens per token.
+//!
+//! When the stream ends normally, flush cascades: for each layer in order,
+//! its leftovers go through the later layers' `step` and on to the sink,
+//! then the next layer flushes. When the stream fails nothing is flushed:
+//! buffered tokens are dropped, so half an answer never leaks.
+//!
+//! The chain changes delivery only: the response the chain returns (and
+//! that memory and the tool loop use) is the model's original. With no
+//! transforms the sink gets the tokens directly.
+
+use std::sync::Arc;
+
+use crate::error::ChainError;
+use crate::invoke::Invoke;
+use crate::onion::LayerFilter;
+use crate::plugin::WasmTransformer;
+use crate::types::{Token, TokenBatch};
+
+/// Where a streaming caller receives tokens.
+pub trait TokenSink: Send + Sync {
+    /// Receives the next tokens, in stream order.
+    fn deliver(&self, tokens: &TokenBatch);
+}
+
+impl<F> TokenSink for F
+where
+    F: Fn(Token<'_>) + Send + Sync,
+{
+    fn deliver(&self, tokens: &TokenBatch) {
+        for token in tokens.iter() {
+            self(token)
+        }
+    }
+}
+
+/// A token transform written in Rust (a native filter's fourth hook).
+pub trait TokenTransform: Send {
+    /// Takes the next tokens and returns 0..N tokens for each.
+    fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError>;
+
+    /// The stream ended normally: returns what is still buffered.
+    fn flush(&mut self) -> Result<TokenBatch, ChainError> {
+        Ok(TokenBatch::default())
+    }
+}
+
+enum Transformer {
+    Native(Box<dyn TokenTransform>),
+    Wasm(WasmTransformer),
+}
+
+impl Transformer {
+    async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
+        match self {
+            Transformer::Native(t) => t.step(tokens),
+            Transformer::Wasm(t) => t.step(tokens).await,
+        }
+    }
+
+    async fn flush(&mut self) -> Result<TokenBatch, ChainError> {
+        match self {
+            Transformer::Native(t) => t.flush(),
+            Transformer::Wasm(t) => t.flush().await,
+        }
+    }
+}
+
+/// The transforms of one model stream, feeding the caller's sink.
+pub struct TokenStream {
+    layers: Vec<Transformer>,
+    sink: Arc<dyn TokenSink>,
+}
+
+impl TokenStream {
+    /// Fresh transformers for a new stream of `invoke`.
+    pub(crate) async fn open(invoke: &Arc<Invoke>, sink: Arc<dyn TokenSink>) -> Result<Self, ChainError> {
+        let core = invoke.core();
+        let mut layers = Vec::with_capacity(core.token_layers.len());
+        for &id in &core.token_layers {
+            let layer = match &core.filters[id].filter {
+                LayerFilter::Native(filter) => match filter.token_transform() {
+                    Some(transform) => Transformer::Native(transform),
+                    None => continue,
+                },
+                LayerFilter::Wasm(filter) => Transformer::Wasm(filter.transformer(id, invoke).await?),
+            };
+            layers.push(layer);
+        }
+        Ok(TokenStream { layers, sink })
+    }
+
+    /// Sends `tokens` through every transform to the sink.
+    pub async fn push(&mut self, tokens: TokenBatch) -> Result<(), ChainError> {
+        let out = Self::through(&mut self.layers, tokens).await?;
+        if !out.is_empty() {
+            self.sink.deliver(&out);
+        }
+        Ok(())
+    }
+
+    async fn through(layers: &mut [Transformer], mut tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
+        for layer in layers {
+            if tokens.is_empty() {
+                break;
+            }
+            tokens = layer.step(tokens).await?;
+        }
+        Ok(tokens)
+    }
+
+    /// The stream ended normally: the flush cascade, then the transformers
+    /// are released.
+    pub async fn finish(mut self) -> Result<(), ChainError> {
+        for i in 0..self.layers.len() {
+            let (done, rest) = self.layers.split_at_mut(i + 1);
+            let residue = done[i].flush().await?;
+            let out = Self::through(rest, residue).await?;
+            if !out.is_empty() {
+                self.sink.deliver(&out);
+            }
+        }
+        self.release().await;
+        Ok(())
+    }
+
+    /// The stream failed: drops whatever the transforms buffered, unseen.
+    pub async fn abandon(self) {
+        self.release().await
+    }
+
+    async fn release(self) {
+        for layer in self.layers {
+            if let Transformer::Wasm(t) = layer {
+                t.close().await;
+            }
+        }
+    }
+}

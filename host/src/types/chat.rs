@@ -1,0 +1,92 @@
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{JsonMap, Message, ToolSpec};
+
+/// A request to the model: what the chat chain carries inward.
+#[derive(Debug, Clone, Default)]
+pub struct ChatRequest {
+    /// The conversation, oldest first.
+    pub messages: Arc<Vec<Message>>,
+    /// The tools offered to the model.
+    pub tools: Arc<Vec<ToolSpec>>,
+    /// Model options (`model`, `temperature`, `max_tokens`, ...).
+    pub options: Arc<JsonMap>,
+}
+
+impl ChatRequest {
+    /// A request with `messages` and no tools or options.
+    pub fn new(messages: Vec<Message>) -> Self {
+        ChatRequest { messages: Arc::new(messages), ..Default::default() }
+    }
+
+    /// Offers `tools` to the model.
+    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.tools = Arc::new(tools);
+        self
+    }
+
+    /// Sets the model option `key`.
+    pub fn with_option(mut self, key: &str, value: serde_json::Value) -> Self {
+        Arc::make_mut(&mut self.options).insert(key.to_owned(), value);
+        self
+    }
+
+    /// The messages, to change (copied first only if another layer shares them).
+    pub fn messages_mut(&mut self) -> &mut Vec<Message> {
+        Arc::make_mut(&mut self.messages)
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A final answer.
+    Complete,
+    /// The model asks for tool calls.
+    ToolUse,
+    /// The token limit cut the answer short.
+    LengthLimit,
+    /// A filter or the provider blocked the content.
+    ContentFiltered,
+    StopSequence,
+    PauseTurn,
+    Refusal,
+    Error,
+    #[default]
+    Unknown,
+}
+
+/// Token accounting of one model call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub total_tokens: u32,
+}
+
+/// The model's answer: what the chat chain carries outward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatResponse {
+    pub message: Message,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    /// The model that answered; empty for a response a filter built.
+    pub model: String,
+    /// Free-form annotations (e.g. `{"safeguard": "blocked"}`).
+    pub metadata: JsonMap,
+}
+
+impl ChatResponse {
+    /// A response carrying `message`.
+    pub fn new(message: Message, finish_reason: FinishReason) -> Self {
+        ChatResponse { message, finish_reason, usage: Usage::default(), model: String::new(), metadata: JsonMap::new() }
+    }
+
+    /// The answer's text.
+    pub fn text(&self) -> String {
+        self.message.text()
+    }
+}

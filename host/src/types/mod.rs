@@ -1,0 +1,23 @@
+//! The host's own types for what flows through the chains: messages, the
+//! requests and responses of the chat, tool and turn chains, and tokens.
+//!
+//! These are what embedders and terminals use. The WIT types a filter sees
+//! are converted to and from them in one place, `plugin::convert`.
+//! Big parts (message lists, tool arguments) sit behind `Arc` so that a
+//! layer hands a request inward without copying it; a change copies only
+//! what it touches.
+
+mod chat;
+mod message;
+mod token;
+mod tool;
+mod turn;
+
+pub use chat::{ChatRequest, ChatResponse, FinishReason, Usage};
+pub use message::{Content, ContentPart, Message, Role, ToolCall};
+pub use token::{Token, TokenBatch};
+pub use tool::{ToolRequest, ToolResponse, ToolSpec};
+pub use turn::{ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
+
+/// A JSON object, for options and metadata.
+pub type JsonMap = serde_json::Map<String, serde_json::Value>;

@@ -1,0 +1,101 @@
+/// One streamed token as the caller's sink receives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token<'a> {
+    pub text: &'a str,
+    /// Metadata, a JSON object as text.
+    pub meta: Option<&'a str>,
+}
+
+/// Tokens packed for cheap hand-over between token transforms: all texts
+/// back to back, the end offset of each, and the metadata of the few tokens
+/// that carry any (sorted by index).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenBatch {
+    pub text: String,
+    pub ends: Vec<u32>,
+    pub metas: Vec<(u32, String)>,
+}
+
+impl TokenBatch {
+    /// Appends one token.
+    pub fn push(&mut self, text: &str, meta: Option<&str>) {
+        if let Some(meta) = meta {
+            self.metas.push((self.ends.len() as u32, meta.to_owned()));
+        }
+        self.text.push_str(text);
+        self.ends.push(self.text.len() as u32);
+    }
+
+    /// Appends every token of `other`.
+    pub fn append(&mut self, other: TokenBatch) {
+        if self.ends.is_empty() {
+            *self = other;
+            return;
+        }
+        let offset = self.text.len() as u32;
+        let base = self.ends.len() as u32;
+        self.text.push_str(&other.text);
+        self.ends.extend(other.ends.iter().map(|end| end + offset));
+        self.metas.extend(other.metas.into_iter().map(|(i, m)| (i + base, m)));
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The tokens, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Token<'_>> {
+        let mut metas = self.metas.iter().peekable();
+        let mut start = 0usize;
+        self.ends.iter().enumerate().map(move |(index, &end)| {
+            let end = end as usize;
+            let text = &self.text[start..end];
+            start = end;
+            let meta = match metas.peek() {
+                Some((i, _)) if *i as usize == index => metas.next().map(|(_, m)| m.as_str()),
+                _ => None,
+            };
+            Token { text, meta }
+        })
+    }
+
+    /// Checks what a guest handed back: ends ascending, on char boundaries
+    /// and within the text; metas sorted and in range.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut start = 0usize;
+        for &end in &self.ends {
+            let end = end as usize;
+            if end < start || end > self.text.len() || !self.text.is_char_boundary(end) {
+                return Err(format!("token end {end} is out of order or not on a character boundary"));
+            }
+            start = end;
+        }
+        if start != self.text.len() {
+            return Err("token text extends past the last token end".to_owned());
+        }
+        let mut previous = None;
+        for (index, _) in &self.metas {
+            if *index as usize >= self.ends.len() || previous.is_some_and(|p| p >= *index) {
+                return Err(format!("token meta index {index} is out of range or out of order"));
+            }
+            previous = Some(*index);
+        }
+        Ok(())
+    }
+}
+
+impl<'a> FromIterator<Token<'a>> for TokenBatch {
+    fn from_iter<I: IntoIterator<Item = Token<'a>>>(iter: I) -> Self {
+        let mut batch = TokenBatch::default();
+        for token in iter {
+            batch.push(token.text, token.meta);
+        }
+        batch
+    }
+}

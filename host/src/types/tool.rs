@@ -1,0 +1,66 @@
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: serde_json::Value,
+    /// The tool has effects that need approval.
+    #[serde(default)]
+    pub sensitive: bool,
+}
+
+impl ToolSpec {
+    /// A tool taking an object described by `parameters`.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: serde_json::Value) -> Self {
+        ToolSpec { name: name.into(), description: description.into(), parameters, sensitive: false }
+    }
+
+    /// Marks the tool sensitive.
+    pub fn sensitive(mut self) -> Self {
+        self.sensitive = true;
+        self
+    }
+}
+
+/// One tool execution: what the tool chain carries inward.
+#[derive(Debug, Clone)]
+pub struct ToolRequest {
+    pub tool: Arc<ToolSpec>,
+    /// The id of the model's tool call; empty for a direct invoke.
+    pub call_id: Arc<str>,
+    /// The arguments, a JSON object as text.
+    pub arguments: Arc<str>,
+}
+
+impl ToolRequest {
+    /// A request to run `tool` with `arguments` (JSON text).
+    pub fn new(tool: Arc<ToolSpec>, arguments: impl Into<Arc<str>>) -> Self {
+        ToolRequest { tool, call_id: Arc::from(""), arguments: arguments.into() }
+    }
+}
+
+/// A tool's result: what the tool chain carries outward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResponse {
+    /// The result as JSON text; it goes back to the model as the tool message.
+    pub output: String,
+}
+
+impl ToolResponse {
+    /// A result from any serializable value.
+    pub fn json(value: &impl Serialize) -> Self {
+        // Serializing a `Serialize` value into a String only fails for maps
+        // with non-string keys; tools return plain JSON data.
+        ToolResponse { output: serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string())) }
+    }
+
+    /// The result parsed as JSON.
+    pub fn value(&self) -> serde_json::Result<serde_json::Value> {
+        serde_json::from_str(&self.output)
+    }
+}
