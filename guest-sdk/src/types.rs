@@ -70,3 +70,20 @@ impl FilterError {
         Self::new(ErrorKind::InvalidRequest, message)
     }
 }
+
+impl FinishReason {
+    /// The contract's name for the reason (`complete`, `tool-use`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Complete => "complete",
+            FinishReason::ToolUse => "tool-use",
+            FinishReason::LengthLimit => "length-limit",
+            FinishReason::ContentFiltered => "content-filtered",
+            FinishReason::StopSequence => "stop-sequence",
+            FinishReason::PauseTurn => "pause-turn",
+            FinishReason::Refusal => "refusal",
+            FinishReason::Error => "error",
+            FinishReason::Unknown => "unknown",
+        }
+    }
+}

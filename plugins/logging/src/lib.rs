@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, FinishReason, ToolRequest, ToolResponse, TurnRequest, TurnResult, log,
+    ChatRequest, ChatResponse, Fctx, Filter, FilterError, ToolRequest, ToolResponse, TurnRequest, TurnResult, log,
     next,
 };
 
@@ -17,20 +17,6 @@ fn failed(what: &str, error: &FilterError) {
     log::debug(&format!("{what} failed: {}", error.message));
 }
 
-fn reason_name(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Complete => "complete",
-        FinishReason::ToolUse => "tool-use",
-        FinishReason::LengthLimit => "length-limit",
-        FinishReason::ContentFiltered => "content-filtered",
-        FinishReason::StopSequence => "stop-sequence",
-        FinishReason::PauseTurn => "pause-turn",
-        FinishReason::Refusal => "refusal",
-        FinishReason::Error => "error",
-        FinishReason::Unknown => "unknown",
-    }
-}
-
 #[shallot_guest::filter(name = "logging")]
 impl Filter for Logging {
     fn around_chat(&self, request: &ChatRequest, _: &mut Fctx<()>) -> Result<ChatResponse, FilterError> {
@@ -39,7 +25,7 @@ impl Filter for Logging {
         match &result {
             Ok(response) => log::debug(&format!(
                 "chat done: finish reason {}, {} tool calls",
-                reason_name(response.finish_reason()),
+                response.finish_reason().as_str(),
                 response.message().tool_calls.len()
             )),
             Err(error) => failed("chat", error),
