@@ -8,8 +8,11 @@ use std::sync::OnceLock;
 pub use wit_bindgen;
 
 pub use crate::bindings::__export_filter_world as export_world;
-use crate::bindings::exports::shallot::filter::{chat_filter, plugin, token_filter, tool_filter, turn_filter};
-use crate::bindings::shallot::filter::types::{ChatRequest, ToolRequest, TokenBatch, TurnRequest};
+use crate::bindings::exports::shallot::filter::{
+    chat_filter, plugin, token_filter, tool_filter, turn_filter,
+};
+use crate::bindings::shallot::filter::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest};
+use crate::{ChatResponse, ToolResponse, TurnResult};
 use crate::{Fctx, Filter, FilterError, Hook, TokenOut, TokenTransform, Tokens};
 
 /// What the attribute knows about the filter type it was put on.
@@ -25,7 +28,9 @@ pub trait Export: Filter {
 pub struct Adapter<F>(PhantomData<F>);
 
 fn configured<F: Export>() -> &'static F {
-    F::slot().get().expect("the shallot host calls `configure` before any hook")
+    F::slot()
+        .get()
+        .expect("the shallot host calls `configure` before any hook")
 }
 
 fn parse_config<F: Export>(config: &str) -> Result<F, String> {
@@ -44,42 +49,43 @@ impl<F: Export> plugin::Guest for Adapter<F> {
     fn configure(config: String) -> Result<(), String> {
         let mut filter = parse_config::<F>(&config)?;
         filter.configure()?;
-        F::slot().set(filter).map_err(|_| "configure called twice".to_owned())
+        F::slot()
+            .set(filter)
+            .map_err(|_| "configure called twice".to_owned())
     }
 
     fn describe() -> plugin::Descriptor {
-        let init = configured::<F>().init();
+        let filter = configured::<F>();
+        let init = filter.init();
         plugin::Descriptor {
             name: F::NAME.to_owned(),
             version: F::VERSION.to_owned(),
             init_fctx: serde_json::to_string(&init)
                 .unwrap_or_else(|e| panic!("FCtx init does not serialize: {e}")),
-            hooks: F::HOOKS.to_vec(),
+            hooks: F::HOOKS
+                .iter()
+                .copied()
+                .filter(|&hook| filter.wants(hook))
+                .collect(),
         }
     }
 }
 
 impl<F: Export> chat_filter::Guest for Adapter<F> {
-    fn around_chat(request: &ChatRequest, fctx: String) -> Result<chat_filter::ChatOutcome, FilterError> {
-        let mut fctx = Fctx::new(fctx);
-        let response = configured::<F>().around_chat(request, &mut fctx)?;
-        Ok(chat_filter::ChatOutcome { response, fctx: fctx.into_changed() })
+    fn around_chat(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
+        configured::<F>().around_chat(request, &Fctx::new())
     }
 }
 
 impl<F: Export> tool_filter::Guest for Adapter<F> {
-    fn around_tool(request: &ToolRequest, fctx: String) -> Result<tool_filter::ToolOutcome, FilterError> {
-        let mut fctx = Fctx::new(fctx);
-        let response = configured::<F>().around_tool(request, &mut fctx)?;
-        Ok(tool_filter::ToolOutcome { response, fctx: fctx.into_changed() })
+    fn around_tool(request: &ToolRequest) -> Result<ToolResponse, FilterError> {
+        configured::<F>().around_tool(request, &Fctx::new())
     }
 }
 
 impl<F: Export> turn_filter::Guest for Adapter<F> {
-    fn around_turn(request: &TurnRequest, fctx: String) -> turn_filter::TurnOutcome {
-        let mut fctx = Fctx::new(fctx);
-        let result = configured::<F>().around_turn(request, &mut fctx);
-        turn_filter::TurnOutcome { result, fctx: fctx.into_changed() }
+    fn around_turn(request: &TurnRequest) -> TurnResult {
+        configured::<F>().around_turn(request, &Fctx::new())
     }
 }
 
@@ -95,12 +101,17 @@ pub struct Transformer<F> {
 
 impl<F: Export> token_filter::GuestTokenTransformer for Transformer<F> {
     fn new() -> Self {
-        Transformer { inner: RefCell::new(configured::<F>().token_transform()), filter: PhantomData }
+        Transformer {
+            inner: RefCell::new(configured::<F>().token_transform()),
+            filter: PhantomData,
+        }
     }
 
     fn step(&self, tokens: TokenBatch) -> Result<TokenBatch, FilterError> {
         let mut out = TokenOut::default();
-        self.inner.borrow_mut().step(Tokens::new(tokens), &mut out)?;
+        self.inner
+            .borrow_mut()
+            .step(Tokens::new(tokens), &mut out)?;
         Ok(out.into_batch())
     }
 

@@ -18,7 +18,8 @@ pub fn get_json(key: &str) -> Option<String> {
 
 /// Stores `value` under `key`.
 pub fn set<T: Serialize + ?Sized>(key: &str, value: &T) {
-    let json = serde_json::to_string(value).unwrap_or_else(|e| panic!("context value for {key:?} does not serialize: {e}"));
+    let json = serde_json::to_string(value)
+        .unwrap_or_else(|e| panic!("context value for {key:?} does not serialize: {e}"));
     raw::set(key, &json).unwrap_or_else(|e| panic!("host refused context value for {key:?}: {e}"));
 }
 

@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    ChatRequest, ChatResponse, Fctx, FilterError, PassThrough, TokenTransform, ToolRequest,
+    ChatRequest, ChatResponse, Fctx, FilterError, Hook, PassThrough, TokenTransform, ToolRequest,
     ToolResponse, TurnRequest, TurnResult, next,
 };
 
@@ -33,6 +33,14 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether `hook`, which this filter implements, is live with this
+    /// configuration. A hook that is not is skipped by the host at no cost;
+    /// by default every implemented hook is live.
+    fn wants(&self, hook: Hook) -> bool {
+        let _ = hook;
+        true
+    }
+
     /// The FCtx seed, used the first time the filter is entered in an invoke.
     fn init(&self) -> Self::State {
         Self::State::default()
@@ -43,7 +51,7 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &mut Fctx<Self::State>,
+        fctx: &Fctx<Self::State>,
     ) -> Result<ChatResponse, FilterError> {
         let _ = fctx;
         next::chat(request)
@@ -53,7 +61,7 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
     fn around_tool(
         &self,
         request: &ToolRequest,
-        fctx: &mut Fctx<Self::State>,
+        fctx: &Fctx<Self::State>,
     ) -> Result<ToolResponse, FilterError> {
         let _ = fctx;
         next::tool(request)
@@ -61,7 +69,7 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
 
     /// Around a whole agent turn. Pass `Interrupt` and `Error` results
     /// through untouched; re-enter only on `Done`.
-    fn around_turn(&self, request: &TurnRequest, fctx: &mut Fctx<Self::State>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, fctx: &Fctx<Self::State>) -> TurnResult {
         let _ = fctx;
         next::turn(request)
     }

@@ -37,15 +37,15 @@
 //! impl Filter for Guard {
 //!     type State = Calls;
 //!
-//!     fn around_chat(&self, req: &ChatRequest, fctx: &mut Fctx<Calls>) -> Result<ChatResponse, FilterError> {
-//!         fctx.get_mut().n += 1;
+//!     fn around_chat(&self, req: &ChatRequest, fctx: &Fctx<Calls>) -> Result<ChatResponse, FilterError> {
+//!         fctx.update(|calls| calls.n += 1);
 //!         let asked = req.messages().iter().any(|m| m.text().contains(&self.word));
 //!         if asked {
 //!             // Short-circuit: the model is never called.
 //!             return Ok(ChatResponse::new(&Message::assistant("I can't help with that."), FinishReason::ContentFiltered));
 //!         }
 //!         let response = next::chat(req)?;
-//!         log::debug(&format!("model answered, call #{}", fctx.get().n));
+//!         log::debug(&format!("model answered, call #{} of this invoke", fctx.get().n));
 //!         Ok(response)
 //!     }
 //!

@@ -39,16 +39,20 @@ impl Tokens {
     pub fn iter(&self) -> impl Iterator<Item = Token<'_>> {
         let mut metas = self.batch.metas.iter().peekable();
         let mut start = 0usize;
-        self.batch.ends.iter().enumerate().map(move |(index, &end)| {
-            let end = end as usize;
-            let text = &self.batch.text[start..end];
-            start = end;
-            let meta = match metas.peek() {
-                Some(m) if m.index as usize == index => metas.next().map(|m| m.json.as_str()),
-                _ => None,
-            };
-            Token { text, meta }
-        })
+        self.batch
+            .ends
+            .iter()
+            .enumerate()
+            .map(move |(index, &end)| {
+                let end = end as usize;
+                let text = &self.batch.text[start..end];
+                start = end;
+                let meta = match metas.peek() {
+                    Some(m) if m.index as usize == index => metas.next().map(|m| m.json.as_str()),
+                    _ => None,
+                };
+                Token { text, meta }
+            })
     }
 }
 
@@ -60,7 +64,11 @@ pub struct TokenOut {
 
 impl Default for TokenBatch {
     fn default() -> Self {
-        TokenBatch { text: String::new(), ends: Vec::new(), metas: Vec::new() }
+        TokenBatch {
+            text: String::new(),
+            ends: Vec::new(),
+            metas: Vec::new(),
+        }
     }
 }
 
@@ -68,7 +76,10 @@ impl TokenOut {
     /// Emits one token.
     pub fn push(&mut self, text: &str, meta: Option<&str>) {
         if let Some(json) = meta {
-            self.batch.metas.push(TokenMeta { index: self.batch.ends.len() as u32, json: json.to_owned() });
+            self.batch.metas.push(TokenMeta {
+                index: self.batch.ends.len() as u32,
+                json: json.to_owned(),
+            });
         }
         self.batch.text.push_str(text);
         self.batch.ends.push(self.batch.text.len() as u32);

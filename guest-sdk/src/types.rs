@@ -1,11 +1,19 @@
 //! Conveniences on the contract's types.
 
-use crate::{ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Message, Role, ToolResponse};
+use crate::{
+    ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Message, Role,
+    ToolResponse,
+};
 
 impl Message {
     /// A message with text content.
     pub fn new(role: Role, text: impl Into<String>) -> Self {
-        Message { role, content: Some(Content::Text(text.into())), tool_calls: Vec::new(), tool_call_id: None }
+        Message {
+            role,
+            content: Some(Content::Text(text.into())),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
     }
 
     /// A system message.
@@ -25,7 +33,10 @@ impl Message {
 
     /// A tool-result message answering the call `call_id`.
     pub fn tool_result(call_id: impl Into<String>, output: impl Into<String>) -> Self {
-        Message { tool_call_id: Some(call_id.into()), ..Self::new(Role::Tool, output) }
+        Message {
+            tool_call_id: Some(call_id.into()),
+            ..Self::new(Role::Tool, output)
+        }
     }
 
     /// The text of the message: its text content, or its text parts joined.
@@ -54,7 +65,8 @@ impl ChatResponse {
 impl ToolResponse {
     /// A tool result from any serializable value.
     pub fn from_value<T: serde::Serialize + ?Sized>(value: &T) -> Self {
-        let json = serde_json::to_string(value).unwrap_or_else(|e| panic!("tool output does not serialize: {e}"));
+        let json = serde_json::to_string(value)
+            .unwrap_or_else(|e| panic!("tool output does not serialize: {e}"));
         ToolResponse::new(&json)
     }
 }
@@ -62,7 +74,10 @@ impl ToolResponse {
 impl FilterError {
     /// An error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        FilterError { kind, message: message.into() }
+        FilterError {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// An `invalid-request` error.

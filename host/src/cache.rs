@@ -69,17 +69,26 @@ impl Cache {
         engine.precompile_compatibility_hash().hash(&mut compat);
         let digest = Sha256::digest(bytes);
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{hex}-{:016x}.cwasm", compat.finish()))
+        self.dir
+            .join(format!("{hex}-{:016x}.cwasm", compat.finish()))
     }
 
     /// Whether `bytes` are compiled for `engine`.
     pub fn state(&self, engine: &wasmtime::Engine, bytes: &[u8]) -> CacheState {
-        if self.path(engine, bytes).is_file() { CacheState::Cached } else { CacheState::Missing }
+        if self.path(engine, bytes).is_file() {
+            CacheState::Cached
+        } else {
+            CacheState::Missing
+        }
     }
 
     /// Loads the compiled component for `bytes`, compiling and storing it
     /// first if needed. Returns whether it was compiled now.
-    pub fn load(&self, engine: &wasmtime::Engine, bytes: &[u8]) -> wasmtime::Result<(Component, bool)> {
+    pub fn load(
+        &self,
+        engine: &wasmtime::Engine,
+        bytes: &[u8],
+    ) -> wasmtime::Result<(Component, bool)> {
         let path = self.path(engine, bytes);
         if path.is_file() {
             // SAFETY: the file is in the host's own cache directory, written
@@ -99,7 +108,9 @@ impl Cache {
 
     fn store(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let bytes = component
+            .serialize()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
         // Write then rename, so a reader never sees half a file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, bytes)?;

@@ -111,7 +111,8 @@ impl Engine {
         let wasmtime = wasmtime::Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
 
         let mut linker = Linker::new(&wasmtime);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
         crate::plugin::host::add_to_linker(&mut linker).map_err(|e| anyhow::anyhow!("{e:#}"))?;
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
@@ -144,12 +145,18 @@ impl Engine {
 }
 
 /// Advances the engine's epoch every `tick` until the engine is dropped.
-fn spawn_ticker(engine: wasmtime::Engine, tick: Duration, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
-    std::thread::Builder::new().name("shallot-epoch".into()).spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(tick);
-            engine.increment_epoch();
-        }
-    })?;
+fn spawn_ticker(
+    engine: wasmtime::Engine,
+    tick: Duration,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("shallot-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                engine.increment_epoch();
+            }
+        })?;
     Ok(())
 }

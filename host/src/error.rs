@@ -62,7 +62,12 @@ pub enum Hook {
 
 impl Hook {
     /// Every hook, in contract order.
-    pub const ALL: [Hook; 4] = [Hook::AroundChat, Hook::AroundTool, Hook::AroundTurn, Hook::TokenTransform];
+    pub const ALL: [Hook; 4] = [
+        Hook::AroundChat,
+        Hook::AroundTool,
+        Hook::AroundTurn,
+        Hook::TokenTransform,
+    ];
 
     /// The kebab-case name used in the WIT contract.
     pub fn as_str(self) -> &'static str {
@@ -113,7 +118,11 @@ pub struct ChainError {
 impl ChainError {
     /// An error of `kind` not attributed to a filter.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ChainError { kind, message: message.into(), origin: None }
+        ChainError {
+            kind,
+            message: message.into(),
+            origin: None,
+        }
     }
 
     /// Attributes the error to `origin`.

@@ -39,7 +39,14 @@ impl Invoke {
         admission: Option<OwnedSemaphorePermit>,
     ) -> Self {
         let fctx = Mutex::new(vec![None; core.filters.len()]);
-        Invoke { core, context, fctx, leases, sink, _admission: admission }
+        Invoke {
+            core,
+            context,
+            fctx,
+            leases,
+            sink,
+            _admission: admission,
+        }
     }
 
     /// The shared context.
@@ -50,12 +57,16 @@ impl Invoke {
     /// Runs the chat chain within this invoke (the turn loop's model call).
     /// Tokens stream to the invoke's sink, if it has one.
     pub async fn chat(self: &Arc<Self>, request: ChatRequest) -> Result<ChatResponse, ChainError> {
-        Next::start(self.core.chat.clone(), self.clone()).call(request).await
+        Next::start(self.core.chat.clone(), self.clone())
+            .call(request)
+            .await
     }
 
     /// Runs the tool chain within this invoke.
     pub async fn tool(self: &Arc<Self>, request: ToolRequest) -> Result<ToolResponse, ChainError> {
-        Next::start(self.core.tool.clone(), self.clone()).call(request).await
+        Next::start(self.core.tool.clone(), self.clone())
+            .call(request)
+            .await
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {
@@ -69,7 +80,9 @@ impl Invoke {
     /// Filter `id`'s private context: its latest state, or its init.
     pub(crate) fn fctx(&self, id: usize) -> Fctx {
         let states = self.fctx.lock().unwrap_or_else(PoisonError::into_inner);
-        states[id].clone().unwrap_or_else(|| self.core.filters[id].init.clone())
+        states[id]
+            .clone()
+            .unwrap_or_else(|| self.core.filters[id].init.clone())
     }
 
     pub(crate) fn set_fctx(&self, id: usize, fctx: Fctx) {

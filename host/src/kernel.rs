@@ -17,12 +17,16 @@ use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
 use crate::invoke::Invoke;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal};
-use crate::onion::{Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn};
+use crate::onion::{
+    Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn,
+};
 use crate::plugin::pool::Lease;
 use crate::plugin::{PluginSet, WasmFilter};
 use crate::stream::TokenSink;
 use crate::tool::ToolRegistry;
-use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult};
+use crate::types::{
+    ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
+};
 
 /// What an invoke starts with; decides how many instances it reserves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +72,9 @@ pub enum BuildError {
     DuplicateName(String),
     #[error("the wasm filters come from different engines; load every plugin with one `Engine`")]
     MixedEngines,
-    #[error("one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`")]
+    #[error(
+        "one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`"
+    )]
     TooFewSlots { need: usize, have: u32 },
 }
 
@@ -122,7 +128,7 @@ impl KernelBuilder {
     /// Registers a native tool.
     pub fn tool<F, Fut>(mut self, spec: ToolSpec, handler: F) -> Self
     where
-        F: Fn(serde_json::Value) -> Fut + Send + Sync + 'static,
+        F: Fn(serde_json::Value, Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<serde_json::Value, ChainError>> + Send + 'static,
     {
         self.tools.register(spec, handler);
@@ -147,7 +153,9 @@ impl KernelBuilder {
         for filter in self.filters.iter().filter_map(Entry::wasm) {
             match &engine {
                 None => engine = Some(filter.engine().clone()),
-                Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => return Err(BuildError::MixedEngines),
+                Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => {
+                    return Err(BuildError::MixedEngines);
+                }
                 Some(_) => {}
             }
         }
@@ -158,7 +166,10 @@ impl KernelBuilder {
                 .max()
                 .unwrap_or(0);
             if need > engine.inner.slot_count as usize {
-                return Err(BuildError::TooFewSlots { need, have: engine.inner.slot_count });
+                return Err(BuildError::TooFewSlots {
+                    need,
+                    have: engine.inner.slot_count,
+                });
             }
         }
         let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
@@ -179,7 +190,9 @@ impl KernelBuilder {
             engine,
             tools,
         };
-        Ok(Kernel { core: Arc::new(core) })
+        Ok(Kernel {
+            core: Arc::new(core),
+        })
     }
 }
 
@@ -189,14 +202,20 @@ fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc
         .iter()
         .enumerate()
         .filter(|(_, entry)| entry.hooks.contains(&K::HOOK))
-        .map(|(id, entry)| Layer { id, filter: entry.filter.clone() })
+        .map(|(id, entry)| Layer {
+            id,
+            filter: entry.filter.clone(),
+        })
         .collect();
     Arc::new(Chain { layers, terminal })
 }
 
 /// Instances each filter may need at once in one invoke of `call`.
 fn reservation(filters: &[Entry], call: CallKind, stream: bool) -> Vec<usize> {
-    filters.iter().map(|entry| entry.wasm().map_or(0, |filter| filter.need(call, stream))).collect()
+    filters
+        .iter()
+        .map(|entry| entry.wasm().map_or(0, |filter| filter.need(call, stream)))
+        .collect()
 }
 
 /// The turn terminal until one is configured.
@@ -205,7 +224,10 @@ struct NoToolLoop;
 #[async_trait]
 impl Terminal<Turn> for NoToolLoop {
     async fn call(&self, _request: TurnRequest, _invoke: &Arc<Invoke>) -> TurnResult {
-        TurnResult::Error(ChainError::new(ErrorKind::Internal, "this kernel has no turn terminal (tool loop)"))
+        TurnResult::Error(ChainError::new(
+            ErrorKind::Internal,
+            "this kernel has no turn terminal (tool loop)",
+        ))
     }
 }
 
@@ -225,7 +247,10 @@ impl Kernel {
 
     /// The filters, outermost first, with their hooks.
     pub fn filters(&self) -> impl Iterator<Item = (&str, &[Hook])> {
-        self.core.filters.iter().map(|entry| (&*entry.name, entry.hooks.as_slice()))
+        self.core
+            .filters
+            .iter()
+            .map(|entry| (&*entry.name, entry.hooks.as_slice()))
     }
 
     /// The specs of the registered tools.
@@ -235,28 +260,47 @@ impl Kernel {
 
     /// Runs `request` through the chat chain. Token transforms do not run:
     /// they only shape a stream.
-    pub async fn chat(&self, request: ChatRequest, context: Context) -> Result<ChatResponse, ChainError> {
+    pub async fn chat(
+        &self,
+        request: ChatRequest,
+        context: Context,
+    ) -> Result<ChatResponse, ChainError> {
         let invoke = self.admit(CallKind::Chat, context, None).await?;
         invoke.chat(request).await
     }
 
     /// Runs `request` through the chat chain, streaming the answer through
     /// the token transforms to `sink`. Returns the model's original response.
-    pub async fn chat_stream(&self, request: ChatRequest, context: Context, sink: impl TokenSink + 'static) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, context, Some(Arc::new(sink))).await?;
+    pub async fn chat_stream(
+        &self,
+        request: ChatRequest,
+        context: Context,
+        sink: impl TokenSink + 'static,
+    ) -> Result<ChatResponse, ChainError> {
+        let invoke = self
+            .admit(CallKind::Chat, context, Some(Arc::new(sink)))
+            .await?;
         invoke.chat(request).await
     }
 
     /// Calls the tool `name` with `arguments` through the tool chain. An
     /// unknown tool fails with `not-found` before any filter runs.
-    pub async fn tool(&self, name: &str, arguments: serde_json::Value, context: Context) -> Result<ToolResponse, ChainError> {
-        let tool = self
-            .core
-            .tools
-            .spec(name)
-            .ok_or_else(|| ChainError::new(ErrorKind::NotFound, format!("tool '{name}' is not registered")))?;
+    pub async fn tool(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+        context: Context,
+    ) -> Result<ToolResponse, ChainError> {
+        let tool = self.core.tools.spec(name).ok_or_else(|| {
+            ChainError::new(
+                ErrorKind::NotFound,
+                format!("tool '{name}' is not registered"),
+            )
+        })?;
         let invoke = self.admit(CallKind::Tool, context, None).await?;
-        invoke.tool(ToolRequest::new(tool, arguments.to_string())).await
+        invoke
+            .tool(ToolRequest::new(tool, arguments.to_string()))
+            .await
     }
 
     /// Runs one agent turn through the turn chain.
@@ -265,20 +309,39 @@ impl Kernel {
     }
 
     /// Runs one agent turn, streaming every model round to `sink`.
-    pub async fn turn_stream(&self, request: TurnRequest, context: Context, sink: impl TokenSink + 'static) -> TurnResult {
+    pub async fn turn_stream(
+        &self,
+        request: TurnRequest,
+        context: Context,
+        sink: impl TokenSink + 'static,
+    ) -> TurnResult {
         self.run_turn(request, context, Some(Arc::new(sink))).await
     }
 
-    async fn run_turn(&self, request: TurnRequest, context: Context, sink: Option<Arc<dyn TokenSink>>) -> TurnResult {
+    async fn run_turn(
+        &self,
+        request: TurnRequest,
+        context: Context,
+        sink: Option<Arc<dyn TokenSink>>,
+    ) -> TurnResult {
         match self.admit(CallKind::Turn, context, sink).await {
-            Ok(invoke) => Next::start(self.core.turn.clone(), invoke).call(request).await,
+            Ok(invoke) => {
+                Next::start(self.core.turn.clone(), invoke)
+                    .call(request)
+                    .await
+            }
             Err(error) => TurnResult::Error(error),
         }
     }
 
     /// Starts an invoke: reserves its instance slots (waiting while the
     /// engine is busy) and sets up its state.
-    async fn admit(&self, call: CallKind, context: Context, sink: Option<Arc<dyn TokenSink>>) -> Result<Arc<Invoke>, ChainError> {
+    async fn admit(
+        &self,
+        call: CallKind,
+        context: Context,
+        sink: Option<Arc<dyn TokenSink>>,
+    ) -> Result<Arc<Invoke>, ChainError> {
         let reserved = reservation(&self.core.filters, call, sink.is_some());
         let total: usize = reserved.iter().sum();
         let admission = match &self.core.engine {
@@ -294,6 +357,12 @@ impl Kernel {
             _ => None,
         };
         let leases = reserved.into_iter().map(Lease::new).collect();
-        Ok(Arc::new(Invoke::new(self.core.clone(), context, sink, leases, admission)))
+        Ok(Arc::new(Invoke::new(
+            self.core.clone(),
+            context,
+            sink,
+            leases,
+            admission,
+        )))
     }
 }

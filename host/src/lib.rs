@@ -45,7 +45,7 @@ pub use error::{ChainError, ErrorKind, Hook, Origin};
 pub use invoke::Invoke;
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent};
-pub use onion::{Chat, ChainKind, Fctx, Filter, Hooked, Next, Terminal, Tool, Turn};
+pub use onion::{ChainKind, Chat, Fctx, Filter, Next, Terminal, Tool, Turn};
 pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFilter};
 pub use sandbox::{Grants, Limits};
 pub use stream::{TokenSink, TokenStream, TokenTransform};

@@ -4,12 +4,13 @@
 //! Earlier in the list is outer: its "before" part runs first and its
 //! "after" part last. A filter without a hook for a chain is not in that
 //! chain at all. Each layer receives the request, its private context
-//! (FCtx) and [`Next`], the rest of the chain; it may call `next` zero
-//! times (short-circuit), once, or several times (retry). Composition
+//! [`Next`], the rest of the chain; it may call `next` zero times
+//! (short-circuit), once, or several times (retry). Through `Next` it also
+//! reaches its private context (FCtx), kept by the invoke. Composition
 //! happens once per kernel; a call only walks the list.
 //!
-//! This module owns composition and FCtx hand-over. It knows nothing of
-//! wasm: wasm layers are dispatched to `plugin::WasmFilter`.
+//! This module owns composition. It knows nothing of wasm: wasm layers are
+//! dispatched to `plugin::WasmFilter`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,18 +44,16 @@ pub trait ChainKind: Send + Sync + Sized + 'static {
     fn around_native<'a>(
         filter: &'a dyn Filter,
         request: Self::Request,
-        fctx: Fctx,
         next: Next<Self>,
-    ) -> BoxFuture<'a, Hooked<Self>>;
+    ) -> BoxFuture<'a, Self::Output>;
 
     #[doc(hidden)]
     fn around_wasm(
         filter: Arc<WasmFilter>,
         id: usize,
         request: Self::Request,
-        fctx: Fctx,
         next: Next<Self>,
-    ) -> impl Future<Output = Hooked<Self>> + Send + 'static;
+    ) -> impl Future<Output = Self::Output> + Send + 'static;
 }
 
 /// The chat chain: around one model call.
@@ -73,12 +72,21 @@ impl ChainKind for Chat {
         Err(error)
     }
 
-    fn around_native<'a>(f: &'a dyn Filter, r: ChatRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
-        f.around_chat(r, x, n)
+    fn around_native<'a>(
+        f: &'a dyn Filter,
+        r: ChatRequest,
+        n: Next<Self>,
+    ) -> BoxFuture<'a, Self::Output> {
+        f.around_chat(r, n)
     }
 
-    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: ChatRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
-        f.around::<Self>(id, r, x, n).await
+    async fn around_wasm(
+        f: Arc<WasmFilter>,
+        id: usize,
+        r: ChatRequest,
+        n: Next<Self>,
+    ) -> Self::Output {
+        f.around::<Self>(id, r, n).await
     }
 }
 
@@ -91,12 +99,21 @@ impl ChainKind for Tool {
         Err(error)
     }
 
-    fn around_native<'a>(f: &'a dyn Filter, r: ToolRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
-        f.around_tool(r, x, n)
+    fn around_native<'a>(
+        f: &'a dyn Filter,
+        r: ToolRequest,
+        n: Next<Self>,
+    ) -> BoxFuture<'a, Self::Output> {
+        f.around_tool(r, n)
     }
 
-    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: ToolRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
-        f.around::<Self>(id, r, x, n).await
+    async fn around_wasm(
+        f: Arc<WasmFilter>,
+        id: usize,
+        r: ToolRequest,
+        n: Next<Self>,
+    ) -> Self::Output {
+        f.around::<Self>(id, r, n).await
     }
 }
 
@@ -109,37 +126,28 @@ impl ChainKind for Turn {
         TurnResult::Error(error)
     }
 
-    fn around_native<'a>(f: &'a dyn Filter, r: TurnRequest, x: Fctx, n: Next<Self>) -> BoxFuture<'a, Hooked<Self>> {
-        f.around_turn(r, x, n)
+    fn around_native<'a>(
+        f: &'a dyn Filter,
+        r: TurnRequest,
+        n: Next<Self>,
+    ) -> BoxFuture<'a, Self::Output> {
+        f.around_turn(r, n)
     }
 
-    async fn around_wasm(f: Arc<WasmFilter>, id: usize, r: TurnRequest, x: Fctx, n: Next<Self>) -> Hooked<Self> {
-        f.around::<Self>(id, r, x, n).await
-    }
-}
-
-/// What a hook returns: the chain's output and, if the filter changed it,
-/// its new private context.
-pub struct Hooked<K: ChainKind> {
-    pub output: K::Output,
-    pub fctx: Option<Fctx>,
-}
-
-impl<K: ChainKind> Hooked<K> {
-    /// The output, private context unchanged.
-    pub fn output(output: K::Output) -> Self {
-        Hooked { output, fctx: None }
-    }
-
-    /// The output with a new private context.
-    pub fn with_fctx(output: K::Output, fctx: impl Into<Fctx>) -> Self {
-        Hooked { output, fctx: Some(fctx.into()) }
+    async fn around_wasm(
+        f: Arc<WasmFilter>,
+        id: usize,
+        r: TurnRequest,
+        n: Next<Self>,
+    ) -> Self::Output {
+        f.around::<Self>(id, r, n).await
     }
 }
 
 /// A filter written in Rust and run natively in the host: the same onion
 /// semantics as a wasm filter, without the sandbox. For embedders, and the
-/// baseline wasm filters are measured against.
+/// baseline wasm filters are measured against. Each hook gets the rest of
+/// the chain as [`Next`], which also holds the filter's FCtx.
 #[async_trait]
 pub trait Filter: Send + Sync + 'static {
     /// The filter's name: its identity in errors and the key of its FCtx.
@@ -154,22 +162,28 @@ pub trait Filter: Send + Sync + 'static {
         Fctx::from("null")
     }
 
-    /// Around one model call.
-    async fn around_chat(&self, request: ChatRequest, fctx: Fctx, next: Next<Chat>) -> Hooked<Chat> {
-        let _ = fctx;
-        Hooked::output(next.call(request).await)
+    /// Around one model call. `next` calls the inner layers and gives this
+    /// filter's FCtx ([`Next::fctx`]) and the shared context.
+    async fn around_chat(
+        &self,
+        request: ChatRequest,
+        next: Next<Chat>,
+    ) -> Result<ChatResponse, ChainError> {
+        next.call(request).await
     }
 
     /// Around one tool execution.
-    async fn around_tool(&self, request: ToolRequest, fctx: Fctx, next: Next<Tool>) -> Hooked<Tool> {
-        let _ = fctx;
-        Hooked::output(next.call(request).await)
+    async fn around_tool(
+        &self,
+        request: ToolRequest,
+        next: Next<Tool>,
+    ) -> Result<ToolResponse, ChainError> {
+        next.call(request).await
     }
 
     /// Around one agent turn.
-    async fn around_turn(&self, request: TurnRequest, fctx: Fctx, next: Next<Turn>) -> Hooked<Turn> {
-        let _ = fctx;
-        Hooked::output(next.call(request).await)
+    async fn around_turn(&self, request: TurnRequest, next: Next<Turn>) -> TurnResult {
+        next.call(request).await
     }
 
     /// A fresh token transform for one model stream.
@@ -207,23 +221,36 @@ pub(crate) struct Chain<K: ChainKind> {
     pub terminal: Arc<dyn Terminal<K>>,
 }
 
-/// The rest of the chain, as seen from inside a layer.
+/// The rest of the chain, as seen from inside a layer; also the layer's
+/// access to its private context and the invoke's shared context.
 pub struct Next<K: ChainKind> {
     chain: Arc<Chain<K>>,
     index: usize,
+    /// The filter whose hook holds this `Next`; `None` outside any layer.
+    layer: Option<usize>,
     invoke: Arc<Invoke>,
 }
 
 impl<K: ChainKind> Clone for Next<K> {
     fn clone(&self) -> Self {
-        Next { chain: self.chain.clone(), index: self.index, invoke: self.invoke.clone() }
+        Next {
+            chain: self.chain.clone(),
+            index: self.index,
+            layer: self.layer,
+            invoke: self.invoke.clone(),
+        }
     }
 }
 
 impl<K: ChainKind> Next<K> {
     /// The whole chain, from its outermost layer.
     pub(crate) fn start(chain: Arc<Chain<K>>, invoke: Arc<Invoke>) -> Self {
-        Next { chain, index: 0, invoke }
+        Next {
+            chain,
+            index: 0,
+            layer: None,
+            invoke,
+        }
     }
 
     /// Calls the inner layers and the terminal.
@@ -239,7 +266,10 @@ impl<K: ChainKind> Next<K> {
             Ok(output) => output,
             Err(_) => K::fail(ChainError::new(
                 ErrorKind::Timeout,
-                format!("the inner call did not finish within {} ms", timeout.as_millis()),
+                format!(
+                    "the inner call did not finish within {} ms",
+                    timeout.as_millis()
+                ),
             )),
         }
     }
@@ -247,6 +277,19 @@ impl<K: ChainKind> Next<K> {
     /// The invoke's shared context.
     pub fn context(&self) -> &Context {
         self.invoke.context()
+    }
+
+    /// The calling filter's private context: its latest state in this
+    /// invoke, or its init. `None` outside a filter.
+    pub fn fctx(&self) -> Option<Fctx> {
+        self.layer.map(|id| self.invoke.fctx(id))
+    }
+
+    /// Replaces the calling filter's private context.
+    pub fn set_fctx(&self, fctx: impl Into<Fctx>) {
+        if let Some(id) = self.layer {
+            self.invoke.set_fctx(id, fctx.into());
+        }
     }
 
     /// The invoke this call belongs to.
@@ -258,17 +301,16 @@ impl<K: ChainKind> Next<K> {
         let Some(layer) = self.chain.layers.get(self.index) else {
             return self.chain.terminal.call(request, &self.invoke).await;
         };
-        let invoke = self.invoke.clone();
-        let id = layer.id;
-        let fctx = invoke.fctx(id);
-        let next = Next { index: self.index + 1, ..self.clone() };
-        let hooked = match &layer.filter {
-            LayerFilter::Native(filter) => K::around_native(filter.as_ref(), request, fctx, next).await,
-            LayerFilter::Wasm(filter) => K::around_wasm(filter.clone(), id, request, fctx, next).await,
+        let next = Next {
+            index: self.index + 1,
+            layer: Some(layer.id),
+            ..self.clone()
         };
-        if let Some(fctx) = hooked.fctx {
-            invoke.set_fctx(id, fctx);
+        match &layer.filter {
+            LayerFilter::Native(filter) => K::around_native(filter.as_ref(), request, next).await,
+            LayerFilter::Wasm(filter) => {
+                K::around_wasm(filter.clone(), layer.id, request, next).await
+            }
         }
-        hooked.output
     }
 }

@@ -34,7 +34,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_mib: 64, cpu_ms: 100, timeout_ms: 300_000 }
+        Limits {
+            memory_mib: 64,
+            cpu_ms: 100,
+            timeout_ms: 300_000,
+        }
     }
 }
 
@@ -70,7 +74,11 @@ pub(crate) struct Meter {
 
 impl Meter {
     pub(crate) fn start(&mut self, budget: u32) {
-        *self = Meter { ticks: 0, budget, resumed: false };
+        *self = Meter {
+            ticks: 0,
+            budget,
+            resumed: false,
+        };
     }
 
     pub(crate) fn resumed_from_next(&mut self) {
@@ -183,7 +191,12 @@ pub(crate) fn budget_ticks(limits: &Limits, tick: Duration) -> u32 {
 
 /// Turns a wasmtime error from a call into the guest into a typed error:
 /// a trap, the CPU budget, the memory cap, or a contract violation.
-pub(crate) fn fault(error: wasmtime::Error, state: &HostState, limits: &Limits, origin: Origin) -> ChainError {
+pub(crate) fn fault(
+    error: wasmtime::Error,
+    state: &HostState,
+    limits: &Limits,
+    origin: Origin,
+) -> ChainError {
     let message = if error.downcast_ref::<CpuExceeded>().is_some() {
         format!("exceeded its CPU budget of {} ms", limits.cpu_ms)
     } else if format!("{error:#}").contains("forcing trap when growing memory") {
@@ -202,5 +215,9 @@ pub(crate) fn fault(error: wasmtime::Error, state: &HostState, limits: &Limits, 
 
 /// The error for a hook call that outlived its wall-clock bound.
 pub(crate) fn timed_out(limits: &Limits, origin: Origin) -> ChainError {
-    ChainError::new(ErrorKind::Timeout, format!("did not finish within {} ms", limits.timeout_ms)).at(origin)
+    ChainError::new(
+        ErrorKind::Timeout,
+        format!("did not finish within {} ms", limits.timeout_ms),
+    )
+    .at(origin)
 }

@@ -80,7 +80,10 @@ pub struct TokenStream {
 
 impl TokenStream {
     /// Fresh transformers for a new stream of `invoke`.
-    pub(crate) async fn open(invoke: &Arc<Invoke>, sink: Arc<dyn TokenSink>) -> Result<Self, ChainError> {
+    pub(crate) async fn open(
+        invoke: &Arc<Invoke>,
+        sink: Arc<dyn TokenSink>,
+    ) -> Result<Self, ChainError> {
         let core = invoke.core();
         let mut layers = Vec::with_capacity(core.token_layers.len());
         for &id in &core.token_layers {
@@ -89,7 +92,9 @@ impl TokenStream {
                     Some(transform) => Transformer::Native(transform),
                     None => continue,
                 },
-                LayerFilter::Wasm(filter) => Transformer::Wasm(filter.transformer(id, invoke).await?),
+                LayerFilter::Wasm(filter) => {
+                    Transformer::Wasm(filter.transformer(id, invoke).await?)
+                }
             };
             layers.push(layer);
         }
@@ -105,7 +110,10 @@ impl TokenStream {
         Ok(())
     }
 
-    async fn through(layers: &mut [Transformer], mut tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
+    async fn through(
+        layers: &mut [Transformer],
+        mut tokens: TokenBatch,
+    ) -> Result<TokenBatch, ChainError> {
         for layer in layers {
             if tokens.is_empty() {
                 break;

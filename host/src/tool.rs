@@ -7,12 +7,14 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
+use crate::context::Context;
 use crate::error::{ChainError, ErrorKind};
 use crate::invoke::Invoke;
 use crate::onion::{Terminal, Tool};
 use crate::types::{ToolRequest, ToolResponse, ToolSpec};
 
-type Handler = Arc<dyn Fn(Value) -> BoxFuture<'static, Result<Value, ChainError>> + Send + Sync>;
+type Handler =
+    Arc<dyn Fn(Value, Context) -> BoxFuture<'static, Result<Value, ChainError>> + Send + Sync>;
 
 struct Registered {
     spec: Arc<ToolSpec>,
@@ -27,14 +29,22 @@ pub struct ToolRegistry {
 
 impl ToolRegistry {
     /// Registers `handler` as the tool `spec` describes, replacing any tool
-    /// of the same name. The handler gets the arguments object.
+    /// of the same name. The handler gets the arguments object and the
+    /// invoke's shared context.
     pub fn register<F, Fut>(&mut self, spec: ToolSpec, handler: F)
     where
-        F: Fn(Value) -> Fut + Send + Sync + 'static,
+        F: Fn(Value, Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ChainError>> + Send + 'static,
     {
-        let handler: Handler = Arc::new(move |arguments| Box::pin(handler(arguments)));
-        self.tools.insert(spec.name.clone(), Registered { spec: Arc::new(spec), handler });
+        let handler: Handler =
+            Arc::new(move |arguments, context| Box::pin(handler(arguments, context)));
+        self.tools.insert(
+            spec.name.clone(),
+            Registered {
+                spec: Arc::new(spec),
+                handler,
+            },
+        );
     }
 
     /// The spec of the tool `name`.
@@ -44,22 +54,34 @@ impl ToolRegistry {
 
     /// Every tool's spec, by name.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|tool| (*tool.spec).clone()).collect()
+        self.tools
+            .values()
+            .map(|tool| (*tool.spec).clone())
+            .collect()
     }
 }
 
 #[async_trait]
 impl Terminal<Tool> for ToolRegistry {
-    async fn call(&self, request: ToolRequest, _invoke: &Arc<Invoke>) -> Result<ToolResponse, ChainError> {
+    async fn call(
+        &self,
+        request: ToolRequest,
+        invoke: &Arc<Invoke>,
+    ) -> Result<ToolResponse, ChainError> {
         let name = &request.tool.name;
-        let tool = self
-            .tools
-            .get(name)
-            .ok_or_else(|| ChainError::new(ErrorKind::NotFound, format!("tool '{name}' is not registered")))?;
-        let arguments: Value = serde_json::from_str(&request.arguments).map_err(|e| {
-            ChainError::new(ErrorKind::InvalidRequest, format!("tool '{name}': arguments are not JSON: {e}"))
+        let tool = self.tools.get(name).ok_or_else(|| {
+            ChainError::new(
+                ErrorKind::NotFound,
+                format!("tool '{name}' is not registered"),
+            )
         })?;
-        let output = (tool.handler)(arguments).await?;
+        let arguments: Value = serde_json::from_str(&request.arguments).map_err(|e| {
+            ChainError::new(
+                ErrorKind::InvalidRequest,
+                format!("tool '{name}': arguments are not JSON: {e}"),
+            )
+        })?;
+        let output = (tool.handler)(arguments, invoke.context().clone()).await?;
         Ok(ToolResponse::json(&output))
     }
 }

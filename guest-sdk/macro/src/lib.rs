@@ -24,7 +24,10 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
     for option in &options {
         match option {
             Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
-                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => name = Some(s.value()),
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) => name = Some(s.value()),
                 other => {
                     return syn::Error::new_spanned(other, "`name` takes a string")
                         .to_compile_error()
@@ -65,7 +68,9 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     }
     if !has_state {
-        block.items.push(parse_quote!(type State = ();));
+        block.items.push(parse_quote!(
+            type State = ();
+        ));
     }
 
     quote! {

@@ -46,11 +46,15 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
             let printed = Arc::new(AtomicBool::new(false));
             let seen = printed.clone();
             let streamed = kernel
-                .chat_stream(request, Context::new(), move |token: shallot::types::Token<'_>| {
-                    seen.store(true, Ordering::Relaxed);
-                    print!("{}", token.text);
-                    let _ = std::io::stdout().flush();
-                })
+                .chat_stream(
+                    request,
+                    Context::new(),
+                    move |token: shallot::types::Token<'_>| {
+                        seen.store(true, Ordering::Relaxed);
+                        print!("{}", token.text);
+                        let _ = std::io::stdout().flush();
+                    },
+                )
                 .await?;
             // A filter that answered itself (a safeguard block) streamed nothing.
             if !printed.load(Ordering::Relaxed) {
@@ -68,7 +72,12 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
             response
         };
         if response.finish_reason != FinishReason::Complete && !args.json {
-            eprintln!("[finish reason: {}]", serde_json::to_value(response.finish_reason)?.as_str().unwrap_or("?"));
+            eprintln!(
+                "[finish reason: {}]",
+                serde_json::to_value(response.finish_reason)?
+                    .as_str()
+                    .unwrap_or("?")
+            );
         }
         conversation.push(response.message);
     }

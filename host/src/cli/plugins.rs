@@ -54,12 +54,19 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
     let mut compile_times = HashMap::new();
     let set = PluginSet::from_specs(engine, specs, &mut |event| {
         report(&event);
-        if let plugin::LoadEvent::Loaded { filter, compile_time: Some(t) } = event {
+        if let plugin::LoadEvent::Loaded {
+            filter,
+            compile_time: Some(t),
+        } = event
+        {
             compile_times.insert(filter.plugin().path().to_path_buf(), t);
         }
     })
     .await?;
-    println!("{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} PLUGIN", "#", "NAME", "HOOKS", "VERSION", "SIZE", "ISOLATION", "CACHE");
+    println!(
+        "{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} PLUGIN",
+        "#", "NAME", "HOOKS", "VERSION", "SIZE", "ISOLATION", "CACHE"
+    );
     for (i, filter) in set.filters().iter().enumerate() {
         let path = filter.plugin().path();
         let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
@@ -72,7 +79,11 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
             "{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} {}",
             i + 1,
             filter.name(),
-            if hooks.is_empty() { "-".to_owned() } else { hooks.join(",") },
+            if hooks.is_empty() {
+                "-".to_owned()
+            } else {
+                hooks.join(",")
+            },
             filter.version(),
             human_size(filter.plugin().size()),
             filter.isolation().as_str(),
@@ -83,25 +94,54 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn check(engine: &Engine, file: PathBuf, with_config: Option<String>) -> anyhow::Result<ExitCode> {
+async fn check(
+    engine: &Engine,
+    file: PathBuf,
+    with_config: Option<String>,
+) -> anyhow::Result<ExitCode> {
     let config = with_config
-        .map(|text| serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--with-config is not JSON: {e}")))
+        .map(|text| {
+            serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("--with-config is not JSON: {e}"))
+        })
         .transpose()?;
     let bytes = plugin::read(&file)?;
     let state = plugin::cache_state(engine, &bytes);
     if state != CacheState::Cached {
-        eprintln!("compiling {} ({})...", file.display(), human_size(bytes.len() as u64));
+        eprintln!(
+            "compiling {} ({})...",
+            file.display(),
+            human_size(bytes.len() as u64)
+        );
     }
     let compiled = {
         let (engine, file) = (engine.clone(), file.clone());
         tokio::task::spawn_blocking(move || plugin::compile(&engine, &file, &bytes)).await??
     };
-    let filter = plugin::configure(engine, Arc::new(compiled), FilterSpec { config, ..FilterSpec::default() }).await?;
+    let filter = plugin::configure(
+        engine,
+        Arc::new(compiled),
+        FilterSpec {
+            config,
+            ..FilterSpec::default()
+        },
+    )
+    .await?;
     let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
-    println!("ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter", file.display());
+    println!(
+        "ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter",
+        file.display()
+    );
     println!("  name     {}", filter.name());
     println!("  version  {}", filter.version());
-    println!("  hooks    {}", if hooks.is_empty() { "none (passes everything through)".to_owned() } else { hooks.join(", ") });
+    println!(
+        "  hooks    {}",
+        if hooks.is_empty() {
+            "none (passes everything through)".to_owned()
+        } else {
+            hooks.join(", ")
+        }
+    );
     println!("  init     {}", filter.init_fctx());
     println!("  size     {}", human_size(filter.plugin().size()));
     Ok(ExitCode::SUCCESS)

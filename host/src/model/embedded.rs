@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 
 use super::{ChatModel, ModelEvent};
+use crate::context::Context;
 use crate::error::ChainError;
 use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, Usage};
 
@@ -31,18 +32,33 @@ impl EmbeddedModel {
     }
 
     fn answer(request: &ChatRequest) -> String {
-        let last = request.messages.iter().rev().find(|m| m.role == Role::User).map(Message::text);
+        let last = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User)
+            .map(Message::text);
         match last {
             Some(text) if !text.trim().is_empty() => format!("You said: {}", text.trim()),
-            _ => "Hello! I am shallot's embedded model; say something and I will echo it.".to_owned(),
+            _ => {
+                "Hello! I am shallot's embedded model; say something and I will echo it.".to_owned()
+            }
         }
     }
 
     fn respond(request: &ChatRequest, text: String, tokens: usize) -> ChatResponse {
-        let input: usize = request.messages.iter().map(|m| m.text().len().div_ceil(4)).sum();
+        let input: usize = request
+            .messages
+            .iter()
+            .map(|m| m.text().len().div_ceil(4))
+            .sum();
         let mut response = ChatResponse::new(Message::assistant(text), FinishReason::Complete);
         response.model = "shallot-echo".to_owned();
-        response.usage = Usage { input_tokens: input as u32, output_tokens: tokens as u32, total_tokens: (input + tokens) as u32 };
+        response.usage = Usage {
+            input_tokens: input as u32,
+            output_tokens: tokens as u32,
+            total_tokens: (input + tokens) as u32,
+        };
         response
     }
 }
@@ -56,7 +72,11 @@ pub(crate) fn tokenize(text: &str) -> Vec<String> {
         if chars.len() <= 6 {
             tokens.push(word.to_owned());
         } else {
-            tokens.extend(chars.chunks(4).map(|piece| piece.iter().collect::<String>()));
+            tokens.extend(
+                chars
+                    .chunks(4)
+                    .map(|piece| piece.iter().collect::<String>()),
+            );
         }
     }
     tokens
@@ -68,13 +88,21 @@ impl ChatModel for EmbeddedModel {
         "shallot-echo"
     }
 
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, ChainError> {
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        _context: &Context,
+    ) -> Result<ChatResponse, ChainError> {
         let text = Self::answer(request);
         let count = tokenize(&text).len();
         Ok(Self::respond(request, text, count))
     }
 
-    async fn stream(&self, request: &ChatRequest) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        _context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
         let text = Self::answer(request);
         let tokens = tokenize(&text);
         let done = Self::respond(request, text, tokens.len());
@@ -85,7 +113,9 @@ impl ChatModel for EmbeddedModel {
             }
             Ok(ModelEvent::Token { text, meta: None })
         });
-        Ok(tokens.chain(stream::once(async move { Ok(ModelEvent::Done(done)) })).boxed())
+        Ok(tokens
+            .chain(stream::once(async move { Ok(ModelEvent::Done(done)) }))
+            .boxed())
     }
 }
 

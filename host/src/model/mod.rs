@@ -15,6 +15,7 @@ use futures::{FutureExt, StreamExt};
 
 pub use embedded::EmbeddedModel;
 
+use crate::context::Context;
 use crate::error::{ChainError, ErrorKind};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Terminal};
@@ -37,11 +38,20 @@ pub trait ChatModel: Send + Sync + 'static {
     /// The model's name, for listings and responses.
     fn name(&self) -> &str;
 
-    /// Answers `request` in one piece.
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, ChainError>;
+    /// Answers `request` in one piece. `context` is the invoke's shared
+    /// context (conversation id, tenant, ...).
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<ChatResponse, ChainError>;
 
     /// Answers `request` as a stream of tokens ending with [`ModelEvent::Done`].
-    async fn stream(&self, request: &ChatRequest) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError>;
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError>;
 }
 
 /// The chat chain's terminal over a [`ChatModel`].
@@ -51,12 +61,16 @@ pub(crate) struct ModelTerminal {
 
 #[async_trait]
 impl Terminal<Chat> for ModelTerminal {
-    async fn call(&self, request: ChatRequest, invoke: &Arc<Invoke>) -> Result<ChatResponse, ChainError> {
+    async fn call(
+        &self,
+        request: ChatRequest,
+        invoke: &Arc<Invoke>,
+    ) -> Result<ChatResponse, ChainError> {
         let Some(sink) = invoke.sink() else {
-            return self.model.chat(&request).await;
+            return self.model.chat(&request, invoke.context()).await;
         };
         let mut tokens = TokenStream::open(invoke, sink.clone()).await?;
-        match self.pump(&request, &mut tokens).await {
+        match self.pump(&request, invoke.context(), &mut tokens).await {
             Ok(response) => {
                 tokens.finish().await?;
                 Ok(response)
@@ -72,8 +86,13 @@ impl Terminal<Chat> for ModelTerminal {
 impl ModelTerminal {
     /// Feeds the model's stream through the token chain; returns the
     /// model's own, untransformed response.
-    async fn pump(&self, request: &ChatRequest, tokens: &mut TokenStream) -> Result<ChatResponse, ChainError> {
-        let mut events = self.model.stream(request).await?;
+    async fn pump(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+        tokens: &mut TokenStream,
+    ) -> Result<ChatResponse, ChainError> {
+        let mut events = self.model.stream(request, context).await?;
         let mut done = None;
         while let Some(first) = events.next().await {
             // Everything that already arrived goes through as one batch.
@@ -94,6 +113,11 @@ impl ModelTerminal {
                 tokens.push(batch).await?;
             }
         }
-        done.ok_or_else(|| ChainError::new(ErrorKind::Transient, "the model stream ended without a final response"))
+        done.ok_or_else(|| {
+            ChainError::new(
+                ErrorKind::Transient,
+                "the model stream ended without a final response",
+            )
+        })
     }
 }

@@ -51,8 +51,14 @@ struct FilterEntry {
 
 /// Reads a `shallot.toml` into plugin paths and filter specs, in order.
 pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
-    let bad = |message: String| LoadError::Config { path: file.into(), message };
-    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read { path: file.into(), source })?;
+    let bad = |message: String| LoadError::Config {
+        path: file.into(),
+        message,
+    };
+    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
+        path: file.into(),
+        source,
+    })?;
     let parsed: ConfigFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let base = file.parent().unwrap_or(Path::new("."));
     let dir = match parsed.plugin_dir {
@@ -65,7 +71,9 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
         .map(|entry| {
             let config = entry
                 .config
-                .map(|value| serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}"))))
+                .map(|value| {
+                    serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
+                })
                 .transpose()?;
             let spec = FilterSpec {
                 name: entry.name,
@@ -82,7 +90,10 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
 /// Lists a plugins directory: every `*.wasm` in file-name order, each with
 /// the configuration in its sidecar `<stem>.json`, if there is one.
 pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Read { path: dir.into(), source })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Read {
+        path: dir.into(),
+        source,
+    })?;
     let mut wasm: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
@@ -97,9 +108,20 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
                     message: format!("not JSON: {e}"),
                 })?),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(source) => return Err(LoadError::Read { path: sidecar, source }),
+                Err(source) => {
+                    return Err(LoadError::Read {
+                        path: sidecar,
+                        source,
+                    });
+                }
             };
-            Ok((path, FilterSpec { config, ..FilterSpec::default() }))
+            Ok((
+                path,
+                FilterSpec {
+                    config,
+                    ..FilterSpec::default()
+                },
+            ))
         })
         .collect()
 }

@@ -4,7 +4,8 @@
 use super::bindings::shallot::filter::types as wit;
 use crate::error::{ChainError, ErrorKind};
 use crate::types::{
-    Content, ContentPart, FinishReason, Message, Role, TokenBatch, ToolCall, ToolCallRecord, ToolSpec, Usage,
+    Content, ContentPart, FinishReason, Message, Role, TokenBatch, ToolCall, ToolCallRecord,
+    ToolSpec, Usage,
 };
 
 pub(crate) fn message(m: &Message) -> wit::Message {
@@ -22,9 +23,10 @@ pub(crate) fn message(m: &Message) -> wit::Message {
                     .iter()
                     .map(|part| match part {
                         ContentPart::Text { text } => wit::ContentPart::Text(text.clone()),
-                        ContentPart::Image { url, detail } => {
-                            wit::ContentPart::Image(wit::Image { url: url.clone(), detail: detail.clone() })
-                        }
+                        ContentPart::Image { url, detail } => wit::ContentPart::Image(wit::Image {
+                            url: url.clone(),
+                            detail: detail.clone(),
+                        }),
                     })
                     .collect(),
             ),
@@ -54,9 +56,10 @@ impl From<wit::Message> for Message {
                         .into_iter()
                         .map(|part| match part {
                             wit::ContentPart::Text(text) => ContentPart::Text { text },
-                            wit::ContentPart::Image(image) => {
-                                ContentPart::Image { url: image.url, detail: image.detail }
-                            }
+                            wit::ContentPart::Image(image) => ContentPart::Image {
+                                url: image.url,
+                                detail: image.detail,
+                            },
                         })
                         .collect(),
                 ),
@@ -72,12 +75,20 @@ pub(crate) fn from_messages(list: Vec<wit::Message>) -> Vec<Message> {
 }
 
 pub(crate) fn tool_call(c: &ToolCall) -> wit::ToolCall {
-    wit::ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() }
+    wit::ToolCall {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        arguments: c.arguments.clone(),
+    }
 }
 
 impl From<wit::ToolCall> for ToolCall {
     fn from(c: wit::ToolCall) -> Self {
-        ToolCall { id: c.id, name: c.name, arguments: c.arguments }
+        ToolCall {
+            id: c.id,
+            name: c.name,
+            arguments: c.arguments,
+        }
     }
 }
 
@@ -94,9 +105,17 @@ pub(crate) fn from_tool_spec(t: wit::ToolSpec) -> Result<ToolSpec, String> {
     let parameters: serde_json::Value = serde_json::from_str(&t.parameters)
         .map_err(|e| format!("tool '{}': parameters are not JSON: {e}", t.name))?;
     if !parameters.is_object() {
-        return Err(format!("tool '{}': parameters must be a JSON object", t.name));
+        return Err(format!(
+            "tool '{}': parameters must be a JSON object",
+            t.name
+        ));
     }
-    Ok(ToolSpec { name: t.name, description: t.description, parameters, sensitive: t.sensitive })
+    Ok(ToolSpec {
+        name: t.name,
+        description: t.description,
+        parameters,
+        sensitive: t.sensitive,
+    })
 }
 
 pub(crate) fn finish_reason(r: FinishReason) -> wit::FinishReason {
@@ -130,12 +149,20 @@ impl From<wit::FinishReason> for FinishReason {
 }
 
 pub(crate) fn usage(u: Usage) -> wit::Usage {
-    wit::Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens, total_tokens: u.total_tokens }
+    wit::Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        total_tokens: u.total_tokens,
+    }
 }
 
 impl From<wit::Usage> for Usage {
     fn from(u: wit::Usage) -> Self {
-        Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens, total_tokens: u.total_tokens }
+        Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            total_tokens: u.total_tokens,
+        }
     }
 }
 
@@ -176,7 +203,10 @@ pub(crate) fn filter_error(e: &ChainError) -> wit::FilterError {
         Some(origin) => format!("{origin}: {}", e.message),
         None => e.message.clone(),
     };
-    wit::FilterError { kind: error_kind(e.kind), message }
+    wit::FilterError {
+        kind: error_kind(e.kind),
+        message,
+    }
 }
 
 pub(crate) fn tool_call_record(r: &ToolCallRecord) -> wit::ToolCallRecord {
@@ -191,12 +221,20 @@ pub(crate) fn token_batch(b: TokenBatch) -> wit::TokenBatch {
     wit::TokenBatch {
         text: b.text,
         ends: b.ends,
-        metas: b.metas.into_iter().map(|(index, json)| wit::TokenMeta { index, json }).collect(),
+        metas: b
+            .metas
+            .into_iter()
+            .map(|(index, json)| wit::TokenMeta { index, json })
+            .collect(),
     }
 }
 
 impl From<wit::TokenBatch> for TokenBatch {
     fn from(b: wit::TokenBatch) -> Self {
-        TokenBatch { text: b.text, ends: b.ends, metas: b.metas.into_iter().map(|m| (m.index, m.json)).collect() }
+        TokenBatch {
+            text: b.text,
+            ends: b.ends,
+            metas: b.metas.into_iter().map(|m| (m.index, m.json)).collect(),
+        }
     }
 }

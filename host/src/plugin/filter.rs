@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 use wasmtime::component::ResourceAny;
 
+use super::Plugin;
 use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
 use super::pool::Leased;
-use super::Plugin;
 use crate::engine::Engine;
 use crate::error::{ChainError, Hook};
 use crate::invoke::Invoke;
 use crate::kernel::CallKind;
-use crate::onion::{Fctx, Hooked, Next};
+use crate::onion::{Fctx, Next};
 use crate::sandbox::{self, Grants, Limits};
 use crate::types::TokenBatch;
 
@@ -62,7 +62,15 @@ impl WasmFilter {
         isolation: Isolation,
         engine: Engine,
     ) -> Self {
-        WasmFilter { name, plugin, blueprint, description, isolation, engine, warm: Mutex::new(Vec::new()) }
+        WasmFilter {
+            name,
+            plugin,
+            blueprint,
+            description,
+            isolation,
+            engine,
+            warm: Mutex::new(Vec::new()),
+        }
     }
 
     /// The filter's name: its identity in errors and the key of its FCtx.
@@ -116,7 +124,11 @@ impl WasmFilter {
     /// Instances one invoke of `call` may need at once: one per level at
     /// which this filter can be on the stack.
     pub(crate) fn need(&self, call: CallKind, stream: bool) -> usize {
-        let token = if stream { self.has(Hook::TokenTransform) } else { 0 };
+        let token = if stream {
+            self.has(Hook::TokenTransform)
+        } else {
+            0
+        };
         let chat = self.has(Hook::AroundChat) + token;
         match call {
             CallKind::Chat => chat,
@@ -128,7 +140,11 @@ impl WasmFilter {
     /// A ready instance: a warm one if this filter keeps them, else fresh.
     pub(crate) async fn instantiate(&self) -> Result<FilterInstance, ChainError> {
         if self.isolation == Isolation::Warm {
-            let idle = self.warm.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let idle = self
+                .warm
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
             if let Some(instance) = idle {
                 self.engine.inner.warm_idle.fetch_sub(1, Ordering::Relaxed);
                 return Ok(instance);
@@ -148,7 +164,9 @@ impl WasmFilter {
         for instance in instances {
             let kept = engine
                 .warm_idle
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < engine.warm_cap).then_some(n + 1))
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < engine.warm_cap).then_some(n + 1)
+                })
                 .is_ok();
             if !kept {
                 break;
@@ -158,41 +176,71 @@ impl WasmFilter {
     }
 
     /// Runs this filter's hook for chain `K` as layer `id` of an invoke.
-    pub(crate) async fn around<K: WasmChain>(&self, id: usize, request: K::Request, fctx: Fctx, next: Next<K>) -> Hooked<K> {
+    pub(crate) async fn around<K: WasmChain>(
+        &self,
+        id: usize,
+        request: K::Request,
+        next: Next<K>,
+    ) -> K::Output {
         let invoke = next.invoke().clone();
         let mut leased = match Leased::take(&invoke, id, self).await {
             Ok(leased) => leased,
-            Err(error) => return Hooked::output(K::fail(error)),
+            Err(error) => return K::fail(error),
         };
         let limits = self.blueprint.limits;
-        let call = leased.instance().around::<K>(request, &fctx, next, &limits, self.blueprint.budget);
+        let call = leased
+            .instance()
+            .around::<K>(id, request, next, &limits, self.blueprint.budget);
         let result = match limits.timeout() {
             Some(timeout) => tokio::time::timeout(timeout, call)
                 .await
-                .unwrap_or_else(|_| Err(sandbox::timed_out(&limits, self.blueprint.identity.origin(K::HOOK.as_str())))),
+                .unwrap_or_else(|_| {
+                    Err(sandbox::timed_out(
+                        &limits,
+                        self.blueprint.identity.origin(K::HOOK.as_str()),
+                    ))
+                }),
             None => call.await,
         };
         match result {
-            Ok(hooked) => {
+            Ok(output) => {
                 leased.release();
-                hooked
+                output
             }
             // `leased` drops here: a faulted instance is never reused.
-            Err(error) => Hooked::output(K::fail(error)),
+            Err(error) => K::fail(error),
         }
     }
 
     /// A fresh token transformer for one stream of `invoke`.
-    pub(crate) async fn transformer(self: &Arc<Self>, id: usize, invoke: &Arc<Invoke>) -> Result<WasmTransformer, ChainError> {
+    pub(crate) async fn transformer(
+        self: &Arc<Self>,
+        id: usize,
+        invoke: &Arc<Invoke>,
+    ) -> Result<WasmTransformer, ChainError> {
         let mut leased = Leased::take(invoke, id, self).await?;
-        let resource = leased.instance().transformer(invoke.clone(), &self.blueprint.limits, self.blueprint.budget).await?;
-        Ok(WasmTransformer { filter: self.clone(), leased, resource })
+        let resource = leased
+            .instance()
+            .transformer(
+                invoke.clone(),
+                id,
+                &self.blueprint.limits,
+                self.blueprint.budget,
+            )
+            .await?;
+        Ok(WasmTransformer {
+            filter: self.clone(),
+            id,
+            leased,
+            resource,
+        })
     }
 }
 
 /// A wasm filter's token transformer for one stream, holding its instance.
 pub(crate) struct WasmTransformer {
     filter: Arc<WasmFilter>,
+    id: usize,
     leased: Leased,
     resource: ResourceAny,
 }
@@ -201,15 +249,30 @@ impl WasmTransformer {
     async fn call(&mut self, tokens: Option<TokenBatch>) -> Result<TokenBatch, ChainError> {
         let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
-            return Err(ChainError::new(crate::error::ErrorKind::PluginFault, "faulted earlier in this stream")
-                .at(blueprint.identity.origin("step")));
+            return Err(ChainError::new(
+                crate::error::ErrorKind::PluginFault,
+                "faulted earlier in this stream",
+            )
+            .at(blueprint.identity.origin("step")));
         }
         let invoke = self.leased.invoke().clone();
-        let call = self.leased.instance().transform(invoke, self.resource, tokens, &blueprint.limits, blueprint.budget);
+        let call = self.leased.instance().transform(
+            invoke,
+            self.id,
+            self.resource,
+            tokens,
+            &blueprint.limits,
+            blueprint.budget,
+        );
         let result = match blueprint.limits.timeout() {
             Some(timeout) => tokio::time::timeout(timeout, call)
                 .await
-                .unwrap_or_else(|_| Err(sandbox::timed_out(&blueprint.limits, blueprint.identity.origin("step")))),
+                .unwrap_or_else(|_| {
+                    Err(sandbox::timed_out(
+                        &blueprint.limits,
+                        blueprint.identity.origin("step"),
+                    ))
+                }),
             None => call.await,
         };
         match result {
@@ -237,7 +300,11 @@ impl WasmTransformer {
             return;
         }
         let blueprint = &self.filter.blueprint;
-        let dropped = self.leased.instance().drop_transformer(self.resource, &blueprint.limits, blueprint.budget).await;
+        let dropped = self
+            .leased
+            .instance()
+            .drop_transformer(self.resource, &blueprint.limits, blueprint.budget)
+            .await;
         if dropped.is_ok() {
             self.leased.release();
         }

@@ -15,16 +15,16 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
-use super::bindings::shallot::filter::{context, log, next, types as wit};
 use super::bindings::Filter as FilterWorld;
+use super::bindings::shallot::filter::{context, fctx, log, next, types as wit};
 use super::convert;
 use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::Confinement;
 use crate::types::{
-    ChatRequest, ChatResponse, Content, FinishReason, ToolRequest, ToolResponse, TurnDone, TurnInterrupt,
-    TurnRequest, TurnResult,
+    ChatRequest, ChatResponse, Content, FinishReason, ToolRequest, ToolResponse, TurnDone,
+    TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// Which filter an instance belongs to, for logs and error attribution.
@@ -36,7 +36,11 @@ pub(crate) struct Identity {
 
 impl Identity {
     pub(crate) fn origin(&self, call: &'static str) -> Origin {
-        Origin { filter: self.name.clone(), plugin: Some(self.plugin.clone()), call }
+        Origin {
+            filter: self.name.clone(),
+            plugin: Some(self.plugin.clone()),
+            call,
+        }
     }
 }
 
@@ -48,10 +52,11 @@ pub(crate) enum Continuation {
     Turn(Next<Turn>),
 }
 
-/// What a call into the instance runs within: its invoke, and the rest of
-/// the chain.
+/// What a call into the instance runs within: its invoke, the filter's
+/// position in it (which keys its FCtx), and the rest of the chain.
 pub(crate) struct Scope {
     pub invoke: Arc<Invoke>,
+    pub id: usize,
     pub next: Continuation,
 }
 
@@ -68,7 +73,13 @@ pub struct HostState {
 
 impl HostState {
     pub(crate) fn new(identity: Arc<Identity>, confinement: Confinement) -> Self {
-        HostState { table: ResourceTable::new(), confinement, identity, scope: None, inner_error: None }
+        HostState {
+            table: ResourceTable::new(),
+            confinement,
+            identity,
+            scope: None,
+            inner_error: None,
+        }
     }
 
     /// Attributes an error the guest returned: the inner failure it passed
@@ -96,14 +107,25 @@ impl HostState {
         }
     }
 
-    async fn chat_inner(&mut self, request: Resource<ChatRequest>, within: Option<u32>) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        let Some(Scope { next: Continuation::Chat(next), .. }) = &self.scope else {
+    async fn chat_inner(
+        &mut self,
+        request: Resource<ChatRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        let Some(Scope {
+            next: Continuation::Chat(next),
+            ..
+        }) = &self.scope
+        else {
             return Ok(Err(self.misuse("chat")));
         };
         let next = next.clone();
         let request = self.table.get(&request)?.clone();
         let output = match within {
-            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            Some(ms) => {
+                next.call_within(request, Duration::from_millis(ms.into()))
+                    .await
+            }
             None => next.call(request).await,
         };
         self.confinement.meter.resumed_from_next();
@@ -113,14 +135,25 @@ impl HostState {
         }
     }
 
-    async fn tool_inner(&mut self, request: Resource<ToolRequest>, within: Option<u32>) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
-        let Some(Scope { next: Continuation::Tool(next), .. }) = &self.scope else {
+    async fn tool_inner(
+        &mut self,
+        request: Resource<ToolRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        let Some(Scope {
+            next: Continuation::Tool(next),
+            ..
+        }) = &self.scope
+        else {
             return Ok(Err(self.misuse("tool")));
         };
         let next = next.clone();
         let request = self.table.get(&request)?.clone();
         let output = match within {
-            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            Some(ms) => {
+                next.call_within(request, Duration::from_millis(ms.into()))
+                    .await
+            }
             None => next.call(request).await,
         };
         self.confinement.meter.resumed_from_next();
@@ -130,29 +163,48 @@ impl HostState {
         }
     }
 
-    async fn turn_inner(&mut self, request: Resource<TurnRequest>, within: Option<u32>) -> wasmtime::Result<wit::TurnResult> {
-        let Some(Scope { next: Continuation::Turn(next), .. }) = &self.scope else {
+    async fn turn_inner(
+        &mut self,
+        request: Resource<TurnRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<wit::TurnResult> {
+        let Some(Scope {
+            next: Continuation::Turn(next),
+            ..
+        }) = &self.scope
+        else {
             return Ok(wit::TurnResult::Error(self.misuse("turn")));
         };
         let next = next.clone();
         let request = self.table.get(&request)?.clone();
         let output = match within {
-            Some(ms) => next.call_within(request, Duration::from_millis(ms.into())).await,
+            Some(ms) => {
+                next.call_within(request, Duration::from_millis(ms.into()))
+                    .await
+            }
             None => next.call(request).await,
         };
         self.confinement.meter.resumed_from_next();
         Ok(match output {
             TurnResult::Done(done) => wit::TurnResult::Done(self.table.push(done)?),
-            TurnResult::Interrupt(interrupt) => wit::TurnResult::Interrupt(self.table.push(interrupt)?),
+            TurnResult::Interrupt(interrupt) => {
+                wit::TurnResult::Interrupt(self.table.push(interrupt)?)
+            }
             TurnResult::Error(error) => wit::TurnResult::Error(self.inner_failed(error)),
         })
     }
 
     /// Moves a turn result the guest returned out of its table.
-    pub(crate) fn take_turn_result(&mut self, result: wit::TurnResult, call: &'static str) -> wasmtime::Result<TurnResult> {
+    pub(crate) fn take_turn_result(
+        &mut self,
+        result: wit::TurnResult,
+        call: &'static str,
+    ) -> wasmtime::Result<TurnResult> {
         Ok(match result {
             wit::TurnResult::Done(done) => TurnResult::Done(self.table.delete(done)?),
-            wit::TurnResult::Interrupt(interrupt) => TurnResult::Interrupt(self.table.delete(interrupt)?),
+            wit::TurnResult::Interrupt(interrupt) => {
+                TurnResult::Interrupt(self.table.delete(interrupt)?)
+            }
             wit::TurnResult::Error(error) => TurnResult::Error(self.attribute(error, call)),
         })
     }
@@ -160,7 +212,10 @@ impl HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.confinement.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.confinement.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -170,7 +225,10 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
 }
 
 /// Parses JSON text that must be an object.
-fn json_object(text: &str, what: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+fn json_object(
+    text: &str,
+    what: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     match serde_json::from_str(text) {
         Ok(serde_json::Value::Object(map)) => Ok(map),
         Ok(_) => Err(format!("{what} must be a JSON object")),
@@ -180,14 +238,18 @@ fn json_object(text: &str, what: &str) -> Result<serde_json::Map<String, serde_j
 
 /// Checks that `text` is JSON.
 fn json_text(text: &str, what: &str) -> Result<(), String> {
-    serde_json::from_str::<serde::de::IgnoredAny>(text).map(|_| ()).map_err(|e| format!("{what} is not JSON: {e}"))
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| format!("{what} is not JSON: {e}"))
 }
 
 impl wit::Host for HostState {}
 
 impl wit::HostChatRequest for HostState {
     fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<ChatRequest>> {
-        Ok(self.table.push(ChatRequest::new(convert::from_messages(messages)))?)
+        Ok(self
+            .table
+            .push(ChatRequest::new(convert::from_messages(messages)))?)
     }
 
     fn messages(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::Message>> {
@@ -198,21 +260,46 @@ impl wit::HostChatRequest for HostState {
         Ok(self.table.get(&this)?.messages.len() as u32)
     }
 
-    fn message(&mut self, this: Resource<ChatRequest>, index: u32) -> wasmtime::Result<Option<wit::Message>> {
-        Ok(self.table.get(&this)?.messages.get(index as usize).map(convert::message))
+    fn message(
+        &mut self,
+        this: Resource<ChatRequest>,
+        index: u32,
+    ) -> wasmtime::Result<Option<wit::Message>> {
+        Ok(self
+            .table
+            .get(&this)?
+            .messages
+            .get(index as usize)
+            .map(convert::message))
     }
 
-    fn set_messages(&mut self, this: Resource<ChatRequest>, messages: Vec<wit::Message>) -> wasmtime::Result<()> {
+    fn set_messages(
+        &mut self,
+        this: Resource<ChatRequest>,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
         Ok(())
     }
 
-    fn push_message(&mut self, this: Resource<ChatRequest>, message: wit::Message) -> wasmtime::Result<()> {
-        self.table.get_mut(&this)?.messages_mut().push(message.into());
+    fn push_message(
+        &mut self,
+        this: Resource<ChatRequest>,
+        message: wit::Message,
+    ) -> wasmtime::Result<()> {
+        self.table
+            .get_mut(&this)?
+            .messages_mut()
+            .push(message.into());
         Ok(())
     }
 
-    fn insert_message(&mut self, this: Resource<ChatRequest>, index: u32, message: wit::Message) -> wasmtime::Result<()> {
+    fn insert_message(
+        &mut self,
+        this: Resource<ChatRequest>,
+        index: u32,
+        message: wit::Message,
+    ) -> wasmtime::Result<()> {
         let messages = self.table.get_mut(&this)?.messages_mut();
         let index = (index as usize).min(messages.len());
         messages.insert(index, message.into());
@@ -220,11 +307,25 @@ impl wit::HostChatRequest for HostState {
     }
 
     fn tools(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::ToolSpec>> {
-        Ok(self.table.get(&this)?.tools.iter().map(convert::tool_spec).collect())
+        Ok(self
+            .table
+            .get(&this)?
+            .tools
+            .iter()
+            .map(convert::tool_spec)
+            .collect())
     }
 
-    fn set_tools(&mut self, this: Resource<ChatRequest>, tools: Vec<wit::ToolSpec>) -> wasmtime::Result<Result<(), String>> {
-        let tools = match tools.into_iter().map(convert::from_tool_spec).collect::<Result<Vec<_>, _>>() {
+    fn set_tools(
+        &mut self,
+        this: Resource<ChatRequest>,
+        tools: Vec<wit::ToolSpec>,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let tools = match tools
+            .into_iter()
+            .map(convert::from_tool_spec)
+            .collect::<Result<Vec<_>, _>>()
+        {
             Ok(tools) => tools,
             Err(e) => return Ok(Err(e)),
         };
@@ -236,7 +337,11 @@ impl wit::HostChatRequest for HostState {
         Ok(serde_json::Value::Object((*self.table.get(&this)?.options).clone()).to_string())
     }
 
-    fn set_options(&mut self, this: Resource<ChatRequest>, options: String) -> wasmtime::Result<Result<(), String>> {
+    fn set_options(
+        &mut self,
+        this: Resource<ChatRequest>,
+        options: String,
+    ) -> wasmtime::Result<Result<(), String>> {
         match json_object(&options, "options") {
             Ok(map) => {
                 self.table.get_mut(&this)?.options = Arc::new(map);
@@ -253,15 +358,25 @@ impl wit::HostChatRequest for HostState {
 }
 
 impl wit::HostChatResponse for HostState {
-    fn new(&mut self, message: wit::Message, finish_reason: wit::FinishReason) -> wasmtime::Result<Resource<ChatResponse>> {
-        Ok(self.table.push(ChatResponse::new(message.into(), finish_reason.into()))?)
+    fn new(
+        &mut self,
+        message: wit::Message,
+        finish_reason: wit::FinishReason,
+    ) -> wasmtime::Result<Resource<ChatResponse>> {
+        Ok(self
+            .table
+            .push(ChatResponse::new(message.into(), finish_reason.into()))?)
     }
 
     fn message(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::Message> {
         Ok(convert::message(&self.table.get(&this)?.message))
     }
 
-    fn set_message(&mut self, this: Resource<ChatResponse>, message: wit::Message) -> wasmtime::Result<()> {
+    fn set_message(
+        &mut self,
+        this: Resource<ChatResponse>,
+        message: wit::Message,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.message = message.into();
         Ok(())
     }
@@ -275,11 +390,18 @@ impl wit::HostChatResponse for HostState {
         Ok(())
     }
 
-    fn finish_reason(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::FinishReason> {
+    fn finish_reason(
+        &mut self,
+        this: Resource<ChatResponse>,
+    ) -> wasmtime::Result<wit::FinishReason> {
         Ok(convert::finish_reason(self.table.get(&this)?.finish_reason))
     }
 
-    fn set_finish_reason(&mut self, this: Resource<ChatResponse>, reason: wit::FinishReason) -> wasmtime::Result<()> {
+    fn set_finish_reason(
+        &mut self,
+        this: Resource<ChatResponse>,
+        reason: wit::FinishReason,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.finish_reason = FinishReason::from(reason);
         Ok(())
     }
@@ -288,7 +410,11 @@ impl wit::HostChatResponse for HostState {
         Ok(convert::usage(self.table.get(&this)?.usage))
     }
 
-    fn set_usage(&mut self, this: Resource<ChatResponse>, usage: wit::Usage) -> wasmtime::Result<()> {
+    fn set_usage(
+        &mut self,
+        this: Resource<ChatResponse>,
+        usage: wit::Usage,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.usage = usage.into();
         Ok(())
     }
@@ -301,7 +427,11 @@ impl wit::HostChatResponse for HostState {
         Ok(serde_json::Value::Object(self.table.get(&this)?.metadata.clone()).to_string())
     }
 
-    fn set_metadata(&mut self, this: Resource<ChatResponse>, metadata: String) -> wasmtime::Result<Result<(), String>> {
+    fn set_metadata(
+        &mut self,
+        this: Resource<ChatResponse>,
+        metadata: String,
+    ) -> wasmtime::Result<Result<(), String>> {
         match json_object(&metadata, "metadata") {
             Ok(map) => {
                 self.table.get_mut(&this)?.metadata = map;
@@ -334,7 +464,11 @@ impl wit::HostToolRequest for HostState {
         Ok(self.table.get(&this)?.arguments.to_string())
     }
 
-    fn set_arguments(&mut self, this: Resource<ToolRequest>, arguments: String) -> wasmtime::Result<Result<(), String>> {
+    fn set_arguments(
+        &mut self,
+        this: Resource<ToolRequest>,
+        arguments: String,
+    ) -> wasmtime::Result<Result<(), String>> {
         if let Err(e) = json_object(&arguments, "arguments") {
             return Ok(Err(e));
         }
@@ -358,7 +492,11 @@ impl wit::HostToolResponse for HostState {
         Ok(self.table.get(&this)?.output.clone())
     }
 
-    fn set_output(&mut self, this: Resource<ToolResponse>, output: String) -> wasmtime::Result<Result<(), String>> {
+    fn set_output(
+        &mut self,
+        this: Resource<ToolResponse>,
+        output: String,
+    ) -> wasmtime::Result<Result<(), String>> {
         if let Err(e) = json_text(&output, "output") {
             return Ok(Err(e));
         }
@@ -374,7 +512,9 @@ impl wit::HostToolResponse for HostState {
 
 impl wit::HostTurnRequest for HostState {
     fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<TurnRequest>> {
-        Ok(self.table.push(TurnRequest::new(convert::from_messages(messages)))?)
+        Ok(self
+            .table
+            .push(TurnRequest::new(convert::from_messages(messages)))?)
     }
 
     fn messages(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<Vec<wit::Message>> {
@@ -385,12 +525,20 @@ impl wit::HostTurnRequest for HostState {
         Ok(self.table.get(&this)?.messages.len() as u32)
     }
 
-    fn set_messages(&mut self, this: Resource<TurnRequest>, messages: Vec<wit::Message>) -> wasmtime::Result<()> {
+    fn set_messages(
+        &mut self,
+        this: Resource<TurnRequest>,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
         Ok(())
     }
 
-    fn push_message(&mut self, this: Resource<TurnRequest>, message: wit::Message) -> wasmtime::Result<()> {
+    fn push_message(
+        &mut self,
+        this: Resource<TurnRequest>,
+        message: wit::Message,
+    ) -> wasmtime::Result<()> {
         Arc::make_mut(&mut self.table.get_mut(&this)?.messages).push(message.into());
         Ok(())
     }
@@ -408,7 +556,11 @@ impl wit::HostTurnRequest for HostState {
         Ok(self.table.get(&this)?.load_history)
     }
 
-    fn set_load_history(&mut self, this: Resource<TurnRequest>, load_history: bool) -> wasmtime::Result<()> {
+    fn set_load_history(
+        &mut self,
+        this: Resource<TurnRequest>,
+        load_history: bool,
+    ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.load_history = load_history;
         Ok(())
     }
@@ -420,7 +572,11 @@ impl wit::HostTurnRequest for HostState {
 }
 
 impl wit::HostTurnDone for HostState {
-    fn new(&mut self, response: Resource<ChatResponse>, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<TurnDone>> {
+    fn new(
+        &mut self,
+        response: Resource<ChatResponse>,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<Resource<TurnDone>> {
         let response = self.table.delete(response)?;
         let done = TurnDone {
             response,
@@ -436,8 +592,17 @@ impl wit::HostTurnDone for HostState {
         Ok(self.table.push(response)?)
     }
 
-    fn tool_calls(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<Vec<wit::ToolCallRecord>> {
-        Ok(self.table.get(&this)?.tool_calls.iter().map(convert::tool_call_record).collect())
+    fn tool_calls(
+        &mut self,
+        this: Resource<TurnDone>,
+    ) -> wasmtime::Result<Vec<wit::ToolCallRecord>> {
+        Ok(self
+            .table
+            .get(&this)?
+            .tool_calls
+            .iter()
+            .map(convert::tool_call_record)
+            .collect())
     }
 
     fn iterations(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<u32> {
@@ -463,8 +628,16 @@ impl wit::HostTurnInterrupt for HostState {
         Ok(self.table.get(&this)?.reason.clone())
     }
 
-    fn pending(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<Option<wit::ToolCall>> {
-        Ok(self.table.get(&this)?.pending.as_ref().map(convert::tool_call))
+    fn pending(
+        &mut self,
+        this: Resource<TurnInterrupt>,
+    ) -> wasmtime::Result<Option<wit::ToolCall>> {
+        Ok(self
+            .table
+            .get(&this)?
+            .pending
+            .as_ref()
+            .map(convert::tool_call))
     }
 
     fn drop(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<()> {
@@ -474,11 +647,17 @@ impl wit::HostTurnInterrupt for HostState {
 }
 
 impl next::Host for HostState {
-    async fn chat(&mut self, request: Resource<ChatRequest>) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+    async fn chat(
+        &mut self,
+        request: Resource<ChatRequest>,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
         self.chat_inner(request, None).await
     }
 
-    async fn tool(&mut self, request: Resource<ToolRequest>) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+    async fn tool(
+        &mut self,
+        request: Resource<ToolRequest>,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
         self.tool_inner(request, None).await
     }
 
@@ -486,22 +665,59 @@ impl next::Host for HostState {
         self.turn_inner(request, None).await
     }
 
-    async fn chat_within(&mut self, request: Resource<ChatRequest>, timeout_ms: u32) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+    async fn chat_within(
+        &mut self,
+        request: Resource<ChatRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
         self.chat_inner(request, Some(timeout_ms)).await
     }
 
-    async fn tool_within(&mut self, request: Resource<ToolRequest>, timeout_ms: u32) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+    async fn tool_within(
+        &mut self,
+        request: Resource<ToolRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
         self.tool_inner(request, Some(timeout_ms)).await
     }
 
-    async fn turn_within(&mut self, request: Resource<TurnRequest>, timeout_ms: u32) -> wasmtime::Result<wit::TurnResult> {
+    async fn turn_within(
+        &mut self,
+        request: Resource<TurnRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<wit::TurnResult> {
         self.turn_inner(request, Some(timeout_ms)).await
+    }
+}
+
+impl fctx::Host for HostState {
+    fn get(&mut self) -> wasmtime::Result<String> {
+        match &self.scope {
+            Some(scope) => Ok(scope.invoke.fctx(scope.id).to_string()),
+            None => Err(wasmtime::Error::msg("fctx.get called outside a hook")),
+        }
+    }
+
+    fn set(&mut self, state: String) -> wasmtime::Result<Result<(), String>> {
+        if let Err(e) = json_text(&state, "the FCtx state") {
+            return Ok(Err(e));
+        }
+        match &self.scope {
+            Some(scope) => {
+                scope.invoke.set_fctx(scope.id, state.into());
+                Ok(Ok(()))
+            }
+            None => Err(wasmtime::Error::msg("fctx.set called outside a hook")),
+        }
     }
 }
 
 impl context::Host for HostState {
     fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
-        Ok(self.scope.as_ref().and_then(|scope| scope.invoke.context().get_json(&key)))
+        Ok(self
+            .scope
+            .as_ref()
+            .and_then(|scope| scope.invoke.context().get_json(&key)))
     }
 
     fn set(&mut self, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
@@ -526,7 +742,11 @@ impl context::Host for HostState {
     }
 
     fn keys(&mut self) -> wasmtime::Result<Vec<String>> {
-        Ok(self.scope.as_ref().map(|scope| scope.invoke.context().keys()).unwrap_or_default())
+        Ok(self
+            .scope
+            .as_ref()
+            .map(|scope| scope.invoke.context().keys())
+            .unwrap_or_default())
     }
 }
 

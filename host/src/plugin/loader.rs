@@ -26,7 +26,10 @@ pub const WIT_VERSION: &str = "0.1.0";
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: cannot read it: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: the file is empty")]
     Empty { path: PathBuf },
     #[error("{path}: not a WebAssembly file (it does not start with \\0asm)")]
@@ -38,11 +41,17 @@ pub enum LoadError {
     CoreModule { path: PathBuf },
     #[error("{path}: not a valid component: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error("{path}: built for {found}, but this host speaks {WIT_PACKAGE}@{WIT_VERSION}; rebuild it against this version of shallot-guest")]
+    #[error(
+        "{path}: built for {found}, but this host speaks {WIT_PACKAGE}@{WIT_VERSION}; rebuild it against this version of shallot-guest"
+    )]
     WrongVersion { path: PathBuf, found: String },
-    #[error("{path}: not a shallot filter: it exports {exports}; a filter exports {WIT_PACKAGE}/plugin@{WIT_VERSION} (see the shallot-guest crate)")]
+    #[error(
+        "{path}: not a shallot filter: it exports {exports}; a filter exports {WIT_PACKAGE}/plugin@{WIT_VERSION} (see the shallot-guest crate)"
+    )]
     NotAFilter { path: PathBuf, exports: String },
-    #[error("{path}: needs an import shallot does not provide (filters get no filesystem, network or other host APIs): {message}")]
+    #[error(
+        "{path}: needs an import shallot does not provide (filters get no filesystem, network or other host APIs): {message}"
+    )]
     UnknownImport { path: PathBuf, message: String },
     #[error("{path}: {error}")]
     Filter { path: PathBuf, error: ChainError },
@@ -81,7 +90,10 @@ impl Plugin {
 
 /// Reads a plugin file and checks that it is a component, without compiling.
 pub fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { path: path.into(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.into(),
+        source,
+    })?;
     if bytes.is_empty() {
         return Err(LoadError::Empty { path: path.into() });
     }
@@ -106,19 +118,36 @@ pub fn cache_state(engine: &Engine, bytes: &[u8]) -> CacheState {
 /// Compiles (or loads from the cache) and links a plugin. Blocking and, on
 /// a cache miss, slow for big guests: run it off the async executor.
 pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
-    let invalid = |e: wasmtime::Error| LoadError::Invalid { path: path.into(), message: format!("{e:#}") };
+    let invalid = |e: wasmtime::Error| LoadError::Invalid {
+        path: path.into(),
+        message: format!("{e:#}"),
+    };
     let (component, compiled) = match engine.cache() {
         Some(cache) => cache.load(engine.wasmtime(), bytes).map_err(invalid)?,
-        None => (Component::new(engine.wasmtime(), bytes).map_err(invalid)?, true),
+        None => (
+            Component::new(engine.wasmtime(), bytes).map_err(invalid)?,
+            true,
+        ),
     };
     check_contract(engine, path, &component)?;
     let pre = engine
         .inner
         .linker
         .instantiate_pre(&component)
-        .map_err(|e| LoadError::UnknownImport { path: path.into(), message: format!("{e:#}") })?;
-    let pre = FilterPre::new(pre).map_err(|e| LoadError::NotAFilter { path: path.into(), exports: format!("mismatched exports ({e:#})") })?;
-    Ok(Plugin { path: path.into(), size: bytes.len() as u64, pre, compiled })
+        .map_err(|e| LoadError::UnknownImport {
+            path: path.into(),
+            message: format!("{e:#}"),
+        })?;
+    let pre = FilterPre::new(pre).map_err(|e| LoadError::NotAFilter {
+        path: path.into(),
+        exports: format!("mismatched exports ({e:#})"),
+    })?;
+    Ok(Plugin {
+        path: path.into(),
+        size: bytes.len() as u64,
+        pre,
+        compiled,
+    })
 }
 
 /// Whether `version` (of our package) is compatible with [`WIT_VERSION`].
@@ -139,21 +168,45 @@ fn compatible(version: &str) -> bool {
 /// a mismatch gets a message naming both versions.
 fn check_contract(engine: &Engine, path: &Path, component: &Component) -> Result<(), LoadError> {
     let ty = component.component_type();
-    let exports: Vec<String> = ty.exports(engine.wasmtime()).map(|(name, _)| name.to_owned()).collect();
-    let imports: Vec<String> = ty.imports(engine.wasmtime()).map(|(name, _)| name.to_owned()).collect();
+    let exports: Vec<String> = ty
+        .exports(engine.wasmtime())
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let imports: Vec<String> = ty
+        .imports(engine.wasmtime())
+        .map(|(name, _)| name.to_owned())
+        .collect();
     let ours = |name: &str| -> Option<String> {
         let rest = name.strip_prefix(WIT_PACKAGE)?.strip_prefix('/')?;
         rest.split_once('@').map(|(_, version)| version.to_owned())
     };
     let plugin_export = format!("{WIT_PACKAGE}/plugin@");
-    if exports.iter().any(|name| name.starts_with(&plugin_export) && ours(name).is_some_and(|v| compatible(&v))) {
+    if exports
+        .iter()
+        .any(|name| name.starts_with(&plugin_export) && ours(name).is_some_and(|v| compatible(&v)))
+    {
         return Ok(());
     }
-    if let Some(version) = exports.iter().chain(&imports).filter_map(|name| ours(name)).find(|v| !compatible(v)) {
-        return Err(LoadError::WrongVersion { path: path.into(), found: format!("{WIT_PACKAGE}@{version}") });
+    if let Some(version) = exports
+        .iter()
+        .chain(&imports)
+        .filter_map(|name| ours(name))
+        .find(|v| !compatible(v))
+    {
+        return Err(LoadError::WrongVersion {
+            path: path.into(),
+            found: format!("{WIT_PACKAGE}@{version}"),
+        });
     }
-    let exports = if exports.is_empty() { "nothing".to_owned() } else { exports.join(", ") };
-    Err(LoadError::NotAFilter { path: path.into(), exports })
+    let exports = if exports.is_empty() {
+        "nothing".to_owned()
+    } else {
+        exports.join(", ")
+    };
+    Err(LoadError::NotAFilter {
+        path: path.into(),
+        exports,
+    })
 }
 
 /// How an operator configured one filter.
@@ -171,39 +224,91 @@ pub struct FilterSpec {
 /// Configures a filter from a compiled plugin: instantiates it once to run
 /// `configure` (so a bad configuration fails here, not on a request) and
 /// `describe`.
-pub async fn configure(engine: &Engine, plugin: Arc<Plugin>, spec: FilterSpec) -> Result<Arc<WasmFilter>, LoadError> {
+pub async fn configure(
+    engine: &Engine,
+    plugin: Arc<Plugin>,
+    spec: FilterSpec,
+) -> Result<Arc<WasmFilter>, LoadError> {
     let path = plugin.path.to_path_buf();
     let limits = spec.limits;
     if limits.memory_mib == 0 || limits.memory_mib > MAX_MEMORY_MIB {
-        return Err(LoadError::Limits { path, message: format!("memory_mib must be 1..={MAX_MEMORY_MIB}") });
+        return Err(LoadError::Limits {
+            path,
+            message: format!("memory_mib must be 1..={MAX_MEMORY_MIB}"),
+        });
     }
     if limits.cpu_ms == 0 {
-        return Err(LoadError::Limits { path, message: "cpu_ms must be at least 1".to_owned() });
+        return Err(LoadError::Limits {
+            path,
+            message: "cpu_ms must be at least 1".to_owned(),
+        });
     }
     let budget = sandbox::budget_ticks(&limits, engine.inner.tick);
-    let config: Arc<str> = spec.config.as_ref().map_or_else(|| "null".to_owned(), |c| c.to_string()).into();
+    let config: Arc<str> = spec
+        .config
+        .as_ref()
+        .map_or_else(|| "null".to_owned(), |c| c.to_string())
+        .into();
     let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
     let mut blueprint = Blueprint {
         pre: plugin.pre.clone(),
-        identity: Arc::new(Identity { name: provisional.into(), plugin: plugin.path.clone() }),
+        identity: Arc::new(Identity {
+            name: provisional.into(),
+            plugin: plugin.path.clone(),
+        }),
         limits,
         grants: spec.grants,
         config,
         budget,
     };
     let description = {
-        let _slot = engine.inner.slots.acquire().await.map_err(|e| LoadError::Config { path: path.clone(), message: e.to_string() })?;
-        let mut instance = FilterInstance::create(&blueprint).await.map_err(|error| LoadError::Filter { path: path.clone(), error })?;
-        instance.describe(&limits, budget).await.map_err(|error| LoadError::Filter { path: path.clone(), error })?
+        let _slot = engine
+            .inner
+            .slots
+            .acquire()
+            .await
+            .map_err(|e| LoadError::Config {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let mut instance =
+            FilterInstance::create(&blueprint)
+                .await
+                .map_err(|error| LoadError::Filter {
+                    path: path.clone(),
+                    error,
+                })?;
+        instance
+            .describe(&limits, budget)
+            .await
+            .map_err(|error| LoadError::Filter {
+                path: path.clone(),
+                error,
+            })?
     };
     let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();
     if name.is_empty() {
-        return Err(LoadError::Config { path, message: "the filter has no name; set `name`".to_owned() });
+        return Err(LoadError::Config {
+            path,
+            message: "the filter has no name; set `name`".to_owned(),
+        });
     }
-    blueprint.identity = Arc::new(Identity { name: name.clone(), plugin: plugin.path.clone() });
-    Ok(Arc::new(WasmFilter::new(name, plugin, blueprint, description, spec.isolation, engine.clone())))
+    blueprint.identity = Arc::new(Identity {
+        name: name.clone(),
+        plugin: plugin.path.clone(),
+    });
+    Ok(Arc::new(WasmFilter::new(
+        name,
+        plugin,
+        blueprint,
+        description,
+        spec.isolation,
+        engine.clone(),
+    )))
 }
 
 fn file_stem(path: &Path) -> String {
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }

@@ -17,7 +17,9 @@ pub(crate) mod pool;
 mod set;
 
 pub use config::{read_config, read_dir};
-pub use filter::{Isolation, WasmFilter};
 pub(crate) use filter::WasmTransformer;
-pub use loader::{FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read};
+pub use filter::{Isolation, WasmFilter};
+pub use loader::{
+    FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
+};
 pub use set::{LoadEvent, PluginSet};

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::instance::FilterInstance;
 use super::WasmFilter;
+use super::instance::FilterInstance;
 use crate::error::ChainError;
 use crate::invoke::Invoke;
 
@@ -44,7 +44,10 @@ struct LeaseState {
 
 impl Lease {
     pub(crate) fn new(reserved: usize) -> Self {
-        Lease { reserved, ..Default::default() }
+        Lease {
+            reserved,
+            ..Default::default()
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseState> {
@@ -56,7 +59,11 @@ impl Lease {
         std::mem::take(&mut self.lock().idle)
     }
 
-    async fn take(&self, filter: &WasmFilter, slots: &Arc<Semaphore>) -> Result<FilterInstance, ChainError> {
+    async fn take(
+        &self,
+        filter: &WasmFilter,
+        slots: &Arc<Semaphore>,
+    ) -> Result<FilterInstance, ChainError> {
         loop {
             let returned = self.returned.notified();
             match self.try_take(slots) {
@@ -66,7 +73,11 @@ impl Lease {
                 Take::Queue => {
                     // Nothing reserved for this filter and nothing of ours
                     // will come back: wait for the pool like a new invoke.
-                    let permit = slots.clone().acquire_owned().await.map_err(super::host::internal)?;
+                    let permit = slots
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(super::host::internal)?;
                     let mut state = self.lock();
                     state.extra.push(permit);
                     state.live += 1;
@@ -91,7 +102,11 @@ impl Lease {
             state.live += 1;
             return Take::Create;
         }
-        if state.live == 0 { Take::Queue } else { Take::Wait }
+        if state.live == 0 {
+            Take::Queue
+        } else {
+            Take::Wait
+        }
     }
 
     fn give_back(&self, instance: FilterInstance) {
@@ -123,9 +138,19 @@ pub(crate) struct Leased {
 
 impl Leased {
     /// Takes an instance of filter `id` for `invoke`.
-    pub(crate) async fn take(invoke: &Arc<Invoke>, id: usize, filter: &WasmFilter) -> Result<Self, ChainError> {
-        let instance = invoke.leases[id].take(filter, &filter.engine().inner.slots).await?;
-        Ok(Leased { invoke: invoke.clone(), id, instance: Some(instance) })
+    pub(crate) async fn take(
+        invoke: &Arc<Invoke>,
+        id: usize,
+        filter: &WasmFilter,
+    ) -> Result<Self, ChainError> {
+        let instance = invoke.leases[id]
+            .take(filter, &filter.engine().inner.slots)
+            .await?;
+        Ok(Leased {
+            invoke: invoke.clone(),
+            id,
+            instance: Some(instance),
+        })
     }
 
     pub(crate) fn invoke(&self) -> &Arc<Invoke> {
@@ -133,7 +158,9 @@ impl Leased {
     }
 
     pub(crate) fn instance(&mut self) -> &mut FilterInstance {
-        self.instance.as_mut().expect("a Leased holds its instance until it is released")
+        self.instance
+            .as_mut()
+            .expect("a Leased holds its instance until it is released")
     }
 
     /// The instance faulted: drop it now.

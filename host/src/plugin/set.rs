@@ -19,7 +19,10 @@ pub enum LoadEvent<'a> {
     /// seconds for a big guest.
     Compiling { path: &'a Path, size: u64 },
     /// A filter is configured and ready.
-    Loaded { filter: &'a WasmFilter, compile_time: Option<Duration> },
+    Loaded {
+        filter: &'a WasmFilter,
+        compile_time: Option<Duration>,
+    },
 }
 
 /// Configured wasm filters, outermost first.
@@ -31,12 +34,20 @@ pub struct PluginSet {
 impl PluginSet {
     /// Loads every `*.wasm` of `dir` in file-name order (sidecar `<stem>.json`
     /// configs), each in `invoke` isolation.
-    pub async fn from_dir(engine: &Engine, dir: &Path, progress: &mut dyn FnMut(LoadEvent<'_>)) -> Result<Self, LoadError> {
+    pub async fn from_dir(
+        engine: &Engine,
+        dir: &Path,
+        progress: &mut dyn FnMut(LoadEvent<'_>),
+    ) -> Result<Self, LoadError> {
         Self::from_specs(engine, read_dir(dir)?, progress).await
     }
 
     /// Loads the filters a `shallot.toml` lists.
-    pub async fn from_config(engine: &Engine, file: &Path, progress: &mut dyn FnMut(LoadEvent<'_>)) -> Result<Self, LoadError> {
+    pub async fn from_config(
+        engine: &Engine,
+        file: &Path,
+        progress: &mut dyn FnMut(LoadEvent<'_>),
+    ) -> Result<Self, LoadError> {
         Self::from_specs(engine, read_config(file)?, progress).await
     }
 
@@ -61,9 +72,14 @@ impl PluginSet {
             };
             let filter = loader::configure(engine, plugin, spec).await?;
             if !names.insert(filter.name().to_owned()) {
-                return Err(LoadError::DuplicateName { name: filter.name().to_owned() });
+                return Err(LoadError::DuplicateName {
+                    name: filter.name().to_owned(),
+                });
             }
-            progress(LoadEvent::Loaded { filter: &filter, compile_time });
+            progress(LoadEvent::Loaded {
+                filter: &filter,
+                compile_time,
+            });
             filters.push(filter);
         }
         Ok(PluginSet { filters })
@@ -87,13 +103,19 @@ async fn compile(
 ) -> Result<(Arc<Plugin>, Option<Duration>), LoadError> {
     let bytes = loader::read(path)?;
     if loader::cache_state(engine, &bytes) != CacheState::Cached {
-        progress(LoadEvent::Compiling { path, size: bytes.len() as u64 });
+        progress(LoadEvent::Compiling {
+            path,
+            size: bytes.len() as u64,
+        });
     }
     let started = Instant::now();
     let (engine, owned) = (engine.clone(), path.to_path_buf());
     let plugin = tokio::task::spawn_blocking(move || loader::compile(&engine, &owned, &bytes))
         .await
-        .map_err(|e| LoadError::Invalid { path: path.into(), message: format!("compilation panicked: {e}") })??;
+        .map_err(|e| LoadError::Invalid {
+            path: path.into(),
+            message: format!("compilation panicked: {e}"),
+        })??;
     let compile_time = plugin.was_compiled().then(|| started.elapsed());
     Ok((Arc::new(plugin), compile_time))
 }

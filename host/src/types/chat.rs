@@ -18,7 +18,10 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// A request with `messages` and no tools or options.
     pub fn new(messages: Vec<Message>) -> Self {
-        ChatRequest { messages: Arc::new(messages), ..Default::default() }
+        ChatRequest {
+            messages: Arc::new(messages),
+            ..Default::default()
+        }
     }
 
     /// Offers `tools` to the model.
@@ -82,7 +85,13 @@ pub struct ChatResponse {
 impl ChatResponse {
     /// A response carrying `message`.
     pub fn new(message: Message, finish_reason: FinishReason) -> Self {
-        ChatResponse { message, finish_reason, usage: Usage::default(), model: String::new(), metadata: JsonMap::new() }
+        ChatResponse {
+            message,
+            finish_reason,
+            usage: Usage::default(),
+            model: String::new(),
+            metadata: JsonMap::new(),
+        }
     }
 
     /// The answer's text.

@@ -53,7 +53,12 @@ pub struct Message {
 impl Message {
     /// A message with text content.
     pub fn new(role: Role, text: impl Into<String>) -> Self {
-        Message { role, content: Some(Content::Text(text.into())), tool_calls: Vec::new(), tool_call_id: None }
+        Message {
+            role,
+            content: Some(Content::Text(text.into())),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
     }
 
     /// A system message.
@@ -73,7 +78,10 @@ impl Message {
 
     /// A tool-result message answering the call `call_id`.
     pub fn tool_result(call_id: impl Into<String>, output: impl Into<String>) -> Self {
-        Message { tool_call_id: Some(call_id.into()), ..Self::new(Role::Tool, output) }
+        Message {
+            tool_call_id: Some(call_id.into()),
+            ..Self::new(Role::Tool, output)
+        }
     }
 
     /// The message's text: its text content, or its text parts joined.

@@ -36,7 +36,8 @@ impl TokenBatch {
         let base = self.ends.len() as u32;
         self.text.push_str(&other.text);
         self.ends.extend(other.ends.iter().map(|end| end + offset));
-        self.metas.extend(other.metas.into_iter().map(|(i, m)| (i + base, m)));
+        self.metas
+            .extend(other.metas.into_iter().map(|(i, m)| (i + base, m)));
     }
 
     /// Number of tokens.
@@ -72,7 +73,9 @@ impl TokenBatch {
         for &end in &self.ends {
             let end = end as usize;
             if end < start || end > self.text.len() || !self.text.is_char_boundary(end) {
-                return Err(format!("token end {end} is out of order or not on a character boundary"));
+                return Err(format!(
+                    "token end {end} is out of order or not on a character boundary"
+                ));
             }
             start = end;
         }
@@ -82,7 +85,9 @@ impl TokenBatch {
         let mut previous = None;
         for (index, _) in &self.metas {
             if *index as usize >= self.ends.len() || previous.is_some_and(|p| p >= *index) {
-                return Err(format!("token meta index {index} is out of range or out of order"));
+                return Err(format!(
+                    "token meta index {index} is out of range or out of order"
+                ));
             }
             previous = Some(*index);
         }

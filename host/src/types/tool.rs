@@ -16,8 +16,17 @@ pub struct ToolSpec {
 
 impl ToolSpec {
     /// A tool taking an object described by `parameters`.
-    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: serde_json::Value) -> Self {
-        ToolSpec { name: name.into(), description: description.into(), parameters, sensitive: false }
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: serde_json::Value,
+    ) -> Self {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            sensitive: false,
+        }
     }
 
     /// Marks the tool sensitive.
@@ -40,7 +49,11 @@ pub struct ToolRequest {
 impl ToolRequest {
     /// A request to run `tool` with `arguments` (JSON text).
     pub fn new(tool: Arc<ToolSpec>, arguments: impl Into<Arc<str>>) -> Self {
-        ToolRequest { tool, call_id: Arc::from(""), arguments: arguments.into() }
+        ToolRequest {
+            tool,
+            call_id: Arc::from(""),
+            arguments: arguments.into(),
+        }
     }
 }
 
@@ -56,7 +69,10 @@ impl ToolResponse {
     pub fn json(value: &impl Serialize) -> Self {
         // Serializing a `Serialize` value into a String only fails for maps
         // with non-string keys; tools return plain JSON data.
-        ToolResponse { output: serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string())) }
+        ToolResponse {
+            output: serde_json::to_string(value)
+                .unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string())),
+        }
     }
 
     /// The result parsed as JSON.

@@ -17,7 +17,11 @@ pub struct TurnRequest {
 impl TurnRequest {
     /// A new turn with `messages`, loading history.
     pub fn new(messages: Vec<Message>) -> Self {
-        TurnRequest { messages: Arc::new(messages), resume: false, load_history: true }
+        TurnRequest {
+            messages: Arc::new(messages),
+            resume: false,
+            load_history: true,
+        }
     }
 }
 

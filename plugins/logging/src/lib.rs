@@ -6,8 +6,8 @@
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, ToolRequest, ToolResponse, TurnRequest, TurnResult, log,
-    next,
+    ChatRequest, ChatResponse, Fctx, Filter, FilterError, ToolRequest, ToolResponse, TurnRequest,
+    TurnResult, log, next,
 };
 
 #[derive(Deserialize)]
@@ -19,7 +19,11 @@ fn failed(what: &str, error: &FilterError) {
 
 #[shallot_guest::filter(name = "logging")]
 impl Filter for Logging {
-    fn around_chat(&self, request: &ChatRequest, _: &mut Fctx<()>) -> Result<ChatResponse, FilterError> {
+    fn around_chat(
+        &self,
+        request: &ChatRequest,
+        _: &Fctx<()>,
+    ) -> Result<ChatResponse, FilterError> {
         log::debug(&format!("chat: {} messages", request.message_count()));
         let result = next::chat(request);
         match &result {
@@ -33,7 +37,11 @@ impl Filter for Logging {
         result
     }
 
-    fn around_tool(&self, request: &ToolRequest, _: &mut Fctx<()>) -> Result<ToolResponse, FilterError> {
+    fn around_tool(
+        &self,
+        request: &ToolRequest,
+        _: &Fctx<()>,
+    ) -> Result<ToolResponse, FilterError> {
         let name = request.name();
         log::debug(&format!("tool: {name}({})", request.arguments()));
         let result = next::tool(request);
@@ -44,7 +52,7 @@ impl Filter for Logging {
         result
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &mut Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
         log::debug(&format!("turn: {} new messages", request.message_count()));
         let result = next::turn(request);
         match &result {
@@ -53,7 +61,9 @@ impl Filter for Logging {
                 done.tool_calls().len(),
                 done.iterations()
             )),
-            TurnResult::Interrupt(interrupt) => log::debug(&format!("turn interrupted: {}", interrupt.reason())),
+            TurnResult::Interrupt(interrupt) => {
+                log::debug(&format!("turn interrupted: {}", interrupt.reason()))
+            }
             TurnResult::Error(error) => failed("turn", error),
         }
         result

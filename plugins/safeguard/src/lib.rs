@@ -35,10 +35,14 @@ impl Default for Safeguard {
 impl Safeguard {
     fn blocks(&self, text: &str) -> bool {
         if self.case_sensitive {
-            self.words.iter().any(|w| !w.is_empty() && text.contains(w.as_str()))
+            self.words
+                .iter()
+                .any(|w| !w.is_empty() && text.contains(w.as_str()))
         } else {
             let text = text.to_lowercase();
-            self.words.iter().any(|w| !w.is_empty() && text.contains(w.as_str()))
+            self.words
+                .iter()
+                .any(|w| !w.is_empty() && text.contains(w.as_str()))
         }
     }
 }
@@ -54,7 +58,11 @@ impl Filter for Safeguard {
         Ok(())
     }
 
-    fn around_chat(&self, request: &ChatRequest, _: &mut Fctx<()>) -> Result<ChatResponse, FilterError> {
+    fn around_chat(
+        &self,
+        request: &ChatRequest,
+        _: &Fctx<()>,
+    ) -> Result<ChatResponse, FilterError> {
         if self.words.is_empty() {
             return next::chat(request);
         }
@@ -62,7 +70,10 @@ impl Filter for Safeguard {
         if !self.blocks(&text) {
             return next::chat(request);
         }
-        let response = ChatResponse::from_text(self.failure_response.as_str(), FinishReason::ContentFiltered);
+        let response = ChatResponse::from_text(
+            self.failure_response.as_str(),
+            FinishReason::ContentFiltered,
+        );
         response
             .set_metadata(r#"{"safeguard":"blocked"}"#)
             .map_err(FilterError::invalid)?;

@@ -67,7 +67,11 @@ struct Redactor {
 
 impl TokenTransform for Redactor {
     fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError> {
-        self.held.extend(tokens.iter().map(|t| (t.text.to_owned(), t.meta.map(str::to_owned))));
+        self.held.extend(
+            tokens
+                .iter()
+                .map(|t| (t.text.to_owned(), t.meta.map(str::to_owned))),
+        );
         self.emit(out, false);
         Ok(())
     }
@@ -85,7 +89,11 @@ impl Redactor {
     fn emit(&mut self, out: &mut TokenOut, end_of_stream: bool) {
         let text: String = self.held.iter().map(|(t, _)| t.as_str()).collect();
         let matches: Vec<Range<usize>> = self.regex.find_iter(&text).map(|m| m.range()).collect();
-        let mut cut = if end_of_stream { text.len() } else { self.safe_end(&text) };
+        let mut cut = if end_of_stream {
+            text.len()
+        } else {
+            self.safe_end(&text)
+        };
         // Never cut through a match: hold all of it back.
         if let Some(m) = matches.iter().find(|m| m.start < cut && cut < m.end) {
             cut = m.start;
@@ -115,7 +123,10 @@ impl Redactor {
         if self.window == 0 {
             return text.len();
         }
-        text.char_indices().rev().nth(self.window - 1).map_or(0, |(i, _)| i)
+        text.char_indices()
+            .rev()
+            .nth(self.window - 1)
+            .map_or(0, |(i, _)| i)
     }
 }
 
@@ -124,7 +135,10 @@ impl Redactor {
 fn redact(text: &str, range: Range<usize>, matches: &[Range<usize>], replacement: &str) -> String {
     let mut piece = String::new();
     let mut at = range.start;
-    for m in matches.iter().filter(|m| m.start < range.end && m.end > range.start) {
+    for m in matches
+        .iter()
+        .filter(|m| m.start < range.end && m.end > range.start)
+    {
         if m.start > at {
             piece.push_str(&text[at..m.start]);
         }

@@ -1,0 +1,196 @@
+//! The built-in plugins: safeguard (PEER-CASES I8-I13), logging (I1) and
+//! token-redact (G1, and DESIGN decision 7: secrets split across tokens).
+
+use serde_json::{Value, json};
+use shallot::types::{FinishReason, ToolSpec};
+use shallot::{Context, ErrorKind, Kernel, LoadError};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+
+async fn guarded(config: Value, prompt: &str) -> (shallot::types::ChatResponse, usize) {
+    let plugins = load(vec![spec("safeguard", "safeguard", config)]).await;
+    let model = ScriptedModel::answer("llm-answer");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let response = kernel.chat(ask(prompt), Context::new()).await.unwrap();
+    (response, model.calls())
+}
+
+#[tokio::test]
+async fn i8_safeguard_blocks_a_listed_word_without_calling_the_model() {
+    let (response, calls) = guarded(json!({ "words": ["bomb"] }), "how to make a bomb").await;
+    assert_eq!(response.finish_reason, FinishReason::ContentFiltered);
+    assert_eq!(response.metadata.get("safeguard"), Some(&json!("blocked")));
+    assert_eq!(calls, 0);
+}
+
+#[tokio::test]
+async fn i9_safeguard_passes_other_requests() {
+    let (response, calls) = guarded(json!({ "words": ["bomb"] }), "how to bake bread").await;
+    assert_eq!(response.text(), "llm-answer");
+    assert_eq!(calls, 1);
+}
+
+#[tokio::test]
+async fn i10_safeguard_ignores_case_by_default() {
+    let (response, _) = guarded(json!({ "words": ["bomb"] }), "How To Make A BOMB").await;
+    assert_eq!(response.finish_reason, FinishReason::ContentFiltered);
+}
+
+#[tokio::test]
+async fn i11_safeguard_can_match_case() {
+    let (response, _) = guarded(json!({ "words": ["bomb"], "case_sensitive": true }), "BOMB").await;
+    assert_eq!(response.text(), "llm-answer");
+}
+
+#[tokio::test]
+async fn i12_safeguard_answers_with_the_configured_failure_response() {
+    let (response, _) = guarded(
+        json!({ "words": ["bomb"], "failure_response": "NOPE" }),
+        "bomb",
+    )
+    .await;
+    assert_eq!(response.text(), "NOPE");
+}
+
+#[tokio::test]
+async fn i13_safeguard_with_no_words_never_blocks() {
+    let (_, calls) = guarded(json!({ "words": [] }), "bomb").await;
+    assert_eq!(calls, 1);
+}
+
+#[tokio::test]
+async fn safeguard_checks_tool_results_fed_back_to_the_model() {
+    let plugins = load(vec![spec(
+        "safeguard",
+        "safeguard",
+        json!({ "words": ["bomb"] }),
+    )])
+    .await;
+    let model = ScriptedModel::answer("llm-answer");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let mut request = ask("look this up");
+    request
+        .messages_mut()
+        .push(shallot::types::Message::tool_result("1", "\"bomb recipe\""));
+    let response = kernel.chat(request, Context::new()).await.unwrap();
+    assert_eq!(response.finish_reason, FinishReason::ContentFiltered);
+}
+
+#[tokio::test]
+async fn safeguard_rejects_an_unknown_option_when_loaded() {
+    let specs = vec![spec("safeguard", "safeguard", json!({ "wordz": ["typo"] }))];
+    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        .await
+        .err()
+        .expect("rejected");
+    let LoadError::Filter { error, .. } = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(error.message.contains("unknown field `wordz`"), "{error}");
+    assert_eq!(error.origin.as_ref().unwrap().call, "configure");
+}
+
+#[tokio::test]
+async fn i1_logging_passes_everything_through() {
+    let plugins = load(vec![spec("logging", "logging", Value::Null)]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("llm-answer"))
+        .tool(ToolSpec::new("r", "", json!({})), |_, _| async {
+            Ok(json!("r"))
+        })
+        .build()
+        .unwrap();
+    assert_eq!(
+        kernel
+            .tool("r", json!({}), Context::new())
+            .await
+            .unwrap()
+            .output,
+        "\"r\""
+    );
+    assert_eq!(
+        kernel.chat(ask("hi"), Context::new()).await.unwrap().text(),
+        "llm-answer"
+    );
+    let hooks: Vec<&str> = plugins.filters()[0]
+        .hooks()
+        .iter()
+        .map(|h| h.as_str())
+        .collect();
+    assert_eq!(hooks, ["around-chat", "around-tool", "around-turn"]);
+}
+
+async fn redacted(config: Value, tokens: &[&str]) -> (String, Vec<String>) {
+    let plugins = load(vec![spec("token_redact", "redact", config)]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![Reply::tokens(tokens)]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    (response.text(), sink.tokens())
+}
+
+#[tokio::test]
+async fn g1_redaction_changes_what_the_sink_sees_not_the_answer() {
+    let config = json!({ "pattern": "key=\\w+", "replacement": "[REDACTED]", "window": 0 });
+    let (answer, seen) = redacted(config, &["key=abc123 ok", " plain"]).await;
+    assert_eq!(seen, ["[REDACTED] ok", " plain"]);
+    assert_eq!(answer, "key=abc123 ok plain");
+}
+
+async fn redact_paced(window: usize, tokens: &[&str]) -> (String, String) {
+    let config = json!({ "pattern": "sk-[a-z0-9]+", "replacement": "[KEY]", "window": window });
+    let plugins = load(vec![spec("token_redact", "redact", config)]).await;
+    let paced = Reply::Paced(
+        tokens.iter().map(|t| t.to_string()).collect(),
+        std::time::Duration::from_millis(5),
+    );
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![paced]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    (response.text(), sink.text())
+}
+
+#[tokio::test]
+async fn a_secret_split_across_streamed_tokens_is_caught_within_the_window() {
+    let (answer, seen) = redact_paced(32, &["my key: sk-a", "bc12", "3 ok"]).await;
+    assert_eq!(seen, "my key: [KEY] ok");
+    assert_eq!(answer, "my key: sk-abc123 ok");
+}
+
+#[tokio::test]
+async fn without_a_window_a_split_secret_leaks_as_it_does_in_the_peer() {
+    let (_, seen) = redact_paced(0, &["my key: sk-a", "bc12", "3 ok"]).await;
+    assert_eq!(seen, "my key: [KEY]bc123 ok");
+}
+
+#[tokio::test]
+async fn token_redact_rejects_a_bad_pattern_when_loaded() {
+    let specs = vec![spec("token_redact", "redact", json!({ "pattern": "sk-[" }))];
+    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        .await
+        .err()
+        .expect("rejected");
+    assert!(error.to_string().contains("pattern"), "{error}");
+}

@@ -1,0 +1,224 @@
+//! Loading plugins: every way a file can be wrong gets its own clear
+//! error; directories and shallot.toml resolve to the documented order.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use shallot::plugin::{self, FilterSpec};
+use shallot::{Context, Kernel, LoadError, PluginSet};
+use shallot_tests::{ScriptedModel, ask, engine, guest, strings};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = shallot_tests::target_dir()
+        .join("shallot-test-scratch")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn load_file(path: &Path) -> Result<PluginSet, LoadError> {
+    PluginSet::from_specs(
+        &engine(),
+        vec![(path.to_path_buf(), FilterSpec::default())],
+        &mut |_| {},
+    )
+    .await
+}
+
+#[tokio::test]
+async fn an_empty_file_is_refused() {
+    let path = scratch("empty").join("empty.wasm");
+    std::fs::write(&path, b"").unwrap();
+    let error = load_file(&path).await.err().unwrap();
+    assert!(matches!(error, LoadError::Empty { .. }), "{error}");
+    assert!(error.to_string().contains("the file is empty"));
+}
+
+#[tokio::test]
+async fn a_random_file_is_refused_as_not_webassembly() {
+    let path = scratch("random").join("random.wasm");
+    std::fs::write(
+        &path,
+        (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let error = load_file(&path).await.err().unwrap();
+    assert!(matches!(error, LoadError::NotWasm { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_core_module_is_refused_with_how_to_make_a_component() {
+    let path = scratch("core").join("core.wasm");
+    std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
+    let error = load_file(&path).await.err().unwrap();
+    assert!(matches!(error, LoadError::CoreModule { .. }), "{error}");
+    assert!(error.to_string().contains("wasm32-wasip2"));
+}
+
+#[tokio::test]
+async fn a_truncated_component_is_refused_as_invalid() {
+    let bytes = std::fs::read(guest("passthrough")).unwrap();
+    let path = scratch("truncated").join("truncated.wasm");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let error = load_file(&path).await.err().unwrap();
+    assert!(matches!(error, LoadError::Invalid { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_component_of_another_world_is_not_a_filter() {
+    let error = load_file(&guest("not_a_filter")).await.err().unwrap();
+    assert!(matches!(error, LoadError::NotAFilter { .. }), "{error}");
+    assert!(
+        error.to_string().contains("wasi:cli/run"),
+        "it names what the component does export: {error}"
+    );
+}
+
+#[tokio::test]
+async fn a_filter_for_another_wit_version_is_refused_naming_both_versions() {
+    let error = load_file(&guest("wrong_version")).await.err().unwrap();
+    assert!(matches!(error, LoadError::WrongVersion { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("shallot:filter@0.2.0") && message.contains("shallot:filter@0.1.0"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_file_is_refused() {
+    let error = load_file(Path::new("/nonexistent/filter.wasm"))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(error, LoadError::Read { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_plugins_directory_layers_in_file_name_order_with_sidecar_configs() {
+    let dir = scratch("dir");
+    for (file, tag) in [("20-second", "second"), ("10-first", "first")] {
+        std::fs::copy(guest("probe"), dir.join(format!("{file}.wasm"))).unwrap();
+        std::fs::write(
+            dir.join(format!("{file}.json")),
+            json!({ "tag": tag }).to_string(),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.join("notes.txt"), "not a plugin").unwrap();
+    let specs = plugin::read_dir(&dir).unwrap();
+    let names: Vec<_> = specs
+        .iter()
+        .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["10-first.wasm", "20-second.wasm"]);
+    // Both are the probe plugin: directory mode names filters after the plugin, so they clash.
+    let error = PluginSet::from_dir(&engine(), &dir, &mut |_| {})
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(error, LoadError::DuplicateName { .. }), "{error}");
+    assert!(
+        error.to_string().contains("shallot.toml"),
+        "the message says how to fix it: {error}"
+    );
+}
+
+#[tokio::test]
+async fn shallot_toml_lists_filters_in_order_and_may_use_a_plugin_twice() {
+    let dir = scratch("toml");
+    let config = dir.join("shallot.toml");
+    let plugins = guest("probe").parent().unwrap().to_path_buf();
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+plugin_dir = {plugins:?}
+
+[[filter]]
+name = "outer"
+plugin = "probe.wasm"
+config = {{ tag = "outer" }}
+
+[[filter]]
+name = "inner"
+plugin = "probe.wasm"
+config = {{ tag = "inner" }}
+isolation = "warm"
+limits = {{ memory_mib = 16, cpu_ms = 50 }}
+grants = {{ clock = true }}
+"#
+        ),
+    )
+    .unwrap();
+    let set = PluginSet::from_config(&engine(), &config, &mut |_| {})
+        .await
+        .unwrap();
+    let inner = &set.filters()[1];
+    assert_eq!(inner.isolation(), shallot::Isolation::Warm);
+    assert_eq!(inner.limits().memory_mib, 16);
+    assert!(inner.grants().clock);
+    let kernel = Kernel::builder()
+        .plugins(&set)
+        .model(ScriptedModel::answer("ok").tracing())
+        .build()
+        .unwrap();
+    let context = Context::new();
+    kernel.chat(ask("hi"), context.clone()).await.unwrap();
+    assert_eq!(
+        strings(&context, "trace"),
+        [
+            "outer_before",
+            "inner_before",
+            "terminal",
+            "inner_after",
+            "outer_after"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_bad_shallot_toml_names_the_problem() {
+    let dir = scratch("bad-toml");
+    let config = dir.join("shallot.toml");
+    std::fs::write(
+        &config,
+        "[[filter]]\nplugin = \"x.wasm\"\nisolaton = \"warm\"\n",
+    )
+    .unwrap();
+    let error = PluginSet::from_config(&engine(), &config, &mut |_| {})
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("isolaton"), "{error}");
+}
+
+#[tokio::test]
+async fn compiled_plugins_come_from_the_cache_the_second_time() {
+    let bytes = plugin::read(&guest("passthrough")).unwrap();
+    let engine = engine();
+    let first = plugin::compile(&engine, &guest("passthrough"), &bytes).unwrap();
+    let second = plugin::compile(&engine, &guest("passthrough"), &bytes).unwrap();
+    assert!(!second.was_compiled(), "the cache served it");
+    let _ = first;
+    assert_eq!(
+        plugin::cache_state(&engine, &bytes),
+        shallot::cache::CacheState::Cached
+    );
+}
+
+#[tokio::test]
+async fn filter_names_must_be_unique_in_a_kernel() {
+    let a = shallot_tests::load(vec![shallot_tests::spec("probe", "same", json!({}))]).await;
+    let b = shallot_tests::load(vec![shallot_tests::spec("probe", "same", json!({}))]).await;
+    let error = Kernel::builder()
+        .plugins(&a)
+        .plugins(&b)
+        .build()
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("'same'"), "{error}");
+}

@@ -1,0 +1,163 @@
+//! The token transform chain (PEER-CASES F and G): order, 1 -> N, state per
+//! stream, the flush cascade, no flush on error, delivery only.
+
+use serde_json::json;
+use shallot::{ChainError, Context, ErrorKind, Kernel};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+
+fn transform(name: &str, config: serde_json::Value) -> (std::path::PathBuf, shallot::FilterSpec) {
+    let mut config = config;
+    config["hooks"] = json!(["tokens"]);
+    spec("probe", name, config)
+}
+
+async fn stream(
+    filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>,
+    reply: Reply,
+) -> (Result<String, ChainError>, Collector) {
+    let plugins = load(filters).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![reply]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let result = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .map(|r| r.text());
+    (result, sink)
+}
+
+#[tokio::test]
+async fn f1_no_transforms_passes_tokens_straight_through() {
+    let (result, sink) = stream(vec![], Reply::tokens(&["a", "b"])).await;
+    assert_eq!(sink.tokens(), ["a", "b"]);
+    assert_eq!(result.unwrap(), "ab");
+}
+
+#[tokio::test]
+async fn f2_a_transform_emits_n_for_one_and_flushes_the_rest_at_the_end() {
+    let tokens = ["1", "2", "3", "4", "5", "6", "7"];
+    let (_, sink) = stream(
+        vec![transform("batch", json!({ "batch": 3 }))],
+        Reply::tokens(&tokens),
+    )
+    .await;
+    assert_eq!(
+        sink.deliveries(),
+        [vec!["123", "456"], vec!["7"]],
+        "the flush comes after the stream, as its own delivery"
+    );
+}
+
+#[tokio::test]
+async fn f3_a_failed_stream_is_not_flushed_so_buffered_tokens_never_leak() {
+    let broken = Reply::BreakAfter(
+        vec!["1".into(), "2".into()],
+        ChainError::new(ErrorKind::Transient, "connection closed"),
+    );
+    let (result, sink) = stream(vec![transform("batch", json!({ "batch": 3 }))], broken).await;
+    assert_eq!(result.unwrap_err().message, "connection closed");
+    assert!(sink.tokens().is_empty());
+}
+
+#[tokio::test]
+async fn f4_the_first_filter_sees_the_raw_token_first() {
+    let filters = vec![
+        transform("a", json!({ "prefix": "A" })),
+        transform("b", json!({ "prefix": "B" })),
+    ];
+    let (_, sink) = stream(filters, Reply::tokens(&["x"])).await;
+    assert_eq!(sink.tokens(), ["BAx"]);
+}
+
+#[tokio::test]
+async fn f6_metadata_survives_buffering() {
+    let tokens = Reply::Tokens(vec![
+        ("a".into(), Some(r#"{"k":1}"#.into())),
+        ("b".into(), Some(r#"{"k":1}"#.into())),
+    ]);
+    let (_, sink) = stream(vec![transform("batch", json!({ "batch": 2 }))], tokens).await;
+    assert_eq!(
+        sink.tokens_with_meta(),
+        [("ab".to_owned(), Some(r#"{"k":1}"#.to_owned()))]
+    );
+}
+
+#[tokio::test]
+async fn f7_a_transform_can_swallow_a_token() {
+    let (result, sink) = stream(
+        vec![transform("drop", json!({ "drop": "secret" }))],
+        Reply::tokens(&["a", "secret", "b"]),
+    )
+    .await;
+    assert_eq!(sink.tokens(), ["a", "b"]);
+    assert_eq!(
+        result.unwrap(),
+        "asecretb",
+        "the answer itself keeps the swallowed token"
+    );
+}
+
+#[tokio::test]
+async fn flush_cascades_outer_leftovers_through_inner_steps_before_the_inner_flush() {
+    let filters = vec![
+        transform("outer", json!({ "batch": 2 })),
+        transform("inner", json!({ "prefix": "P" })),
+    ];
+    let (_, sink) = stream(filters, Reply::tokens(&["a", "b", "c"])).await;
+    assert_eq!(sink.tokens(), ["Pab", "Pc"]);
+
+    let filters = vec![
+        transform("outer", json!({ "batch": 2 })),
+        transform("inner", json!({ "batch": 2 })),
+    ];
+    let (_, sink) = stream(filters, Reply::tokens(&["a", "b", "c"])).await;
+    assert_eq!(
+        sink.tokens(),
+        ["abc"],
+        "the inner layer buffered 'ab', then got 'c' from the outer flush"
+    );
+}
+
+#[tokio::test]
+async fn g6_a_chat_only_filter_leaves_the_stream_alone() {
+    let (_, sink) = stream(
+        vec![spec("probe", "chat", json!({ "hooks": ["chat"] }))],
+        Reply::tokens(&["a", "b"]),
+    )
+    .await;
+    assert_eq!(sink.tokens(), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn g7_the_non_streaming_path_ignores_token_transforms() {
+    let plugins = load(vec![spec(
+        "misbehave",
+        "trapper",
+        json!({ "on": "step", "do": "trap" }),
+    )])
+    .await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .build()
+        .unwrap();
+    assert_eq!(
+        kernel.chat(ask("hi"), Context::new()).await.unwrap().text(),
+        "fine"
+    );
+}
+
+#[tokio::test]
+async fn every_model_stream_gets_fresh_transform_state() {
+    // A chat filter that calls next twice makes two streams: each flushes its own leftovers.
+    let retry = spec("probe", "twice", json!({ "calls": 2, "hooks": ["chat"] }));
+    let filters = vec![retry, transform("batch", json!({ "batch": 2 }))];
+    let (_, sink) = stream(filters, Reply::tokens(&["a", "b", "c"])).await;
+    assert_eq!(
+        sink.deliveries(),
+        [vec!["ab"], vec!["c"], vec!["ab"], vec!["c"]]
+    );
+}

@@ -1,0 +1,436 @@
+//! What shallot's end-to-end tests and benchmarks share: where the built
+//! guests are, one engine per process, a scriptable model, a recording
+//! token sink.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt};
+use serde_json::Value;
+use shallot::plugin::FilterSpec;
+use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, TokenBatch};
+use shallot::{
+    ChainError, ChatModel, Context, Engine, EngineConfig, Isolation, ModelEvent, PluginSet,
+    TokenSink,
+};
+
+/// The workspace's target directory (honours `CARGO_TARGET_DIR`).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target"),
+    }
+}
+
+/// The built guest component `name` (a plugin or a test guest).
+pub fn guest(name: &str) -> PathBuf {
+    let path = target_dir()
+        .join("wasm32-wasip2")
+        .join("guest")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the guests first with `cargo build-guests` (needs `rustup target add wasm32-wasip2`)",
+        path.display()
+    );
+    path
+}
+
+/// One engine for the whole test process, with a compile cache under the
+/// target directory so each guest compiles once per machine.
+pub fn engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let config = EngineConfig {
+                cache_dir: Some(target_dir().join("shallot-test-cache")),
+                ..EngineConfig::default()
+            };
+            Engine::new(config).expect("the engine starts")
+        })
+        .clone()
+}
+
+/// A filter of guest `plugin`, named `name`, configured with `config`.
+pub fn spec(plugin: &str, name: &str, config: Value) -> (PathBuf, FilterSpec) {
+    let config = (!config.is_null()).then_some(config);
+    (
+        guest(plugin),
+        FilterSpec {
+            name: Some(name.to_owned()),
+            config,
+            ..FilterSpec::default()
+        },
+    )
+}
+
+/// As [`spec`], in warm isolation.
+pub fn warm(plugin: &str, name: &str, config: Value) -> (PathBuf, FilterSpec) {
+    let (path, spec) = spec(plugin, name, config);
+    (
+        path,
+        FilterSpec {
+            isolation: Isolation::Warm,
+            ..spec
+        },
+    )
+}
+
+/// Loads filters into `engine`, in order.
+pub async fn load_in(engine: &Engine, specs: Vec<(PathBuf, FilterSpec)>) -> PluginSet {
+    PluginSet::from_specs(engine, specs, &mut |_| {})
+        .await
+        .expect("the test filters load")
+}
+
+/// Loads filters into the shared engine, in order.
+pub async fn load(specs: Vec<(PathBuf, FilterSpec)>) -> PluginSet {
+    load_in(&engine(), specs).await
+}
+
+/// A one-message conversation.
+pub fn ask(text: &str) -> ChatRequest {
+    ChatRequest::new(vec![Message::user(text)])
+}
+
+/// The list stored under `key` in `context`, as strings.
+pub fn strings(context: &Context, key: &str) -> Vec<String> {
+    match context.get(key) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Appends `item` to the list under `key` (as the probe guest does).
+pub fn push(context: &Context, key: &str, item: &str) {
+    let mut list = match context.get(key) {
+        Some(Value::Array(items)) => items,
+        _ => Vec::new(),
+    };
+    list.push(Value::from(item));
+    context.set(key, Value::Array(list));
+}
+
+/// One model reply of a script.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// Answers with this text (streamed as one token).
+    Text(String),
+    /// Streams these tokens (text, meta); the answer is their text joined.
+    Tokens(Vec<(String, Option<String>)>),
+    /// Fails with this error.
+    Fail(ChainError),
+    /// Streams these tokens, then the connection breaks.
+    BreakAfter(Vec<String>, ChainError),
+    /// Answers with the text after a pause.
+    Slow(Duration, String),
+    /// Streams these tokens with a pause before each, so each arrives as
+    /// its own batch, as from a real model.
+    Paced(Vec<String>, Duration),
+}
+
+impl Reply {
+    /// Streams `tokens`, no metadata.
+    pub fn tokens(tokens: &[&str]) -> Self {
+        Reply::Tokens(tokens.iter().map(|t| (t.to_string(), None)).collect())
+    }
+}
+
+type Script = Box<dyn Fn(usize, &ChatRequest) -> Reply + Send + Sync>;
+
+struct ScriptState {
+    script: Script,
+    calls: AtomicUsize,
+    requests: Mutex<Vec<ChatRequest>>,
+    trace: bool,
+}
+
+/// A model that answers from a script and records what it was asked.
+/// Clones share the record.
+#[derive(Clone)]
+pub struct ScriptedModel {
+    state: Arc<ScriptState>,
+}
+
+impl ScriptedModel {
+    /// Answers call `n` (1-based) with `script(n, request)`.
+    pub fn new(script: impl Fn(usize, &ChatRequest) -> Reply + Send + Sync + 'static) -> Self {
+        ScriptedModel {
+            state: Arc::new(ScriptState {
+                script: Box::new(script),
+                calls: AtomicUsize::new(0),
+                requests: Mutex::new(Vec::new()),
+                trace: false,
+            }),
+        }
+    }
+
+    /// Always answers `text`.
+    pub fn answer(text: &str) -> Self {
+        let text = text.to_owned();
+        Self::new(move |_, _| Reply::Text(text.clone()))
+    }
+
+    /// Answers the replies in order, then repeats the last.
+    pub fn replies(replies: Vec<Reply>) -> Self {
+        let replies: VecDeque<Reply> = replies.into();
+        Self::new(move |n, _| {
+            replies
+                .get(n - 1)
+                .or(replies.back())
+                .cloned()
+                .expect("a script has replies")
+        })
+    }
+
+    /// Also appends "terminal" to the context list "trace" on every call.
+    pub fn tracing(self) -> Self {
+        let state =
+            Arc::into_inner(self.state).expect("tracing() is set before the model is shared");
+        ScriptedModel {
+            state: Arc::new(ScriptState {
+                trace: true,
+                ..state
+            }),
+        }
+    }
+
+    /// How many times it was called.
+    pub fn calls(&self) -> usize {
+        self.state.calls.load(Ordering::SeqCst)
+    }
+
+    /// The requests it received, in order.
+    pub fn requests(&self) -> Vec<ChatRequest> {
+        self.state.requests.lock().unwrap().clone()
+    }
+
+    fn next(&self, request: &ChatRequest, context: &Context) -> Reply {
+        let n = self.state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.state.requests.lock().unwrap().push(request.clone());
+        if self.state.trace {
+            push(context, "trace", "terminal");
+        }
+        (self.state.script)(n, request)
+    }
+}
+
+fn response(text: String) -> ChatResponse {
+    let mut response = ChatResponse::new(Message::assistant(text), FinishReason::Complete);
+    response.model = "scripted".to_owned();
+    response
+}
+
+#[async_trait]
+impl ChatModel for ScriptedModel {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<ChatResponse, ChainError> {
+        match self.next(request, context) {
+            Reply::Text(text) => Ok(response(text)),
+            Reply::Tokens(tokens) => Ok(response(tokens.into_iter().map(|(t, _)| t).collect())),
+            Reply::Paced(tokens, _) => Ok(response(tokens.concat())),
+            Reply::Fail(error) | Reply::BreakAfter(_, error) => Err(error),
+            Reply::Slow(pause, text) => {
+                tokio::time::sleep(pause).await;
+                Ok(response(text))
+            }
+        }
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        fn token((text, meta): (String, Option<String>)) -> Result<ModelEvent, ChainError> {
+            Ok(ModelEvent::Token { text, meta })
+        }
+        Ok(match self.next(request, context) {
+            Reply::Text(text) => stream::iter([
+                token((text.clone(), None)),
+                Ok(ModelEvent::Done(response(text))),
+            ])
+            .boxed(),
+            Reply::Tokens(tokens) => {
+                let done = response(tokens.iter().map(|(t, _)| t.as_str()).collect());
+                stream::iter(
+                    tokens
+                        .into_iter()
+                        .map(token)
+                        .chain([Ok(ModelEvent::Done(done))]),
+                )
+                .boxed()
+            }
+            Reply::Fail(error) => return Err(error),
+            Reply::BreakAfter(tokens, error) => stream::iter(
+                tokens
+                    .into_iter()
+                    .map(|t| token((t, None)))
+                    .chain([Err(error)]),
+            )
+            .boxed(),
+            Reply::Paced(tokens, pause) => {
+                let done = response(tokens.concat());
+                let paced = stream::iter(tokens).then(move |text| async move {
+                    tokio::time::sleep(pause).await;
+                    token((text, None))
+                });
+                paced
+                    .chain(stream::iter([Ok(ModelEvent::Done(done))]))
+                    .boxed()
+            }
+            Reply::Slow(pause, text) => stream::once(async move {
+                tokio::time::sleep(pause).await;
+                Ok(ModelEvent::Done(response(text)))
+            })
+            .boxed(),
+        })
+    }
+}
+
+/// A token sink that records every delivery.
+#[derive(Clone, Default)]
+pub struct Collector {
+    deliveries: Arc<Mutex<Vec<Vec<(String, Option<String>)>>>>,
+}
+
+impl TokenSink for Collector {
+    fn deliver(&self, tokens: &TokenBatch) {
+        let batch = tokens
+            .iter()
+            .map(|t| (t.text.to_owned(), t.meta.map(str::to_owned)))
+            .collect();
+        self.deliveries.lock().unwrap().push(batch);
+    }
+}
+
+impl Collector {
+    /// Every token received, in order.
+    pub fn tokens(&self) -> Vec<String> {
+        self.deliveries
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// Every token with its metadata.
+    pub fn tokens_with_meta(&self) -> Vec<(String, Option<String>)> {
+        self.deliveries
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// The tokens of each delivery, in order.
+    pub fn deliveries(&self) -> Vec<Vec<String>> {
+        self.deliveries
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.iter().map(|(t, _)| t.clone()).collect())
+            .collect()
+    }
+
+    /// All text received.
+    pub fn text(&self) -> String {
+        self.tokens().concat()
+    }
+}
+
+/// A turn terminal for tests, until the tool loop exists: one model round
+/// over the turn's messages, then each tool in `tools` called once (in
+/// order, or all at once with `concurrent`), then a final model round.
+pub struct ScriptedTurn {
+    pub tools: Vec<(String, Value)>,
+    pub concurrent: bool,
+}
+
+#[async_trait]
+impl shallot::Terminal<shallot::Turn> for ScriptedTurn {
+    async fn call(
+        &self,
+        request: shallot::types::TurnRequest,
+        invoke: &Arc<shallot::Invoke>,
+    ) -> shallot::types::TurnResult {
+        use shallot::types::{ToolRequest, TurnDone, TurnResult};
+        let mut messages = (*request.messages).clone();
+        let mut rounds = 0;
+        let mut ask_model = |messages: &Vec<Message>| {
+            rounds += 1;
+            let invoke = invoke.clone();
+            let request = ChatRequest::new(messages.clone());
+            async move { invoke.chat(request).await }
+        };
+        let first = match ask_model(&messages).await {
+            Ok(response) => response,
+            Err(error) => return TurnResult::Error(error),
+        };
+        messages.push(first.message.clone());
+        if self.tools.is_empty() {
+            return TurnResult::Done(TurnDone {
+                response: first,
+                tool_calls: Vec::new(),
+                iterations: rounds,
+                messages: Arc::new(messages),
+            });
+        }
+        let calls = self.tools.iter().map(|(name, args)| {
+            let spec = Arc::new(shallot::types::ToolSpec::new(
+                name.clone(),
+                "",
+                serde_json::json!({"type": "object"}),
+            ));
+            invoke.tool(ToolRequest::new(spec, args.to_string()))
+        });
+        let results: Vec<_> = if self.concurrent {
+            futures::future::join_all(calls).await
+        } else {
+            let mut results = Vec::new();
+            for call in calls {
+                results.push(call.await);
+            }
+            results
+        };
+        for (i, result) in results.into_iter().enumerate() {
+            let output = match result {
+                Ok(response) => response.output,
+                Err(error) => return TurnResult::Error(error),
+            };
+            messages.push(Message::tool_result(format!("call-{i}"), output));
+        }
+        match ask_model(&messages).await {
+            Ok(last) => {
+                messages.push(last.message.clone());
+                TurnResult::Done(TurnDone {
+                    response: last,
+                    tool_calls: Vec::new(),
+                    iterations: rounds,
+                    messages: Arc::new(messages),
+                })
+            }
+            Err(error) => TurnResult::Error(error),
+        }
+    }
+}
