@@ -57,17 +57,18 @@ impl Tokens {
 }
 
 /// Where a transform writes the tokens it emits.
-#[derive(Default)]
 pub struct TokenOut {
     batch: TokenBatch,
 }
 
-impl Default for TokenBatch {
+impl Default for TokenOut {
     fn default() -> Self {
-        TokenBatch {
-            text: String::new(),
-            ends: Vec::new(),
-            metas: Vec::new(),
+        TokenOut {
+            batch: TokenBatch {
+                text: String::new(),
+                ends: Vec::new(),
+                metas: Vec::new(),
+            },
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::onion::{
 };
 use crate::plugin::pool::Lease;
 use crate::plugin::{PluginSet, WasmFilter};
-use crate::stream::TokenSink;
+use crate::stream::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
@@ -316,6 +316,20 @@ impl Kernel {
         sink: impl TokenSink + 'static,
     ) -> TurnResult {
         self.run_turn(request, context, Some(Arc::new(sink))).await
+    }
+
+    /// The token transform chain alone, for an embedder that streams from
+    /// its own model: push batches, then `finish` (or `abandon` on error).
+    pub async fn token_stream(
+        &self,
+        context: Context,
+        sink: impl TokenSink + 'static,
+    ) -> Result<TokenStream, ChainError> {
+        let sink: Arc<dyn TokenSink> = Arc::new(sink);
+        let invoke = self
+            .admit(CallKind::Chat, context, Some(sink.clone()))
+            .await?;
+        TokenStream::open(&invoke, sink).await
     }
 
     async fn run_turn(

@@ -28,7 +28,10 @@ pub struct Limits {
     /// exact to one tick (10 ms by default).
     pub cpu_ms: u32,
     /// Wall-clock bound per hook call, in milliseconds, inner layers
-    /// included. 0 means no bound.
+    /// included; 0 (the default) means none. The filter's own code is
+    /// already bounded by `cpu_ms` and inner layers bound themselves (model
+    /// and tool timeouts), so this is a policy knob, e.g. a latency budget
+    /// for everything inside a layer. It arms a timer on every call.
     pub timeout_ms: u64,
 }
 
@@ -37,7 +40,7 @@ impl Default for Limits {
         Limits {
             memory_mib: 64,
             cpu_ms: 100,
-            timeout_ms: 300_000,
+            timeout_ms: 0,
         }
     }
 }

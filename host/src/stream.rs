@@ -53,7 +53,7 @@ pub trait TokenTransform: Send {
 
 enum Transformer {
     Native(Box<dyn TokenTransform>),
-    Wasm(WasmTransformer),
+    Wasm(Box<WasmTransformer>),
 }
 
 impl Transformer {
@@ -72,10 +72,12 @@ impl Transformer {
     }
 }
 
-/// The transforms of one model stream, feeding the caller's sink.
+/// The transforms of one model stream, feeding the caller's sink. Holds
+/// its invoke (and so its instances) until finished or dropped.
 pub struct TokenStream {
     layers: Vec<Transformer>,
     sink: Arc<dyn TokenSink>,
+    _invoke: Arc<Invoke>,
 }
 
 impl TokenStream {
@@ -93,12 +95,16 @@ impl TokenStream {
                     None => continue,
                 },
                 LayerFilter::Wasm(filter) => {
-                    Transformer::Wasm(filter.transformer(id, invoke).await?)
+                    Transformer::Wasm(Box::new(filter.transformer(id, invoke).await?))
                 }
             };
             layers.push(layer);
         }
-        Ok(TokenStream { layers, sink })
+        Ok(TokenStream {
+            layers,
+            sink,
+            _invoke: invoke.clone(),
+        })
     }
 
     /// Sends `tokens` through every transform to the sink.

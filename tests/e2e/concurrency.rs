@@ -59,7 +59,7 @@ async fn a_thousand_concurrent_invokes_through_three_filters_each_see_only_their
 fn small_engine(slots: u32) -> Engine {
     let config = EngineConfig {
         instance_slots: slots,
-        warm_instances: 0,
+        idle_instances: 0,
         cache_dir: Some(target_dir().join("shallot-test-cache")),
         ..EngineConfig::default()
     };

@@ -304,10 +304,13 @@ impl ChatModel for ScriptedModel {
     }
 }
 
+/// A token's text and metadata.
+type OwnedToken = (String, Option<String>);
+
 /// A token sink that records every delivery.
 #[derive(Clone, Default)]
 pub struct Collector {
-    deliveries: Arc<Mutex<Vec<Vec<(String, Option<String>)>>>>,
+    deliveries: Arc<Mutex<Vec<Vec<OwnedToken>>>>,
 }
 
 impl TokenSink for Collector {

@@ -10,6 +10,8 @@ wasmtime::component::bindgen!({
         "shallot:filter/next": async | trappable,
         default: trappable,
     },
+    // `next` is async (it runs the inner layers), which makes every store
+    // that links it async-only: every call into a filter is an async call.
     exports: { default: async },
     with: {
         "shallot:filter/types.chat-request": crate::types::ChatRequest,

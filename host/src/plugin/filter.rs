@@ -2,16 +2,17 @@
 //! grants and isolation mode, and the instances it runs in.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use wasmtime::component::ResourceAny;
 
 use super::Plugin;
+use super::host::{Continuation, Scope};
 use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
 use super::pool::Leased;
 use crate::engine::Engine;
-use crate::error::{ChainError, Hook};
+use crate::error::{ChainError, ErrorKind, Hook};
 use crate::invoke::Invoke;
 use crate::kernel::CallKind;
 use crate::onion::{Fctx, Next};
@@ -50,8 +51,21 @@ pub struct WasmFilter {
     description: Description,
     isolation: Isolation,
     engine: Engine,
-    warm: Mutex<Vec<FilterInstance>>,
+    spares: Mutex<Spares>,
 }
+
+/// Instances not in use: idle `warm` ones or prepared fresh ones, and the
+/// used ones of `invoke` filters waiting to be dropped.
+#[derive(Default)]
+struct Spares {
+    ready: Vec<FilterInstance>,
+    retired: Vec<FilterInstance>,
+    refilling: bool,
+}
+
+/// At most this many used instances wait to be dropped in the background;
+/// beyond it they are dropped on the spot.
+const RETIRED_CAP: usize = 64;
 
 impl WasmFilter {
     pub(crate) fn new(
@@ -69,7 +83,7 @@ impl WasmFilter {
             description,
             isolation,
             engine,
-            warm: Mutex::new(Vec::new()),
+            spares: Mutex::new(Spares::default()),
         }
     }
 
@@ -137,47 +151,106 @@ impl WasmFilter {
         }
     }
 
-    /// A ready instance: a warm one if this filter keeps them, else fresh.
-    pub(crate) async fn instantiate(&self) -> Result<FilterInstance, ChainError> {
-        if self.isolation == Isolation::Warm {
-            let idle = self
-                .warm
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
-            if let Some(instance) = idle {
-                self.engine.inner.warm_idle.fetch_sub(1, Ordering::Relaxed);
-                return Ok(instance);
-            }
+    /// A ready instance. A `warm` filter reuses an idle one; an `invoke`
+    /// filter takes a fresh one prepared ahead of demand, and starts making
+    /// its replacement in the background, off the request path.
+    pub(crate) async fn instantiate(self: &Arc<Self>) -> Result<FilterInstance, ChainError> {
+        let spare = self.spares().ready.pop();
+        if spare.is_some() {
+            self.engine.inner.idle.fetch_sub(1, Ordering::Relaxed);
         }
-        FilterInstance::create(&self.blueprint).await
+        if self.isolation == Isolation::Invoke {
+            self.refill();
+        }
+        match spare {
+            Some(instance) => Ok(instance),
+            None => FilterInstance::create(&self.blueprint).await,
+        }
     }
 
-    /// Takes back an ended invoke's idle instances: kept if warm and the
-    /// engine's warm budget allows, else dropped.
-    pub(crate) fn reclaim(&self, instances: Vec<FilterInstance>) {
-        if self.isolation != Isolation::Warm {
+    fn spares(&self) -> MutexGuard<'_, Spares> {
+        self.spares.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves room for one more idle instance in the engine's budget.
+    fn reserve_idle(&self) -> bool {
+        let engine = &self.engine.inner;
+        engine
+            .idle
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < engine.idle_cap).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Takes back an ended invoke's instances: a `warm` filter keeps them
+    /// for reuse while the engine's idle budget allows; an `invoke` filter
+    /// retires them (they saw request data) and drops them in the
+    /// background.
+    pub(crate) fn reclaim(self: &Arc<Self>, instances: Vec<FilterInstance>) {
+        if instances.is_empty() {
             return;
         }
-        let engine = &self.engine.inner;
-        let mut warm = self.warm.lock().unwrap_or_else(PoisonError::into_inner);
-        for instance in instances {
-            let kept = engine
-                .warm_idle
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < engine.warm_cap).then_some(n + 1)
-                })
-                .is_ok();
-            if !kept {
-                break;
+        if self.isolation == Isolation::Warm {
+            for instance in instances {
+                if !self.reserve_idle() {
+                    break;
+                }
+                self.spares().ready.push(instance);
             }
-            warm.push(instance);
+            return;
         }
+        let mut spares = self.spares();
+        let room = RETIRED_CAP.saturating_sub(spares.retired.len());
+        spares.retired.extend(instances.into_iter().take(room));
+        drop(spares);
+        self.refill();
+    }
+
+    /// Starts the background task that drops retired instances and prepares
+    /// fresh ones, unless it is running or there is no runtime to run it.
+    fn refill(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if std::mem::replace(&mut self.spares().refilling, true) {
+            return;
+        }
+        let filter = self.clone();
+        runtime.spawn(async move {
+            loop {
+                let (retired, wanted) = {
+                    let mut spares = filter.spares();
+                    let wanted = spares.ready.len() < filter.engine.inner.prepared;
+                    (std::mem::take(&mut spares.retired), wanted)
+                };
+                drop(retired);
+                if wanted && filter.reserve_idle() {
+                    match FilterInstance::create(&filter.blueprint).await {
+                        Ok(instance) => filter.spares().ready.push(instance),
+                        Err(_) => {
+                            // The next request makes its own instance and
+                            // reports the error; stop preparing meanwhile.
+                            filter.engine.inner.idle.fetch_sub(1, Ordering::Relaxed);
+                            filter.spares().refilling = false;
+                            return;
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let mut spares = filter.spares();
+                if spares.retired.is_empty() {
+                    spares.refilling = false;
+                    return;
+                }
+            }
+        });
     }
 
     /// Runs this filter's hook for chain `K` as layer `id` of an invoke.
     pub(crate) async fn around<K: WasmChain>(
-        &self,
+        self: &Arc<Self>,
         id: usize,
         request: K::Request,
         next: Next<K>,
@@ -187,20 +260,27 @@ impl WasmFilter {
             Ok(leased) => leased,
             Err(error) => return K::fail(error),
         };
-        let limits = self.blueprint.limits;
-        let call = leased
-            .instance()
-            .around::<K>(id, request, next, &limits, self.blueprint.budget);
+        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
+        // The call's future is built in place in each branch: held in a
+        // local and handed on, it would be stored twice in this future,
+        // which every layer moves into its box.
         let result = match limits.timeout() {
-            Some(timeout) => tokio::time::timeout(timeout, call)
+            None => {
+                leased
+                    .instance()
+                    .around::<K>(id, request, next, limits, budget)
+                    .await
+            }
+            Some(timeout) => {
+                let call = leased
+                    .instance()
+                    .around::<K>(id, request, next, limits, budget);
+                self.bounded(
+                    Box::pin(tokio::time::timeout(timeout, call)),
+                    K::HOOK.as_str(),
+                )
                 .await
-                .unwrap_or_else(|_| {
-                    Err(sandbox::timed_out(
-                        &limits,
-                        self.blueprint.identity.origin(K::HOOK.as_str()),
-                    ))
-                }),
-            None => call.await,
+            }
         };
         match result {
             Ok(output) => {
@@ -219,14 +299,10 @@ impl WasmFilter {
         invoke: &Arc<Invoke>,
     ) -> Result<WasmTransformer, ChainError> {
         let mut leased = Leased::take(invoke, id, self).await?;
+        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
         let resource = leased
             .instance()
-            .transformer(
-                invoke.clone(),
-                id,
-                &self.blueprint.limits,
-                self.blueprint.budget,
-            )
+            .transformer(invoke.clone(), id, limits, budget)
             .await?;
         Ok(WasmTransformer {
             filter: self.clone(),
@@ -234,6 +310,18 @@ impl WasmFilter {
             leased,
             resource,
         })
+    }
+
+    /// Waits for a hook call under its wall-clock bound, turning an
+    /// elapsed bound into a timeout error.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<Result<T, ChainError>, tokio::time::error::Elapsed>>,
+        hook: &'static str,
+    ) -> Result<T, ChainError> {
+        let origin = || self.blueprint.identity.origin(hook);
+        call.await
+            .unwrap_or_else(|_| Err(sandbox::timed_out(&self.blueprint.limits, origin())))
     }
 }
 
@@ -246,36 +334,26 @@ pub(crate) struct WasmTransformer {
 }
 
 impl WasmTransformer {
+    /// A token step, or with `None` the flush. A transform never waits, so
+    /// the wall-clock bound does not apply; the CPU budget does.
     async fn call(&mut self, tokens: Option<TokenBatch>) -> Result<TokenBatch, ChainError> {
         let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
-            return Err(ChainError::new(
-                crate::error::ErrorKind::PluginFault,
-                "faulted earlier in this stream",
-            )
-            .at(blueprint.identity.origin("step")));
+            let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
+            return Err(error.at(blueprint.identity.origin("step")));
         }
-        let invoke = self.leased.invoke().clone();
-        let call = self.leased.instance().transform(
-            invoke,
-            self.id,
-            self.resource,
-            tokens,
-            &blueprint.limits,
-            blueprint.budget,
-        );
-        let result = match blueprint.limits.timeout() {
-            Some(timeout) => tokio::time::timeout(timeout, call)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(sandbox::timed_out(
-                        &blueprint.limits,
-                        blueprint.identity.origin("step"),
-                    ))
-                }),
-            None => call.await,
+        let scope = Scope {
+            invoke: self.leased.invoke().clone(),
+            id: self.id,
+            next: Continuation::None,
         };
-        match result {
+        let (limits, budget) = (&blueprint.limits, blueprint.budget);
+        match self
+            .leased
+            .instance()
+            .transform(scope, self.resource, tokens, limits, budget)
+            .await
+        {
             Ok(output) => output,
             Err(fault) => {
                 // The store is poisoned: make sure the instance is dropped,
@@ -300,9 +378,8 @@ impl WasmTransformer {
             return;
         }
         let blueprint = &self.filter.blueprint;
-        let dropped = self
-            .leased
-            .instance()
+        let instance = self.leased.instance();
+        let dropped = instance
             .drop_transformer(self.resource, &blueprint.limits, blueprint.budget)
             .await;
         if dropped.is_ok() {

@@ -2,13 +2,17 @@
 //! it. A call that ends in a fault (trap, CPU budget, memory cap, contract
 //! violation) returns `Err`: the store is poisoned and the caller must
 //! discard the instance.
+//!
+//! Every call is async (on a fiber of its own): a hook's `next` runs the
+//! inner layers, and a store that links an async import must use async
+//! calls throughout.
 
 use std::sync::Arc;
 
 use wasmtime::Store;
 use wasmtime::component::{Resource, ResourceAny};
 
-use super::bindings::exports::shallot::filter::plugin::{Descriptor, Hook as WitHook};
+use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
 use super::host::{Continuation, HostState, Identity, Scope, internal};
@@ -47,31 +51,24 @@ pub(crate) struct Description {
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
-        let state = HostState::new(
-            blueprint.identity.clone(),
-            Confinement::new(&blueprint.limits, &blueprint.grants),
-        );
+        let confinement = Confinement::new(&blueprint.limits, &blueprint.grants);
+        let state = HostState::new(blueprint.identity.clone(), confinement);
         let mut store = Store::new(blueprint.pre.engine(), state);
         sandbox::prepare_store(&mut store, blueprint.budget);
         let exports = match blueprint.pre.instantiate_async(&mut store).await {
             Ok(exports) => exports,
             Err(e) => {
-                return Err(sandbox::fault(
-                    e,
-                    store.data(),
-                    &blueprint.limits,
-                    blueprint.identity.origin("instantiate"),
-                ));
+                let origin = blueprint.identity.origin("instantiate");
+                return Err(sandbox::fault(e, store.data(), &blueprint.limits, origin));
             }
         };
         let mut instance = FilterInstance { store, exports };
         sandbox::arm(&mut instance.store, blueprint.budget);
-        let configured = instance
-            .exports
-            .shallot_filter_plugin()
+        let plugin = instance.exports.shallot_filter_plugin();
+        match plugin
             .call_configure(&mut instance.store, &blueprint.config)
-            .await;
-        match configured {
+            .await
+        {
             Ok(Ok(())) => Ok(instance),
             Ok(Err(message)) => Err(ChainError::new(
                 ErrorKind::InvalidRequest,
@@ -89,12 +86,11 @@ impl FilterInstance {
         budget: u32,
     ) -> Result<Description, ChainError> {
         sandbox::arm(&mut self.store, budget);
-        let described = self
-            .exports
-            .shallot_filter_plugin()
+        let plugin = self.exports.shallot_filter_plugin();
+        let d = plugin
             .call_describe(&mut self.store)
-            .await;
-        let d: Descriptor = described.map_err(|e| self.fault(e, limits, "describe"))?;
+            .await
+            .map_err(|e| self.fault(e, limits, "describe"))?;
         let init: serde_json::Value = serde_json::from_str(&d.init_fctx).map_err(|e| {
             ChainError::new(
                 ErrorKind::PluginFault,
@@ -152,17 +148,14 @@ impl FilterInstance {
         limits: &Limits,
         budget: u32,
     ) -> Result<ResourceAny, ChainError> {
-        self.enter(
-            Scope {
-                invoke,
-                id,
-                next: Continuation::None,
-            },
-            budget,
-        );
-        let made = self
-            .exports
-            .shallot_filter_token_filter()
+        let scope = Scope {
+            invoke,
+            id,
+            next: Continuation::None,
+        };
+        self.enter(scope, budget);
+        let api = self.exports.shallot_filter_token_filter();
+        let made = api
             .token_transformer()
             .call_constructor(&mut self.store)
             .await;
@@ -173,45 +166,35 @@ impl FilterInstance {
     /// `Ok(Err(_))` is the filter's own error; `Err(_)` a fault.
     pub(crate) async fn transform(
         &mut self,
-        invoke: Arc<Invoke>,
-        id: usize,
+        scope: Scope,
         transformer: ResourceAny,
         tokens: Option<TokenBatch>,
         limits: &Limits,
         budget: u32,
     ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
-        self.enter(
-            Scope {
-                invoke,
-                id,
-                next: Continuation::None,
-            },
-            budget,
-        );
+        self.enter(scope, budget);
         let api = self.exports.shallot_filter_token_filter();
+        let api = api.token_transformer();
         let (call, result) = match tokens {
-            Some(tokens) => (
-                "step",
-                api.token_transformer()
-                    .call_step(&mut self.store, transformer, &convert::token_batch(tokens))
-                    .await,
-            ),
-            None => (
-                "flush",
-                api.token_transformer()
-                    .call_flush(&mut self.store, transformer)
-                    .await,
-            ),
+            Some(tokens) => {
+                let batch = convert::token_batch(tokens);
+                (
+                    "step",
+                    api.call_step(&mut self.store, transformer, &batch).await,
+                )
+            }
+            None => ("flush", api.call_flush(&mut self.store, transformer).await),
         };
         match self.leave(result, limits, call)? {
             Ok(batch) => {
                 let batch = TokenBatch::from(batch);
                 batch.validate().map_err(|problem| {
-                    ChainError::new(
-                        ErrorKind::PluginFault,
-                        format!("returned a malformed token batch: {problem}"),
-                    )
-                    .at(self.store.data().identity.origin(call))
+                    let message = format!("returned a malformed token batch: {problem}");
+                    ChainError::new(ErrorKind::PluginFault, message).at(self
+                        .store
+                        .data()
+                        .identity
+                        .origin(call))
                 })?;
                 Ok(Ok(batch))
             }
@@ -230,6 +213,63 @@ impl FilterInstance {
         let dropped = transformer.resource_drop_async(&mut self.store).await;
         self.leave(dropped, limits, "token-transform")
     }
+
+    /// Runs one hook call of filter `id`, the chain continuing in `next`.
+    pub(crate) async fn around<K: WasmChain>(
+        &mut self,
+        id: usize,
+        request: K::Request,
+        next: Next<K>,
+        limits: &Limits,
+        budget: u32,
+    ) -> Result<K::Output, ChainError> {
+        let invoke = next.invoke().clone();
+        let scope = Scope {
+            invoke,
+            id,
+            next: K::continuation(next),
+        };
+        self.enter(scope, budget);
+        K::call(self, request, limits).await
+    }
+
+    /// Puts a request into the table for the length of a call; the guest
+    /// gets a borrow of it.
+    fn lend<T: Send + 'static>(
+        &mut self,
+        request: T,
+    ) -> Result<(Resource<T>, Resource<T>), ChainError> {
+        let handle = self
+            .store
+            .data_mut()
+            .table
+            .push(request)
+            .map_err(internal)?;
+        let borrowed = Resource::new_borrow(handle.rep());
+        Ok((handle, borrowed))
+    }
+
+    /// Takes back what was lent, and what the guest returned.
+    fn settle<T: 'static, R: Send + 'static>(
+        &mut self,
+        lent: Resource<T>,
+        result: wasmtime::Result<
+            Result<Resource<R>, super::bindings::shallot::filter::types::FilterError>,
+        >,
+        limits: &Limits,
+        call: &'static str,
+    ) -> Result<Result<R, ChainError>, ChainError> {
+        let _ = self.store.data_mut().table.delete(lent);
+        Ok(match self.leave(result, limits, call)? {
+            Ok(response) => Ok(self
+                .store
+                .data_mut()
+                .table
+                .delete(response)
+                .map_err(internal)?),
+            Err(error) => Err(self.store.data().attribute(error, call)),
+        })
+    }
 }
 
 /// How a chain calls its hook on an instance.
@@ -243,29 +283,6 @@ pub(crate) trait WasmChain: ChainKind {
     ) -> impl Future<Output = Result<Self::Output, ChainError>> + Send;
 }
 
-impl FilterInstance {
-    /// Runs one hook call of filter `id`, the chain continuing in `next`.
-    pub(crate) async fn around<K: WasmChain>(
-        &mut self,
-        id: usize,
-        request: K::Request,
-        next: Next<K>,
-        limits: &Limits,
-        budget: u32,
-    ) -> Result<K::Output, ChainError> {
-        let invoke = next.invoke().clone();
-        self.enter(
-            Scope {
-                invoke,
-                id,
-                next: K::continuation(next),
-            },
-            budget,
-        );
-        K::call(self, request, limits).await
-    }
-}
-
 impl WasmChain for Chat {
     fn continuation(next: Next<Self>) -> Continuation {
         Continuation::Chat(next)
@@ -276,29 +293,10 @@ impl WasmChain for Chat {
         request: ChatRequest,
         limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
-        const CALL: &str = "around-chat";
-        let handle = instance
-            .store
-            .data_mut()
-            .table
-            .push(request)
-            .map_err(internal)?;
-        let borrowed = Resource::new_borrow(handle.rep());
-        let result = instance
-            .exports
-            .shallot_filter_chat_filter()
-            .call_around_chat(&mut instance.store, borrowed)
-            .await;
-        let _ = instance.store.data_mut().table.delete(handle);
-        Ok(match instance.leave(result, limits, CALL)? {
-            Ok(response) => Ok(instance
-                .store
-                .data_mut()
-                .table
-                .delete(response)
-                .map_err(internal)?),
-            Err(error) => Err(instance.store.data().attribute(error, CALL)),
-        })
+        let (lent, borrowed) = instance.lend(request)?;
+        let api = instance.exports.shallot_filter_chat_filter();
+        let result = api.call_around_chat(&mut instance.store, borrowed).await;
+        instance.settle(lent, result, limits, "around-chat")
     }
 }
 
@@ -312,29 +310,10 @@ impl WasmChain for Tool {
         request: ToolRequest,
         limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
-        const CALL: &str = "around-tool";
-        let handle = instance
-            .store
-            .data_mut()
-            .table
-            .push(request)
-            .map_err(internal)?;
-        let borrowed = Resource::new_borrow(handle.rep());
-        let result = instance
-            .exports
-            .shallot_filter_tool_filter()
-            .call_around_tool(&mut instance.store, borrowed)
-            .await;
-        let _ = instance.store.data_mut().table.delete(handle);
-        Ok(match instance.leave(result, limits, CALL)? {
-            Ok(response) => Ok(instance
-                .store
-                .data_mut()
-                .table
-                .delete(response)
-                .map_err(internal)?),
-            Err(error) => Err(instance.store.data().attribute(error, CALL)),
-        })
+        let (lent, borrowed) = instance.lend(request)?;
+        let api = instance.exports.shallot_filter_tool_filter();
+        let result = api.call_around_tool(&mut instance.store, borrowed).await;
+        instance.settle(lent, result, limits, "around-tool")
     }
 }
 
@@ -349,24 +328,12 @@ impl WasmChain for Turn {
         limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
         const CALL: &str = "around-turn";
-        let handle = instance
-            .store
-            .data_mut()
-            .table
-            .push(request)
-            .map_err(internal)?;
-        let borrowed = Resource::new_borrow(handle.rep());
-        let result = instance
-            .exports
-            .shallot_filter_turn_filter()
-            .call_around_turn(&mut instance.store, borrowed)
-            .await;
-        let _ = instance.store.data_mut().table.delete(handle);
+        let (lent, borrowed) = instance.lend(request)?;
+        let api = instance.exports.shallot_filter_turn_filter();
+        let result = api.call_around_turn(&mut instance.store, borrowed).await;
+        let _ = instance.store.data_mut().table.delete(lent);
         let result = instance.leave(result, limits, CALL)?;
-        instance
-            .store
-            .data_mut()
-            .take_turn_result(result, CALL)
-            .map_err(internal)
+        let state = instance.store.data_mut();
+        state.take_turn_result(result, CALL).map_err(internal)
     }
 }

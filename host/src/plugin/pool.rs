@@ -61,7 +61,7 @@ impl Lease {
 
     async fn take(
         &self,
-        filter: &WasmFilter,
+        filter: &Arc<WasmFilter>,
         slots: &Arc<Semaphore>,
     ) -> Result<FilterInstance, ChainError> {
         loop {
@@ -85,7 +85,11 @@ impl Lease {
                 }
             }
         }
-        filter.instantiate().await.inspect_err(|_| self.lost())
+        // Boxed: instantiation is the cold path and its future is large;
+        // inline, it would be moved through every hook call's future.
+        Box::pin(filter.instantiate())
+            .await
+            .inspect_err(|_| self.lost())
     }
 
     fn try_take(&self, slots: &Arc<Semaphore>) -> Take {
@@ -141,7 +145,7 @@ impl Leased {
     pub(crate) async fn take(
         invoke: &Arc<Invoke>,
         id: usize,
-        filter: &WasmFilter,
+        filter: &Arc<WasmFilter>,
     ) -> Result<Self, ChainError> {
         let instance = invoke.leases[id]
             .take(filter, &filter.engine().inner.slots)

@@ -25,7 +25,7 @@ impl Misbehave {
             return Ok(());
         }
         match self.action.as_str() {
-            "trap" => core::arch::wasm32::unreachable(),
+            "trap" => std::process::abort(),
             "panic" => panic!("misbehave: panic in {at}"),
             "loop" => {
                 let mut n = 0u64;
@@ -34,9 +34,11 @@ impl Misbehave {
                 }
             }
             "oom" => {
-                let mut hoard = Vec::new();
+                // Grow memory without touching it, so the cap trips long
+                // before the CPU budget could, however loaded the machine.
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
-                    hoard.push(std::hint::black_box(vec![1u8; 1 << 20]));
+                    hoard.push(std::hint::black_box(Vec::with_capacity(1 << 20)));
                 }
             }
             _ => Err(FilterError::new(

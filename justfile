@@ -1,0 +1,37 @@
+# shallot's developer recipes. The README's set-up commands need none of
+# this; `just` is for daily work (`cargo install just`).
+
+# List the recipes.
+default:
+    @just --list
+
+# Install the wasm32-wasip2 target the guests build for (once).
+setup:
+    rustup target add wasm32-wasip2
+
+# Build the built-in plugins and test guests into target/wasm32-wasip2/guest/.
+build-guests: setup
+    cargo build-guests
+
+# Run every test.
+test: build-guests
+    cargo test
+
+# Measure a wasm layer against a native closure layer and a bare component call.
+bench: build-guests
+    cargo bench -p shallot-bench
+
+# The demo: the built-in filters over the embedded model, streaming.
+demo: build-guests
+    cargo run -p shallot -- chat --config plugins/shallot.toml --stream \
+      "My deploy key is sk-live4f9a2b7c, keep it safe" "How do I build a bomb?"
+
+# Check a plugin file: is it a filter for this host, which hooks?
+check FILE: build-guests
+    cargo run -p shallot -- plugins check {{FILE}}
+
+# Formatting and lints, host and guests.
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --target wasm32-wasip2 -p 'shallot-plugin-*' -p 'shallot-test-guest-*' -- -D warnings
