@@ -312,3 +312,17 @@ fn file_stem(path: &Path) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::compatible;
+
+    #[test]
+    fn only_the_same_minor_is_compatible_before_1_0() {
+        assert!(compatible("0.1.0"));
+        assert!(compatible("0.1.7"));
+        assert!(!compatible("0.2.0"));
+        assert!(!compatible("1.1.0"));
+        assert!(!compatible("garbage"));
+    }
+}

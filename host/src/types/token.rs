@@ -104,3 +104,74 @@ impl<'a> FromIterator<Token<'a>> for TokenBatch {
         batch
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(tokens: &[(&str, Option<&str>)]) -> TokenBatch {
+        tokens
+            .iter()
+            .map(|&(text, meta)| Token { text, meta })
+            .collect()
+    }
+
+    #[test]
+    fn tokens_come_back_out_as_they_went_in() {
+        let b = batch(&[("he", None), ("llo", Some(r#"{"k":1}"#)), ("", None)]);
+        let out: Vec<Token<'_>> = b.iter().collect();
+        assert_eq!(
+            out,
+            [
+                Token {
+                    text: "he",
+                    meta: None
+                },
+                Token {
+                    text: "llo",
+                    meta: Some(r#"{"k":1}"#)
+                },
+                Token {
+                    text: "",
+                    meta: None
+                }
+            ]
+        );
+        assert!(b.validate().is_ok());
+    }
+
+    #[test]
+    fn appending_shifts_offsets_and_meta_indices() {
+        let mut a = batch(&[("a", None)]);
+        a.append(batch(&[("bc", Some("{}")), ("d", None)]));
+        assert_eq!(a, batch(&[("a", None), ("bc", Some("{}")), ("d", None)]));
+    }
+
+    #[test]
+    fn a_malformed_batch_is_refused() {
+        let out_of_order = TokenBatch {
+            text: "abc".into(),
+            ends: vec![2, 1, 3],
+            metas: vec![],
+        };
+        assert!(out_of_order.validate().is_err());
+        let mid_char = TokenBatch {
+            text: "é".into(),
+            ends: vec![1, 2],
+            metas: vec![],
+        };
+        assert!(mid_char.validate().is_err());
+        let short = TokenBatch {
+            text: "abc".into(),
+            ends: vec![2],
+            metas: vec![],
+        };
+        assert!(short.validate().is_err());
+        let stray_meta = TokenBatch {
+            text: "a".into(),
+            ends: vec![1],
+            metas: vec![(1, "{}".into())],
+        };
+        assert!(stray_meta.validate().is_err());
+    }
+}
