@@ -241,52 +241,29 @@ async fn e3_a_tool_reads_the_shared_context() {
     assert_eq!(result.output, "\"Alice\"");
 }
 
-#[tokio::test]
-async fn e4_before_step_rewrites_the_arguments() {
-    let plugins = load(vec![spec(
-        "probe",
-        "doubler",
-        json!({ "double_args": true }),
-    )])
-    .await;
+/// `add(7, 8)` through one probe filter configured with `config`.
+async fn add_through(config: serde_json::Value) -> String {
+    let plugins = load(vec![spec("probe", "doubler", config)]).await;
     let (add, handler) = adder();
     let kernel = Kernel::builder()
         .plugins(&plugins)
         .tool(add, handler)
         .build()
         .unwrap();
-    assert_eq!(
-        kernel
-            .tool("add", json!({"a": 7, "b": 8}), Context::new())
-            .await
-            .unwrap()
-            .output,
-        "30"
-    );
+    let result = kernel
+        .tool("add", json!({"a": 7, "b": 8}), Context::new())
+        .await;
+    result.unwrap().output
+}
+
+#[tokio::test]
+async fn e4_before_step_rewrites_the_arguments() {
+    assert_eq!(add_through(json!({ "double_args": true })).await, "30");
 }
 
 #[tokio::test]
 async fn e5_after_step_rewrites_the_result() {
-    let plugins = load(vec![spec(
-        "probe",
-        "doubler",
-        json!({ "double_result": true }),
-    )])
-    .await;
-    let (add, handler) = adder();
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .tool(add, handler)
-        .build()
-        .unwrap();
-    assert_eq!(
-        kernel
-            .tool("add", json!({"a": 7, "b": 8}), Context::new())
-            .await
-            .unwrap()
-            .output,
-        "30"
-    );
+    assert_eq!(add_through(json!({ "double_result": true })).await, "30");
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@ use serde_json::json;
 use shallot::types::ToolSpec;
 use shallot::types::{TurnRequest, TurnResult};
 use shallot::{Context, Kernel};
-use shallot_tests::{ScriptedModel, ScriptedTurn, ask, load, spec};
+use shallot_tests::{ScriptedModel, ScriptedTurn, answering, chat_context, load, spec};
 
 #[tokio::test]
 async fn c1_each_filter_has_its_own_state_under_the_same_key() {
@@ -13,13 +13,7 @@ async fn c1_each_filter_has_its_own_state_under_the_same_key() {
         spec("probe", "b", json!({ "tag": "b", "count": true })),
     ])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
-    let context = Context::new();
-    kernel.chat(ask("hi"), context.clone()).await.unwrap();
+    let context = chat_context(&answering(&plugins, "ok")).await;
     assert_eq!(context.get("fctx:a"), Some(json!({ "n": 1 })));
     assert_eq!(context.get("fctx:b"), Some(json!({ "n": 1 })));
 }
@@ -32,14 +26,9 @@ async fn c2_state_lives_for_one_invoke_only() {
         json!({ "tag": "c", "count": true }),
     )])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "ok");
     for _ in 0..2 {
-        let context = Context::new();
-        kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        let context = chat_context(&kernel).await;
         assert_eq!(
             context.get("fctx:c"),
             Some(json!({ "n": 1 })),
@@ -56,13 +45,7 @@ async fn c3_init_seeds_the_state_on_first_entry() {
         json!({ "tag": "s", "mark": true, "init": { "seed": 42 } }),
     )])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
-    let context = Context::new();
-    kernel.chat(ask("hi"), context.clone()).await.unwrap();
+    let context = chat_context(&answering(&plugins, "ok")).await;
     assert_eq!(
         context.get("fctx:s"),
         Some(json!({ "seed": 42, "seen": true }))
@@ -82,13 +65,7 @@ async fn c5_a_hook_that_returns_only_a_response_keeps_the_state() {
         spec("probe", "plain", json!({})),
     ])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
-    let context = Context::new();
-    kernel.chat(ask("hi"), context.clone()).await.unwrap();
+    let context = chat_context(&answering(&plugins, "ok")).await;
     assert_eq!(context.get("fctx:k"), Some(json!({ "n": 1 })));
 }
 

@@ -437,3 +437,22 @@ impl shallot::Terminal<shallot::Turn> for ScriptedTurn {
         }
     }
 }
+
+/// A kernel of `plugins` over a model that always answers `answer`.
+pub fn answering(plugins: &PluginSet, answer: &str) -> shallot::Kernel {
+    shallot::Kernel::builder()
+        .plugins(plugins)
+        .model(ScriptedModel::answer(answer))
+        .build()
+        .expect("the kernel builds")
+}
+
+/// Runs one chat ("hi") through `kernel` and returns the invoke's context.
+pub async fn chat_context(kernel: &shallot::Kernel) -> Context {
+    let context = Context::new();
+    kernel
+        .chat(ask("hi"), context.clone())
+        .await
+        .expect("the chat succeeds");
+    context
+}

@@ -18,6 +18,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::{context, fctx, log, next, types as wit};
 use super::convert;
+use super::instance::WasmChain;
 use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Next, Tool, Turn};
@@ -107,20 +108,22 @@ impl HostState {
         }
     }
 
-    async fn chat_inner(
+    /// Runs the inner layers for a `next.*` call, with the request the
+    /// guest lent; `None` when the current hook is not of chain `K`.
+    async fn run_next<K: WasmChain>(
         &mut self,
-        request: Resource<ChatRequest>,
+        request: &Resource<K::Request>,
         within: Option<u32>,
-    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        let Some(Scope {
-            next: Continuation::Chat(next),
-            ..
-        }) = &self.scope
+    ) -> wasmtime::Result<Option<K::Output>> {
+        let Some(next) = self
+            .scope
+            .as_ref()
+            .and_then(|scope| K::resume(&scope.next))
+            .cloned()
         else {
-            return Ok(Err(self.misuse("chat")));
+            return Ok(None);
         };
-        let next = next.clone();
-        let request = self.table.get(&request)?.clone();
+        let request = self.table.get(request)?.clone();
         let output = match within {
             Some(ms) => {
                 next.call_within(request, Duration::from_millis(ms.into()))
@@ -129,10 +132,19 @@ impl HostState {
             None => next.call(request).await,
         };
         self.confinement.meter.resumed_from_next();
-        match output {
-            Ok(response) => Ok(Ok(self.table.push(response)?)),
-            Err(error) => Ok(Err(self.inner_failed(error))),
-        }
+        Ok(Some(output))
+    }
+
+    async fn chat_inner(
+        &mut self,
+        request: Resource<ChatRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        Ok(match self.run_next::<Chat>(&request, within).await? {
+            None => Err(self.misuse("chat")),
+            Some(Ok(response)) => Ok(self.table.push(response)?),
+            Some(Err(error)) => Err(self.inner_failed(error)),
+        })
     }
 
     async fn tool_inner(
@@ -140,27 +152,11 @@ impl HostState {
         request: Resource<ToolRequest>,
         within: Option<u32>,
     ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
-        let Some(Scope {
-            next: Continuation::Tool(next),
-            ..
-        }) = &self.scope
-        else {
-            return Ok(Err(self.misuse("tool")));
-        };
-        let next = next.clone();
-        let request = self.table.get(&request)?.clone();
-        let output = match within {
-            Some(ms) => {
-                next.call_within(request, Duration::from_millis(ms.into()))
-                    .await
-            }
-            None => next.call(request).await,
-        };
-        self.confinement.meter.resumed_from_next();
-        match output {
-            Ok(response) => Ok(Ok(self.table.push(response)?)),
-            Err(error) => Ok(Err(self.inner_failed(error))),
-        }
+        Ok(match self.run_next::<Tool>(&request, within).await? {
+            None => Err(self.misuse("tool")),
+            Some(Ok(response)) => Ok(self.table.push(response)?),
+            Some(Err(error)) => Err(self.inner_failed(error)),
+        })
     }
 
     async fn turn_inner(
@@ -168,29 +164,13 @@ impl HostState {
         request: Resource<TurnRequest>,
         within: Option<u32>,
     ) -> wasmtime::Result<wit::TurnResult> {
-        let Some(Scope {
-            next: Continuation::Turn(next),
-            ..
-        }) = &self.scope
-        else {
-            return Ok(wit::TurnResult::Error(self.misuse("turn")));
-        };
-        let next = next.clone();
-        let request = self.table.get(&request)?.clone();
-        let output = match within {
-            Some(ms) => {
-                next.call_within(request, Duration::from_millis(ms.into()))
-                    .await
-            }
-            None => next.call(request).await,
-        };
-        self.confinement.meter.resumed_from_next();
-        Ok(match output {
-            TurnResult::Done(done) => wit::TurnResult::Done(self.table.push(done)?),
-            TurnResult::Interrupt(interrupt) => {
+        Ok(match self.run_next::<Turn>(&request, within).await? {
+            None => wit::TurnResult::Error(self.misuse("turn")),
+            Some(TurnResult::Done(done)) => wit::TurnResult::Done(self.table.push(done)?),
+            Some(TurnResult::Interrupt(interrupt)) => {
                 wit::TurnResult::Interrupt(self.table.push(interrupt)?)
             }
-            TurnResult::Error(error) => wit::TurnResult::Error(self.inner_failed(error)),
+            Some(TurnResult::Error(error)) => wit::TurnResult::Error(self.inner_failed(error)),
         })
     }
 

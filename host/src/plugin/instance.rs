@@ -276,6 +276,9 @@ impl FilterInstance {
 pub(crate) trait WasmChain: ChainKind {
     fn continuation(next: Next<Self>) -> Continuation;
 
+    /// The rest of this chain, if `continuation` is of it.
+    fn resume(continuation: &Continuation) -> Option<&Next<Self>>;
+
     fn call(
         instance: &mut FilterInstance,
         request: Self::Request,
@@ -286,6 +289,13 @@ pub(crate) trait WasmChain: ChainKind {
 impl WasmChain for Chat {
     fn continuation(next: Next<Self>) -> Continuation {
         Continuation::Chat(next)
+    }
+
+    fn resume(continuation: &Continuation) -> Option<&Next<Self>> {
+        match continuation {
+            Continuation::Chat(next) => Some(next),
+            _ => None,
+        }
     }
 
     async fn call(
@@ -305,6 +315,13 @@ impl WasmChain for Tool {
         Continuation::Tool(next)
     }
 
+    fn resume(continuation: &Continuation) -> Option<&Next<Self>> {
+        match continuation {
+            Continuation::Tool(next) => Some(next),
+            _ => None,
+        }
+    }
+
     async fn call(
         instance: &mut FilterInstance,
         request: ToolRequest,
@@ -320,6 +337,13 @@ impl WasmChain for Tool {
 impl WasmChain for Turn {
     fn continuation(next: Next<Self>) -> Continuation {
         Continuation::Turn(next)
+    }
+
+    fn resume(continuation: &Continuation) -> Option<&Next<Self>> {
+        match continuation {
+            Continuation::Turn(next) => Some(next),
+            _ => None,
+        }
     }
 
     async fn call(
