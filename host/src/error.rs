@@ -107,12 +107,15 @@ impl fmt::Display for Origin {
 }
 
 /// A failure inside a chain, as a value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChainError {
     pub kind: ErrorKind,
     pub message: String,
     /// The filter it came from; `None` for the terminal or the host.
     pub origin: Option<Origin>,
+    /// For a turn that stopped at a limit: what it had done by then (the
+    /// tool calls made, the messages so far).
+    pub ran: Option<Arc<crate::types::TurnDone>>,
 }
 
 impl ChainError {
@@ -122,6 +125,7 @@ impl ChainError {
             kind,
             message: message.into(),
             origin: None,
+            ran: None,
         }
     }
 

@@ -6,7 +6,7 @@
 //! init on first entry, handed to each hook call and taken back. Nothing a
 //! filter keeps survives the invoke, so an instance never has to.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -69,6 +69,40 @@ impl Invoke {
             .await
     }
 
+    /// Runs a batch of tool calls through the tool chain concurrently,
+    /// results in call order. Every call's filters see the private contexts
+    /// as they were when the batch started; their writes are folded in at
+    /// the end in call order, so the last writer by call index wins.
+    pub async fn tool_batch(
+        self: &Arc<Self>,
+        requests: Vec<ToolRequest>,
+    ) -> Vec<Result<ToolResponse, ChainError>> {
+        let base = self.states().clone();
+        let branches: Vec<Arc<Branch>> = requests
+            .iter()
+            .map(|_| Arc::new(Branch::new(base.clone())))
+            .collect();
+        let calls = requests
+            .into_iter()
+            .zip(&branches)
+            .map(|(request, branch)| {
+                Next::start(self.core.tool.clone(), self.clone())
+                    .in_branch(branch.clone())
+                    .call(request)
+            });
+        let results = futures::future::join_all(calls).await;
+        let mut states = self.states();
+        for branch in &branches {
+            let writes = branch.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            for (id, write) in writes.iter().enumerate() {
+                if let Some(fctx) = write {
+                    states[id] = Some(fctx.clone());
+                }
+            }
+        }
+        results
+    }
+
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.core
     }
@@ -77,16 +111,46 @@ impl Invoke {
         self.sink.as_ref()
     }
 
-    /// Filter `id`'s private context: its latest state, or its init.
-    pub(crate) fn fctx(&self, id: usize) -> Fctx {
-        let states = self.fctx.lock().unwrap_or_else(PoisonError::into_inner);
-        states[id]
-            .clone()
-            .unwrap_or_else(|| self.core.filters[id].init.clone())
+    fn states(&self) -> MutexGuard<'_, Vec<Option<Fctx>>> {
+        self.fctx.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn set_fctx(&self, id: usize, fctx: Fctx) {
-        self.fctx.lock().unwrap_or_else(PoisonError::into_inner)[id] = Some(fctx);
+    /// Filter `id`'s private context as a call in `branch` (or outside any
+    /// batch) sees it: its latest state, or its init.
+    pub(crate) fn fctx(&self, branch: Option<&Branch>, id: usize) -> Fctx {
+        let state = match branch {
+            Some(branch) => branch.get(id),
+            None => self.states()[id].clone(),
+        };
+        state.unwrap_or_else(|| self.core.filters[id].init.clone())
+    }
+
+    pub(crate) fn set_fctx(&self, branch: Option<&Branch>, id: usize, fctx: Fctx) {
+        match branch {
+            Some(branch) => {
+                branch.writes.lock().unwrap_or_else(PoisonError::into_inner)[id] = Some(fctx)
+            }
+            None => self.states()[id] = Some(fctx),
+        }
+    }
+}
+
+/// The private contexts one call of a concurrent tool batch sees: the
+/// states at the start of the batch, and the call's own writes.
+pub(crate) struct Branch {
+    base: Vec<Option<Fctx>>,
+    writes: Mutex<Vec<Option<Fctx>>>,
+}
+
+impl Branch {
+    fn new(base: Vec<Option<Fctx>>) -> Self {
+        let writes = Mutex::new(vec![None; base.len()]);
+        Branch { base, writes }
+    }
+
+    fn get(&self, id: usize) -> Option<Fctx> {
+        let writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+        writes[id].clone().or_else(|| self.base[id].clone())
     }
 }
 

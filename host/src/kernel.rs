@@ -10,8 +10,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
+use crate::agent::ToolLoop;
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
@@ -63,6 +62,13 @@ pub(crate) struct Core {
     pub token_layers: Vec<usize>,
     engine: Option<Engine>,
     tools: Arc<ToolRegistry>,
+}
+
+impl Core {
+    /// The registered tools.
+    pub(crate) fn tools(&self) -> &ToolRegistry {
+        &self.tools
+    }
 }
 
 /// Why a kernel could not be built.
@@ -135,7 +141,8 @@ impl KernelBuilder {
         self
     }
 
-    /// The terminal of the turn chain (the tool loop).
+    /// The terminal of the turn chain (default: a [`ToolLoop`] with its
+    /// default limits and in-memory history).
     pub fn turn_terminal(mut self, terminal: impl Terminal<Turn>) -> Self {
         self.turn = Some(Arc::new(terminal));
         self
@@ -174,7 +181,7 @@ impl KernelBuilder {
         }
         let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
         let tools = Arc::new(self.tools);
-        let turn = self.turn.unwrap_or_else(|| Arc::new(NoToolLoop));
+        let turn = self.turn.unwrap_or_else(|| Arc::new(ToolLoop::default()));
         let core = Core {
             chat: chain(&self.filters, Arc::new(ModelTerminal { model })),
             tool: chain(&self.filters, tools.clone()),
@@ -216,19 +223,6 @@ fn reservation(filters: &[Entry], call: CallKind, stream: bool) -> Vec<usize> {
         .iter()
         .map(|entry| entry.wasm().map_or(0, |filter| filter.need(call, stream)))
         .collect()
-}
-
-/// The turn terminal until one is configured.
-struct NoToolLoop;
-
-#[async_trait]
-impl Terminal<Turn> for NoToolLoop {
-    async fn call(&self, _request: TurnRequest, _invoke: &Arc<Invoke>) -> TurnResult {
-        TurnResult::Error(ChainError::new(
-            ErrorKind::Internal,
-            "this kernel has no turn terminal (tool loop)",
-        ))
-    }
 }
 
 /// Filters composed around a model, tools and a tool loop. Cheap to clone;

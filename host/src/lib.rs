@@ -25,6 +25,7 @@
 //! each call is an `invoke` with its own context; `sandbox` and `engine` are
 //! the wasmtime core everything else builds on; `stream` is the token chain.
 
+pub mod agent;
 pub mod cache;
 pub mod context;
 pub mod engine;
@@ -39,6 +40,7 @@ pub mod stream;
 pub mod tool;
 pub mod types;
 
+pub use agent::{History, LoopConfig, MemoryHistory, ToolLoop};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig};
 pub use error::{ChainError, ErrorKind, Hook, Origin};

@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 
 use crate::context::Context;
 use crate::error::{ChainError, ErrorKind, Hook};
-use crate::invoke::Invoke;
+use crate::invoke::{Branch, Invoke};
 use crate::plugin::WasmFilter;
 use crate::stream::TokenTransform;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
@@ -229,6 +229,9 @@ pub struct Next<K: ChainKind> {
     /// The filter whose hook holds this `Next`; `None` outside any layer.
     layer: Option<usize>,
     invoke: Arc<Invoke>,
+    /// The batch branch private contexts are read and written in, for a
+    /// call of a concurrent tool batch.
+    branch: Option<Arc<Branch>>,
 }
 
 impl<K: ChainKind> Clone for Next<K> {
@@ -238,6 +241,7 @@ impl<K: ChainKind> Clone for Next<K> {
             index: self.index,
             layer: self.layer,
             invoke: self.invoke.clone(),
+            branch: self.branch.clone(),
         }
     }
 }
@@ -250,7 +254,19 @@ impl<K: ChainKind> Next<K> {
             index: 0,
             layer: None,
             invoke,
+            branch: None,
         }
+    }
+
+    /// The same, reading and writing private contexts in `branch`.
+    pub(crate) fn in_branch(mut self, branch: Arc<Branch>) -> Self {
+        self.branch = Some(branch);
+        self
+    }
+
+    /// The batch branch this call runs in, if any.
+    pub(crate) fn branch(&self) -> Option<&Arc<Branch>> {
+        self.branch.as_ref()
     }
 
     /// Calls the inner layers and the terminal.
@@ -282,13 +298,15 @@ impl<K: ChainKind> Next<K> {
     /// The calling filter's private context: its latest state in this
     /// invoke, or its init. `None` outside a filter.
     pub fn fctx(&self) -> Option<Fctx> {
-        self.layer.map(|id| self.invoke.fctx(id))
+        self.layer
+            .map(|id| self.invoke.fctx(self.branch.as_deref(), id))
     }
 
     /// Replaces the calling filter's private context.
     pub fn set_fctx(&self, fctx: impl Into<Fctx>) {
         if let Some(id) = self.layer {
-            self.invoke.set_fctx(id, fctx.into());
+            self.invoke
+                .set_fctx(self.branch.as_deref(), id, fctx.into());
         }
     }
 

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use serde_json::json;
 use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{BuildError, Context, Engine, EngineConfig, Kernel};
-use shallot_tests::{ScriptedModel, ScriptedTurn, ask, load, load_in, spec, target_dir};
+use shallot_tests::{Reply, ScriptedModel, ask, load, load_in, spec, target_dir};
 
 fn counters() -> Vec<(std::path::PathBuf, shallot::FilterSpec)> {
     let counter = |tag: &&str| {
@@ -92,19 +92,16 @@ async fn concurrent_tool_calls_through_one_filter_never_share_an_instance() {
         json!({ "tag": "t", "count": true, "hooks": ["turn", "chat", "tool"] }),
     );
     let plugins = load_in(&engine, vec![filter]).await;
-    let tools = (0..3)
+    let calls = (0..3)
         .map(|i| ("slow".to_owned(), json!({ "i": i })))
         .collect();
+    let model = ScriptedModel::replies(vec![Reply::Calls(calls), Reply::Text("ok".into())]);
     let kernel = Kernel::builder()
         .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
+        .model(model)
         .tool(ToolSpec::new("slow", "", json!({})), |args, _| async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             Ok(args)
-        })
-        .turn_terminal(ScriptedTurn {
-            tools,
-            concurrent: true,
         })
         .build()
         .unwrap();

@@ -4,7 +4,7 @@ use serde_json::json;
 use shallot::types::ToolSpec;
 use shallot::types::{TurnRequest, TurnResult};
 use shallot::{Context, Kernel};
-use shallot_tests::{ScriptedModel, ScriptedTurn, answering, chat_context, load, spec};
+use shallot_tests::{Reply, ScriptedModel, answering, chat_context, load, spec};
 
 #[tokio::test]
 async fn c1_each_filter_has_its_own_state_under_the_same_key() {
@@ -80,15 +80,14 @@ async fn one_state_is_shared_by_a_filters_turn_chat_and_tool_hooks() {
     let plugins = load(vec![counter, other]).await;
     let kernel = Kernel::builder()
         .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
+        .model(ScriptedModel::replies(vec![
+            Reply::call("noop", json!({})),
+            Reply::Text("ok".into()),
+        ]))
         .tool(
             ToolSpec::new("noop", "", json!({"type": "object"})),
             |_, _| async { Ok(json!(null)) },
         )
-        .turn_terminal(ScriptedTurn {
-            tools: vec![("noop".into(), json!({}))],
-            concurrent: false,
-        })
         .build()
         .unwrap();
     let context = Context::new();

@@ -7,16 +7,12 @@ use async_trait::async_trait;
 use serde_json::json;
 use shallot::types::{Message, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
 use shallot::{Context, Invoke, Kernel, Terminal, Turn};
-use shallot_tests::{ScriptedModel, ScriptedTurn, load, spec, strings};
+use shallot_tests::{ScriptedModel, load, spec, strings};
 
 fn kernel(plugins: &shallot::PluginSet, model: ScriptedModel) -> Kernel {
     Kernel::builder()
         .plugins(plugins)
         .model(model)
-        .turn_terminal(ScriptedTurn {
-            tools: vec![],
-            concurrent: false,
-        })
         .build()
         .unwrap()
 }

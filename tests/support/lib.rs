@@ -136,9 +136,16 @@ pub enum Reply {
     /// Streams these tokens with a pause before each, so each arrives as
     /// its own batch, as from a real model.
     Paced(Vec<String>, Duration),
+    /// Asks for these tool calls (name, arguments), with no text.
+    Calls(Vec<(String, Value)>),
 }
 
 impl Reply {
+    /// Asks for one call of `tool` with `arguments`.
+    pub fn call(tool: &str, arguments: Value) -> Self {
+        Reply::Calls(vec![(tool.to_owned(), arguments)])
+    }
+
     /// Streams `tokens`, no metadata.
     pub fn tokens(tokens: &[&str]) -> Self {
         Reply::Tokens(tokens.iter().map(|t| (t.to_string(), None)).collect())
@@ -214,14 +221,36 @@ impl ScriptedModel {
         self.state.requests.lock().unwrap().clone()
     }
 
-    fn next(&self, request: &ChatRequest, context: &Context) -> Reply {
+    fn next(&self, request: &ChatRequest, context: &Context) -> (usize, Reply) {
         let n = self.state.calls.fetch_add(1, Ordering::SeqCst) + 1;
         self.state.requests.lock().unwrap().push(request.clone());
         if self.state.trace {
             push(context, "trace", "terminal");
         }
-        (self.state.script)(n, request)
+        (n, (self.state.script)(n, request))
     }
+}
+
+/// A response asking for tool calls; ids are `call-<n>-<i>` for call `n` of the model.
+fn calls(n: usize, calls: Vec<(String, Value)>) -> ChatResponse {
+    let tool_calls = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, arguments))| shallot::types::ToolCall {
+            id: format!("call-{n}-{i}"),
+            name,
+            arguments: arguments.to_string(),
+        })
+        .collect();
+    let message = Message {
+        role: shallot::types::Role::Assistant,
+        content: None,
+        tool_calls,
+        tool_call_id: None,
+    };
+    let mut response = ChatResponse::new(message, FinishReason::ToolUse);
+    response.model = "scripted".to_owned();
+    response
 }
 
 fn response(text: String) -> ChatResponse {
@@ -242,11 +271,14 @@ impl ChatModel for ScriptedModel {
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
         match self.next(request, context) {
-            Reply::Text(text) => Ok(response(text)),
-            Reply::Tokens(tokens) => Ok(response(tokens.into_iter().map(|(t, _)| t).collect())),
-            Reply::Paced(tokens, _) => Ok(response(tokens.concat())),
-            Reply::Fail(error) | Reply::BreakAfter(_, error) => Err(error),
-            Reply::Slow(pause, text) => {
+            (n, Reply::Calls(asked)) => Ok(calls(n, asked)),
+            (_, Reply::Text(text)) => Ok(response(text)),
+            (_, Reply::Tokens(tokens)) => {
+                Ok(response(tokens.into_iter().map(|(t, _)| t).collect()))
+            }
+            (_, Reply::Paced(tokens, _)) => Ok(response(tokens.concat())),
+            (_, Reply::Fail(error) | Reply::BreakAfter(_, error)) => Err(error),
+            (_, Reply::Slow(pause, text)) => {
                 tokio::time::sleep(pause).await;
                 Ok(response(text))
             }
@@ -261,7 +293,9 @@ impl ChatModel for ScriptedModel {
         fn token((text, meta): (String, Option<String>)) -> Result<ModelEvent, ChainError> {
             Ok(ModelEvent::Token { text, meta })
         }
-        Ok(match self.next(request, context) {
+        let (n, reply) = self.next(request, context);
+        Ok(match reply {
+            Reply::Calls(asked) => stream::iter([Ok(ModelEvent::Done(calls(n, asked)))]).boxed(),
             Reply::Text(text) => stream::iter([
                 token((text.clone(), None)),
                 Ok(ModelEvent::Done(response(text))),
@@ -359,82 +393,6 @@ impl Collector {
     /// All text received.
     pub fn text(&self) -> String {
         self.tokens().concat()
-    }
-}
-
-/// A turn terminal for tests, until the tool loop exists: one model round
-/// over the turn's messages, then each tool in `tools` called once (in
-/// order, or all at once with `concurrent`), then a final model round.
-pub struct ScriptedTurn {
-    pub tools: Vec<(String, Value)>,
-    pub concurrent: bool,
-}
-
-#[async_trait]
-impl shallot::Terminal<shallot::Turn> for ScriptedTurn {
-    async fn call(
-        &self,
-        request: shallot::types::TurnRequest,
-        invoke: &Arc<shallot::Invoke>,
-    ) -> shallot::types::TurnResult {
-        use shallot::types::{ToolRequest, TurnDone, TurnResult};
-        let mut messages = (*request.messages).clone();
-        let mut rounds = 0;
-        let mut ask_model = |messages: &Vec<Message>| {
-            rounds += 1;
-            let invoke = invoke.clone();
-            let request = ChatRequest::new(messages.clone());
-            async move { invoke.chat(request).await }
-        };
-        let first = match ask_model(&messages).await {
-            Ok(response) => response,
-            Err(error) => return TurnResult::Error(error),
-        };
-        messages.push(first.message.clone());
-        if self.tools.is_empty() {
-            return TurnResult::Done(TurnDone {
-                response: first,
-                tool_calls: Vec::new(),
-                iterations: rounds,
-                messages: Arc::new(messages),
-            });
-        }
-        let calls = self.tools.iter().map(|(name, args)| {
-            let spec = Arc::new(shallot::types::ToolSpec::new(
-                name.clone(),
-                "",
-                serde_json::json!({"type": "object"}),
-            ));
-            invoke.tool(ToolRequest::new(spec, args.to_string()))
-        });
-        let results: Vec<_> = if self.concurrent {
-            futures::future::join_all(calls).await
-        } else {
-            let mut results = Vec::new();
-            for call in calls {
-                results.push(call.await);
-            }
-            results
-        };
-        for (i, result) in results.into_iter().enumerate() {
-            let output = match result {
-                Ok(response) => response.output,
-                Err(error) => return TurnResult::Error(error),
-            };
-            messages.push(Message::tool_result(format!("call-{i}"), output));
-        }
-        match ask_model(&messages).await {
-            Ok(last) => {
-                messages.push(last.message.clone());
-                TurnResult::Done(TurnDone {
-                    response: last,
-                    tool_calls: Vec::new(),
-                    iterations: rounds,
-                    messages: Arc::new(messages),
-                })
-            }
-            Err(error) => TurnResult::Error(error),
-        }
     }
 }
 

@@ -111,10 +111,8 @@ pub(crate) fn from_tool_spec(t: wit::ToolSpec) -> Result<ToolSpec, String> {
         ));
     }
     Ok(ToolSpec {
-        name: t.name,
-        description: t.description,
-        parameters,
         sensitive: t.sensitive,
+        ..ToolSpec::new(t.name, t.description, parameters)
     })
 }
 

@@ -345,6 +345,7 @@ impl WasmTransformer {
         let scope = Scope {
             invoke: self.leased.invoke().clone(),
             id: self.id,
+            branch: None,
             next: Continuation::None,
         };
         let (limits, budget) = (&blueprint.limits, blueprint.budget);

@@ -20,7 +20,7 @@ use super::bindings::shallot::filter::{context, fctx, log, next, types as wit};
 use super::convert;
 use super::instance::WasmChain;
 use crate::error::{ChainError, ErrorKind, Origin};
-use crate::invoke::Invoke;
+use crate::invoke::{Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::Confinement;
 use crate::types::{
@@ -58,6 +58,8 @@ pub(crate) enum Continuation {
 pub(crate) struct Scope {
     pub invoke: Arc<Invoke>,
     pub id: usize,
+    /// The batch branch of a concurrent tool call, if it is one.
+    pub branch: Option<Arc<Branch>>,
     pub next: Continuation,
 }
 
@@ -673,7 +675,10 @@ impl next::Host for HostState {
 impl fctx::Host for HostState {
     fn get(&mut self) -> wasmtime::Result<String> {
         match &self.scope {
-            Some(scope) => Ok(scope.invoke.fctx(scope.id).to_string()),
+            Some(scope) => Ok(scope
+                .invoke
+                .fctx(scope.branch.as_deref(), scope.id)
+                .to_string()),
             None => Err(wasmtime::Error::msg("fctx.get called outside a hook")),
         }
     }
@@ -684,7 +689,9 @@ impl fctx::Host for HostState {
         }
         match &self.scope {
             Some(scope) => {
-                scope.invoke.set_fctx(scope.id, state.into());
+                scope
+                    .invoke
+                    .set_fctx(scope.branch.as_deref(), scope.id, state.into());
                 Ok(Ok(()))
             }
             None => Err(wasmtime::Error::msg("fctx.set called outside a hook")),

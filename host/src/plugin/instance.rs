@@ -151,6 +151,7 @@ impl FilterInstance {
         let scope = Scope {
             invoke,
             id,
+            branch: None,
             next: Continuation::None,
         };
         self.enter(scope, budget);
@@ -224,9 +225,11 @@ impl FilterInstance {
         budget: u32,
     ) -> Result<K::Output, ChainError> {
         let invoke = next.invoke().clone();
+        let branch = next.branch().cloned();
         let scope = Scope {
             invoke,
             id,
+            branch,
             next: K::continuation(next),
         };
         self.enter(scope, budget);

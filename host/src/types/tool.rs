@@ -12,6 +12,14 @@ pub struct ToolSpec {
     /// The tool has effects that need approval.
     #[serde(default)]
     pub sensitive: bool,
+    /// Host-side: a batch of tool calls that includes this tool runs one
+    /// call at a time rather than concurrently.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serial: bool,
+    /// Host-side: when every call of a batch is to such tools and none
+    /// fails, their outputs are the turn's final answer (no model round).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub return_direct: bool,
 }
 
 impl ToolSpec {
@@ -26,12 +34,26 @@ impl ToolSpec {
             description: description.into(),
             parameters,
             sensitive: false,
+            serial: false,
+            return_direct: false,
         }
     }
 
     /// Marks the tool sensitive.
     pub fn sensitive(mut self) -> Self {
         self.sensitive = true;
+        self
+    }
+
+    /// Makes a batch that calls this tool run sequentially.
+    pub fn serial(mut self) -> Self {
+        self.serial = true;
+        self
+    }
+
+    /// Makes the tool's output the turn's answer (see [`ToolSpec::return_direct`]).
+    pub fn return_direct(mut self) -> Self {
+        self.return_direct = true;
         self
     }
 }

@@ -1,0 +1,12 @@
+//! The agent: the tool loop that is the turn chain's terminal, and the
+//! conversation history it loads and appends to.
+//!
+//! A turn runs model rounds through the chat chain and the tools the model
+//! asks for through the tool chain, all within one invoke, so every filter
+//! sees the whole turn with one private context.
+
+mod history;
+mod tool_loop;
+
+pub use history::{History, MemoryHistory};
+pub use tool_loop::{LoopConfig, ToolLoop};
