@@ -4,6 +4,7 @@
 //!
 //! Build the guests first: `cargo build-guests`.
 
+mod agent;
 mod builtins;
 mod chain;
 mod concurrency;

@@ -50,6 +50,19 @@ struct Probe {
     batch: Option<usize>,
     /// Token transform: drop tokens with this exact text.
     drop: Option<String>,
+    /// Turn: re-enter with the run's messages plus feedback until the
+    /// answer is accepted (validation retry).
+    revise: Option<Revise>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Revise {
+    /// The answer text that passes.
+    accept: String,
+    /// The user message sent back when it does not.
+    feedback: String,
+    retries: u32,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -231,6 +244,21 @@ impl Filter for Probe {
         for _ in 1..self.times() {
             if let TurnResult::Done(_) = result {
                 result = next::turn(request);
+            }
+        }
+        if let Some(revise) = &self.revise {
+            for _ in 0..revise.retries {
+                let TurnResult::Done(done) = &result else {
+                    break;
+                };
+                if done.response().text() == revise.accept {
+                    break;
+                }
+                let mut messages = done.messages();
+                messages.push(Message::user(revise.feedback.as_str()));
+                let again = TurnRequest::new(&messages);
+                again.set_load_history(false);
+                result = next::turn(&again);
             }
         }
         if let Err(error) = self.after(fctx) {

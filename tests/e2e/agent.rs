@@ -1,0 +1,483 @@
+//! The tool loop as the turn chain's terminal (PEER-CASES O and H): rounds,
+//! concurrent batches, limits, return_direct, tool errors, history and
+//! validation re-entry, FCtx folding at the batch barrier, streaming turns.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shallot::types::{FinishReason, Message, Role, ToolSpec, TurnDone, TurnRequest, TurnResult};
+use shallot::{
+    ChainError, Context, ErrorKind, Kernel, KernelBuilder, LoopConfig, MemoryHistory, ToolLoop,
+};
+use shallot_tests::{Collector, Reply, ScriptedModel, load, spec};
+
+fn go(text: &str) -> TurnRequest {
+    TurnRequest::new(vec![Message::user(text)])
+}
+
+fn texts(messages: &[Message]) -> Vec<String> {
+    messages.iter().map(Message::text).collect()
+}
+
+fn done(result: TurnResult) -> TurnDone {
+    match result {
+        TurnResult::Done(done) => done,
+        other => panic!("expected a done turn, got {other:?}"),
+    }
+}
+
+fn add_tool(builder: KernelBuilder) -> KernelBuilder {
+    let spec = ToolSpec::new("add", "adds a and b", json!({"type": "object"}));
+    builder.tool(spec, |args: Value, _| async move {
+        Ok(json!(
+            args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)
+        ))
+    })
+}
+
+#[tokio::test]
+async fn o18_a_tool_round_then_a_final_answer() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("add", json!({"a": 1, "b": 2})),
+        Reply::Text("It is 3.".into()),
+    ]);
+    let kernel = add_tool(Kernel::builder())
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let done = done(kernel.turn(go("1+2?"), Context::new()).await);
+    assert_eq!(done.response.text(), "It is 3.");
+    assert_eq!(done.iterations, 2, "model rounds, not tool calls");
+    assert_eq!(done.tool_calls.len(), 1);
+    assert_eq!(done.tool_calls[0].output.as_deref(), Some("3"));
+    let roles: Vec<Role> = done.messages.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::User, Role::Assistant, Role::Tool, Role::Assistant]
+    );
+    assert_eq!(
+        model.requests()[1].messages[2].text(),
+        "3",
+        "the model saw the tool result"
+    );
+    assert!(
+        model.requests()[0].tools.iter().any(|t| t.name == "add"),
+        "the tools are offered"
+    );
+}
+
+/// Tools `a`, `b`, `c` that record how many of them ran at once.
+fn gauged(builder: KernelBuilder, serial_c: bool) -> (KernelBuilder, Arc<AtomicUsize>) {
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut builder = builder;
+    for name in ["a", "b", "c"] {
+        let mut tool = ToolSpec::new(name, "", json!({"type": "object"}));
+        tool.serial = serial_c && name == "c";
+        let (running, most) = (running.clone(), most.clone());
+        builder = builder.tool(tool, move |_, _| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(json!(name))
+            }
+        });
+    }
+    (builder, most)
+}
+
+fn three_calls() -> ScriptedModel {
+    let calls = ["a", "b", "c"]
+        .iter()
+        .map(|n| (n.to_string(), json!({})))
+        .collect();
+    ScriptedModel::replies(vec![Reply::Calls(calls), Reply::Text("done".into())])
+}
+
+#[tokio::test]
+async fn o19_a_batch_runs_concurrently_and_results_keep_call_order() {
+    let (builder, most) = gauged(Kernel::builder(), false);
+    let kernel = builder.model(three_calls()).build().unwrap();
+    let done = done(kernel.turn(go("go"), Context::new()).await);
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+    let names: Vec<&str> = done
+        .tool_calls
+        .iter()
+        .map(|r| r.call.name.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    let tool_texts: Vec<String> = done
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(Message::text)
+        .collect();
+    assert_eq!(
+        tool_texts,
+        ["a", "b", "c"],
+        "a JSON string result reaches the model as its text"
+    );
+}
+
+#[tokio::test]
+async fn o28_a_serial_tool_makes_its_whole_batch_sequential() {
+    let (builder, most) = gauged(Kernel::builder(), true);
+    let kernel = builder.model(three_calls()).build().unwrap();
+    done(kernel.turn(go("go"), Context::new()).await);
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn o20_parallel_tools_can_be_turned_off() {
+    let config = LoopConfig {
+        parallel_tools: false,
+        ..LoopConfig::default()
+    };
+    let (builder, most) = gauged(Kernel::builder(), false);
+    let kernel = builder
+        .model(three_calls())
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
+        .build()
+        .unwrap();
+    done(kernel.turn(go("go"), Context::new()).await);
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+}
+
+fn endless_tools(config: LoopConfig) -> (Kernel, ScriptedModel) {
+    let model = ScriptedModel::new(|_, _| Reply::call("add", json!({"a": 1, "b": 1})));
+    let kernel = add_tool(Kernel::builder())
+        .model(model.clone())
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    (kernel.build().unwrap(), model)
+}
+
+fn limit(result: TurnResult) -> (ChainError, Arc<TurnDone>) {
+    match result {
+        TurnResult::Error(error) if error.kind == ErrorKind::LimitExceeded => {
+            let ran = error.ran.clone().expect("a limit error keeps what ran");
+            (error, ran)
+        }
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn o12_max_tool_calls_stops_the_turn_and_keeps_the_calls() {
+    let (kernel, _) = endless_tools(LoopConfig {
+        max_tool_calls: Some(3),
+        max_iterations: 100,
+        ..LoopConfig::default()
+    });
+    let (error, ran) = limit(kernel.turn(go("loop"), Context::new()).await);
+    assert!(error.message.contains("limit is 3"), "{error}");
+    assert!(ran.tool_calls.len() >= 3);
+}
+
+#[tokio::test]
+async fn o17_a_limit_of_one_tool_call_makes_exactly_one() {
+    let (kernel, _) = endless_tools(LoopConfig {
+        max_tool_calls: Some(1),
+        ..LoopConfig::default()
+    });
+    let (_, ran) = limit(kernel.turn(go("loop"), Context::new()).await);
+    assert_eq!(ran.tool_calls.len(), 1);
+}
+
+#[tokio::test]
+async fn o14_max_iterations_stops_an_endless_tool_loop() {
+    let (kernel, model) = endless_tools(LoopConfig {
+        max_iterations: 3,
+        ..LoopConfig::default()
+    });
+    let (error, ran) = limit(kernel.turn(go("loop"), Context::new()).await);
+    assert!(error.message.contains("3 model rounds"), "{error}");
+    assert_eq!(model.calls(), 3);
+    assert_eq!(ran.iterations, 3);
+}
+
+#[tokio::test]
+async fn o15_under_the_limits_the_turn_finishes() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("add", json!({"a": 1, "b": 1})),
+        Reply::Text("done".into()),
+    ]);
+    let config = LoopConfig {
+        max_tool_calls: Some(3),
+        ..LoopConfig::default()
+    };
+    let kernel = add_tool(Kernel::builder())
+        .model(model)
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    assert_eq!(
+        done(kernel.build().unwrap().turn(go("x"), Context::new()).await)
+            .response
+            .text(),
+        "done"
+    );
+}
+
+/// Tools `direct` (return_direct, answers `TOOL-OUT`/`arg`), `plain`, and
+/// `broken` (return_direct, fails).
+fn direct_kernel(replies: Vec<Reply>) -> (Kernel, ScriptedModel) {
+    let model = ScriptedModel::replies(replies);
+    let kernel =
+        Kernel::builder()
+            .model(model.clone())
+            .tool(
+                ToolSpec::new("direct", "", json!({})).return_direct(),
+                |args: Value, _| async move {
+                    Ok(args.get("out").cloned().unwrap_or(json!("TOOL-OUT")))
+                },
+            )
+            .tool(ToolSpec::new("plain", "", json!({})), |_, _| async {
+                Ok(json!("plain-out"))
+            })
+            .tool(
+                ToolSpec::new("broken", "", json!({})).return_direct(),
+                |_, _| async { Err(ChainError::new(ErrorKind::Transient, "broken tool")) },
+            )
+            .build()
+            .unwrap();
+    (kernel, model)
+}
+
+#[tokio::test]
+async fn o1_a_return_direct_tool_is_the_answer_without_another_model_round() {
+    let (kernel, model) = direct_kernel(vec![
+        Reply::call("direct", json!({})),
+        Reply::Text("llm-answer".into()),
+    ]);
+    let done = done(kernel.turn(go("x"), Context::new()).await);
+    assert_eq!(done.response.text(), "TOOL-OUT");
+    assert_eq!(done.response.finish_reason, FinishReason::Complete);
+    assert_eq!(
+        done.response.metadata.get("return_direct"),
+        Some(&json!(true))
+    );
+    assert_eq!(model.calls(), 1);
+}
+
+#[tokio::test]
+async fn o4_several_return_direct_outputs_join_with_newlines() {
+    let calls = vec![
+        ("direct".into(), json!({"out": "AA"})),
+        ("direct".into(), json!({"out": "BB"})),
+    ];
+    let (kernel, model) =
+        direct_kernel(vec![Reply::Calls(calls), Reply::Text("llm-answer".into())]);
+    assert_eq!(
+        done(kernel.turn(go("x"), Context::new()).await)
+            .response
+            .text(),
+        "AA\nBB"
+    );
+    assert_eq!(model.calls(), 1);
+}
+
+#[tokio::test]
+async fn o3_o5_o6_otherwise_the_model_answers() {
+    for calls in [
+        vec![("plain".to_owned(), json!({}))],
+        vec![("direct".into(), json!({})), ("plain".into(), json!({}))],
+        vec![("broken".into(), json!({}))],
+        vec![("direct".into(), json!({})), ("broken".into(), json!({}))],
+    ] {
+        let (kernel, model) = direct_kernel(vec![
+            Reply::Calls(calls.clone()),
+            Reply::Text("llm-answer".into()),
+        ]);
+        assert_eq!(
+            done(kernel.turn(go("x"), Context::new()).await)
+                .response
+                .text(),
+            "llm-answer",
+            "{calls:?}"
+        );
+        assert_eq!(model.calls(), 2);
+    }
+}
+
+#[tokio::test]
+async fn o25_a_failing_or_unknown_tool_goes_back_to_the_model_as_a_json_error() {
+    let calls = vec![("broken".into(), json!({})), ("ghost".into(), json!({}))];
+    let (kernel, model) = direct_kernel(vec![Reply::Calls(calls), Reply::Text("handled".into())]);
+    let done = done(kernel.turn(go("x"), Context::new()).await);
+    assert_eq!(done.response.text(), "handled");
+    let errors: Vec<Value> = model.requests()[1]
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| serde_json::from_str(&m.text()).unwrap())
+        .collect();
+    assert_eq!(
+        errors[0],
+        json!({"error": {"type": "transient", "message": "broken tool"}})
+    );
+    assert_eq!(errors[1]["error"]["type"], "not-found");
+    assert!(
+        done.tool_calls
+            .iter()
+            .all(|r| r.error.is_some() && r.output.is_none())
+    );
+}
+
+#[tokio::test]
+async fn history_is_loaded_for_the_same_conversation_and_can_be_skipped() {
+    let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer-{n}")));
+    let kernel = Kernel::builder().model(model.clone()).build().unwrap();
+    let conversation = || Context::new().with("conversation_id", "c1");
+    done(kernel.turn(go("first"), conversation()).await);
+    let second = done(kernel.turn(go("second"), conversation()).await);
+    assert_eq!(
+        texts(&second.messages),
+        ["first", "answer-1", "second", "answer-2"]
+    );
+    let fresh = TurnRequest {
+        load_history: false,
+        ..go("third")
+    };
+    done(kernel.turn(fresh, conversation()).await);
+    assert_eq!(texts(&model.requests()[2].messages), ["third"]);
+    done(
+        kernel
+            .turn(go("other"), Context::new().with("conversation_id", "c2"))
+            .await,
+    );
+    assert_eq!(
+        texts(&model.requests()[3].messages),
+        ["other"],
+        "conversations are separate"
+    );
+}
+
+fn reviser(retries: u32) -> (std::path::PathBuf, shallot::FilterSpec) {
+    let revise = json!({ "accept": "good", "feedback": "be better", "retries": retries });
+    spec(
+        "probe",
+        "validation",
+        json!({ "revise": revise, "hooks": ["turn"] }),
+    )
+}
+
+#[tokio::test]
+async fn h7_validation_reenters_with_the_run_messages_and_feedback() {
+    let plugins = load(vec![reviser(2)]).await;
+    let model = ScriptedModel::replies(vec![Reply::Text("bad".into()), Reply::Text("good".into())]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let done = done(kernel.turn(go("MY-QUESTION"), Context::new()).await);
+    assert_eq!(done.response.text(), "good");
+    assert_eq!(model.calls(), 2);
+    assert_eq!(
+        texts(&model.requests()[1].messages),
+        ["MY-QUESTION", "bad", "be better"],
+        "without history the question survives"
+    );
+}
+
+#[tokio::test]
+async fn h8_exhausted_retries_return_the_last_answer() {
+    let plugins = load(vec![reviser(1)]).await;
+    let model = ScriptedModel::answer("bad");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    assert_eq!(
+        done(kernel.turn(go("q"), Context::new()).await)
+            .response
+            .text(),
+        "bad"
+    );
+    assert_eq!(model.calls(), 2);
+}
+
+#[tokio::test]
+async fn h16_reentry_with_history_stores_and_sends_nothing_twice() {
+    let plugins = load(vec![reviser(2)]).await;
+    let model = ScriptedModel::replies(vec![
+        Reply::Text("bad".into()),
+        Reply::Text("good".into()),
+        Reply::Text("next".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let conversation = || Context::new().with("conversation_id", "h16");
+    done(kernel.turn(go("MY-QUESTION"), conversation()).await);
+    let second_call = &model.requests()[1].messages;
+    assert_eq!(
+        second_call
+            .iter()
+            .filter(|m| m.text() == "MY-QUESTION")
+            .count(),
+        1
+    );
+    done(kernel.turn(go("again"), conversation()).await);
+    assert_eq!(
+        texts(&model.requests()[2].messages),
+        ["MY-QUESTION", "bad", "be better", "good", "again"]
+    );
+}
+
+#[tokio::test]
+async fn concurrent_tool_calls_see_the_batch_start_state_and_their_writes_fold_in_call_order() {
+    let counter = spec(
+        "probe",
+        "counter",
+        json!({ "tag": "k", "count": true, "hooks": ["tool"] }),
+    );
+    let plugins = load(vec![counter]).await;
+    for (serial, expected) in [(false, 1), (true, 3)] {
+        let (builder, _) = gauged(Kernel::builder().plugins(&plugins), serial);
+        let kernel = builder.model(three_calls()).build().unwrap();
+        let context = Context::new();
+        done(kernel.turn(go("go"), context.clone()).await);
+        assert_eq!(
+            context.get("fctx:k"),
+            Some(json!({ "n": expected })),
+            "serial: {serial}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn o23_a_streamed_turn_streams_every_round_and_keeps_the_original_answer() {
+    let plugins = load(vec![spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[a-z0-9]+", "replacement": "[KEY]" }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("add", json!({"a": 1, "b": 2})),
+        Reply::tokens(&["key ", "sk-abc1", "23"]),
+    ]);
+    let kernel = add_tool(Kernel::builder().plugins(&plugins))
+        .model(model)
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let done = done(
+        kernel
+            .turn_stream(go("x"), Context::new(), sink.clone())
+            .await,
+    );
+    assert_eq!(
+        sink.text(),
+        "key [KEY]",
+        "the tool round streams nothing; the answer round is redacted"
+    );
+    assert_eq!(done.response.text(), "key sk-abc123");
+}
