@@ -24,7 +24,7 @@ bench: build-guests
 # The demo: the built-in filters over the embedded model, streaming.
 demo: build-guests
     cargo run -p shallot -- chat --config plugins/shallot.toml --stream \
-      "My deploy key is sk-live4f9a2b7c, keep it safe" "How do I build a bomb?"
+      "What is (2 + 3) * 4?" "My deploy key is sk-live4f9a2b7c, keep it safe" "How do I build a bomb?"
 
 # Check a plugin file: is it a filter for this host, which hooks?
 check FILE: build-guests

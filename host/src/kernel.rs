@@ -82,6 +82,8 @@ pub enum BuildError {
         "one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`"
     )]
     TooFewSlots { need: usize, have: u32 },
+    #[error("tool '{tool}': its parameters are not a valid JSON Schema: {message}")]
+    ToolSchema { tool: String, message: String },
 }
 
 /// Builds a [`Kernel`].
@@ -141,6 +143,12 @@ impl KernelBuilder {
         self
     }
 
+    /// Registers the built-in demo tools (calculator, clock, echo).
+    pub fn builtin_tools(mut self) -> Self {
+        crate::tool::builtin::register(&mut self.tools);
+        self
+    }
+
     /// The terminal of the turn chain (default: a [`ToolLoop`] with its
     /// default limits and in-memory history).
     pub fn turn_terminal(mut self, terminal: impl Terminal<Turn>) -> Self {
@@ -178,6 +186,9 @@ impl KernelBuilder {
                     have: engine.inner.slot_count,
                 });
             }
+        }
+        if let Some((tool, message)) = self.tools.schema_error() {
+            return Err(BuildError::ToolSchema { tool, message });
         }
         let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
         let tools = Arc::new(self.tools);

@@ -100,6 +100,18 @@ fn chat_streams_through_the_built_in_filters() {
 }
 
 #[test]
+fn chat_runs_a_turn_that_calls_a_tool() {
+    let out = shallot(&["chat", "--json", "What is (2 + 3) * 4?"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+    assert_eq!(result["done"]["text"], "calculator says 20.");
+    assert_eq!(result["done"]["tool_calls"][0]["name"], "calculator");
+    assert_eq!(result["done"]["tool_calls"][0]["output"], 20);
+    assert_eq!(result["done"]["iterations"], 2);
+}
+
+#[test]
 fn plugins_list_shows_the_layer_order() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
     let out = shallot(&["plugins", "list", "--config", config.to_str().unwrap()]);

@@ -1,4 +1,5 @@
-//! `shallot chat`: prompts through the filters to the model.
+//! `shallot chat`: prompts through the filters to the model, each a whole
+//! agent turn with the built-in tools.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -6,9 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use clap::Args;
-use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message};
-use shallot::{Context, EmbeddedModel, Engine, Kernel};
+use serde_json::{Value, json};
+use shallot::types::{
+    FinishReason, Message, Token, ToolRequest, ToolResponse, TurnDone, TurnRequest, TurnResult,
+};
+use shallot::{
+    ChainError, Context, EmbeddedModel, Engine, Filter, Hook, Kernel, LoopConfig, MemoryHistory,
+    Next, Tool, ToolLoop,
+};
 
 use super::Source;
 
@@ -19,13 +27,23 @@ pub(crate) struct ChatArgs {
     /// Stream each answer token by token, through the filters' token transforms.
     #[arg(long)]
     stream: bool,
-    /// Print each response as a JSON object instead of its text.
+    /// Print each turn's result as a JSON object instead of its text.
     #[arg(long)]
     json: bool,
+    /// Keep the prompts' history under this conversation id (the prompts of
+    /// one run always share a conversation).
+    #[arg(long, value_name = "ID", default_value = "cli")]
+    conversation: String,
+    /// Offer the model no tools (by default: calculator, clock, echo).
+    #[arg(long)]
+    no_tools: bool,
+    /// Model rounds one turn may take.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    max_iterations: u32,
     /// Pause between the embedded model's streamed tokens, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pace: u64,
-    /// The prompts. Several are sent one after another as one conversation.
+    /// The prompts, sent one after another as turns of one conversation.
     #[arg(required = true, value_name = "PROMPT")]
     prompts: Vec<String>,
 }
@@ -33,64 +51,131 @@ pub(crate) struct ChatArgs {
 pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let plugins = args.source.load(engine).await?;
     let model = EmbeddedModel::new().with_delay(Duration::from_millis(args.pace));
-    let kernel = Kernel::builder().plugins(&plugins).model(model).build()?;
-    let mut conversation = Vec::new();
+    let config = LoopConfig {
+        max_iterations: args.max_iterations,
+        ..LoopConfig::default()
+    };
+    let mut builder = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    if !args.no_tools {
+        builder = builder.builtin_tools();
+    }
+    if !args.json {
+        builder = builder.filter(ShowTools);
+    }
+    let kernel = builder.build()?;
     let several = args.prompts.len() > 1;
     for prompt in &args.prompts {
         if several && !args.json {
             println!("> {prompt}");
         }
-        conversation.push(Message::user(prompt.as_str()));
-        let request = ChatRequest::new(conversation.clone());
-        let response = if args.stream && !args.json {
-            let printed = Arc::new(AtomicBool::new(false));
+        let context = Context::new().with("conversation_id", args.conversation.as_str());
+        let request = TurnRequest::new(vec![Message::user(prompt.as_str())]);
+        let printed = Arc::new(AtomicBool::new(false));
+        let result = if args.stream && !args.json {
             let seen = printed.clone();
-            let streamed = kernel
-                .chat_stream(
-                    request,
-                    Context::new(),
-                    move |token: shallot::types::Token<'_>| {
-                        seen.store(true, Ordering::Relaxed);
-                        print!("{}", token.text);
-                        let _ = std::io::stdout().flush();
-                    },
-                )
-                .await?;
-            // A filter that answered itself (a safeguard block) streamed nothing.
-            if !printed.load(Ordering::Relaxed) {
-                print!("{}", streamed.text());
-            }
-            println!();
-            streamed
+            let sink = move |token: Token<'_>| {
+                seen.store(true, Ordering::Relaxed);
+                print!("{}", token.text);
+                let _ = std::io::stdout().flush();
+            };
+            kernel.turn_stream(request, context, sink).await
         } else {
-            let response = kernel.chat(request, Context::new()).await?;
-            if args.json {
-                println!("{}", to_json(&response));
-            } else {
-                println!("{}", response.text());
-            }
-            response
+            kernel.turn(request, context).await
         };
-        if response.finish_reason != FinishReason::Complete && !args.json {
-            eprintln!(
-                "[finish reason: {}]",
-                serde_json::to_value(response.finish_reason)?
-                    .as_str()
-                    .unwrap_or("?")
-            );
+        if args.json {
+            println!("{}", to_json(&result));
+            continue;
         }
-        conversation.push(response.message);
+        match result {
+            TurnResult::Done(done) => {
+                // A filter that answered itself (a safeguard block) streamed nothing.
+                if !printed.load(Ordering::Relaxed) {
+                    print!("{}", done.response.text());
+                }
+                println!();
+                if done.response.finish_reason != FinishReason::Complete {
+                    eprintln!("[finish reason: {}]", name(&done.response.finish_reason));
+                }
+            }
+            TurnResult::Interrupt(interrupt) => println!("[interrupted: {}]", interrupt.reason),
+            TurnResult::Error(error) => return Err(anyhow::anyhow!("{error}")),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn to_json(response: &ChatResponse) -> serde_json::Value {
-    serde_json::json!({
-        "text": response.text(),
-        "message": response.message,
-        "finish_reason": response.finish_reason,
-        "usage": response.usage,
-        "model": response.model,
-        "metadata": response.metadata,
+fn name(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn error_json(error: &ChainError) -> Value {
+    let origin = error.origin.as_ref().map(|o| o.to_string());
+    json!({ "kind": error.kind, "message": error.message, "origin": origin })
+}
+
+fn done_json(done: &TurnDone) -> Value {
+    let calls: Vec<Value> = done
+        .tool_calls
+        .iter()
+        .map(|r| {
+            let arguments: Value = serde_json::from_str(&r.call.arguments).unwrap_or(Value::Null);
+            let output = r.output.as_deref().map(|o| serde_json::from_str(o).unwrap_or(Value::Null));
+            json!({ "name": r.call.name, "arguments": arguments, "output": output, "error": r.error.as_ref().map(error_json) })
+        })
+        .collect();
+    json!({
+        "text": done.response.text(),
+        "finish_reason": done.response.finish_reason,
+        "usage": done.response.usage,
+        "metadata": done.response.metadata,
+        "tool_calls": calls,
+        "iterations": done.iterations,
+        "messages": *done.messages,
     })
+}
+
+/// A turn result as JSON, for `--json`.
+fn to_json(result: &TurnResult) -> Value {
+    match result {
+        TurnResult::Done(done) => json!({ "done": done_json(done) }),
+        TurnResult::Interrupt(interrupt) => {
+            json!({ "interrupt": { "reason": interrupt.reason, "pending": interrupt.pending } })
+        }
+        TurnResult::Error(error) => json!({ "error": error_json(error) }),
+    }
+}
+
+/// The innermost filter of `shallot chat`: shows each tool call as it
+/// happens, as the tool finally sees it.
+struct ShowTools;
+
+#[async_trait]
+impl Filter for ShowTools {
+    fn name(&self) -> &str {
+        "shallot-chat-show-tools"
+    }
+
+    fn hooks(&self) -> &[Hook] {
+        &[Hook::AroundTool]
+    }
+
+    async fn around_tool(
+        &self,
+        request: ToolRequest,
+        next: Next<Tool>,
+    ) -> Result<ToolResponse, ChainError> {
+        let call = format!("{}({})", request.tool.name, request.arguments);
+        let result = next.call(request).await;
+        match &result {
+            Ok(response) => eprintln!("  [tool] {call} -> {}", response.output),
+            Err(error) => eprintln!("  [tool] {call} failed: {}", error.message),
+        }
+        result
+    }
 }

@@ -1,22 +1,32 @@
 //! The embedded default model: offline and deterministic, for the demo and
-//! for tests. It answers by echoing the latest user message, streamed in
-//! word-sized tokens (long words in 4-character pieces, as real tokenizers
-//! split them), optionally paced so a terminal shows the stream.
+//! for tests. It echoes the latest user message, except that it calls the
+//! tools it is offered when a message asks for them: the `calculator` for an
+//! arithmetic expression, the `clock` for the time or date; given the tool
+//! results, it reports them. Text is streamed in word-sized tokens (long
+//! words in 4-character pieces, as real tokenizers split them), optionally
+//! paced so a terminal shows the stream.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
+use serde_json::json;
 
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
 use crate::error::ChainError;
-use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, Usage};
+use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, ToolCall, Usage};
 
 /// The embedded default model (`shallot-echo`).
 #[derive(Debug, Clone, Default)]
 pub struct EmbeddedModel {
     delay: Duration,
+}
+
+/// What the model decided to do.
+enum Answer {
+    Text(String),
+    Call(ToolCall),
 }
 
 impl EmbeddedModel {
@@ -31,28 +41,60 @@ impl EmbeddedModel {
         self
     }
 
-    fn answer(request: &ChatRequest) -> String {
-        let last = request
-            .messages
-            .iter()
-            .rev()
-            .find(|m| m.role == Role::User)
-            .map(Message::text);
-        match last {
-            Some(text) if !text.trim().is_empty() => format!("You said: {}", text.trim()),
-            _ => {
-                "Hello! I am shallot's embedded model; say something and I will echo it.".to_owned()
+    fn answer(request: &ChatRequest) -> Answer {
+        let offered = |name: &str| request.tools.iter().any(|t| t.name == name);
+        let Some(last) = request.messages.last() else {
+            return Answer::Text(
+                "Hello! I am shallot's embedded model; say something and I will echo it."
+                    .to_owned(),
+            );
+        };
+        if last.role == Role::Tool {
+            return Answer::Text(report(&request.messages));
+        }
+        let text = last.text();
+        let call = |name: &str, arguments: serde_json::Value| {
+            let rounds = request
+                .messages
+                .iter()
+                .filter(|m| m.role == Role::Assistant)
+                .count();
+            Answer::Call(ToolCall {
+                id: format!("call-{}", rounds + 1),
+                name: name.to_owned(),
+                arguments: arguments.to_string(),
+            })
+        };
+        if last.role == Role::User {
+            if let Some(expression) = arithmetic(&text).filter(|_| offered("calculator")) {
+                return call("calculator", json!({ "expression": expression }));
             }
+            let lower = text.to_lowercase();
+            if offered("clock") && ["time", "date", "clock"].iter().any(|w| lower.contains(w)) {
+                return call("clock", json!({}));
+            }
+        }
+        match text.trim() {
+            "" => Answer::Text(
+                "Hello! I am shallot's embedded model; say something and I will echo it."
+                    .to_owned(),
+            ),
+            said => Answer::Text(format!("You said: {said}")),
         }
     }
 
-    fn respond(request: &ChatRequest, text: String, tokens: usize) -> ChatResponse {
+    fn respond(
+        request: &ChatRequest,
+        message: Message,
+        finish: FinishReason,
+        tokens: usize,
+    ) -> ChatResponse {
         let input: usize = request
             .messages
             .iter()
             .map(|m| m.text().len().div_ceil(4))
             .sum();
-        let mut response = ChatResponse::new(Message::assistant(text), FinishReason::Complete);
+        let mut response = ChatResponse::new(message, finish);
         response.model = "shallot-echo".to_owned();
         response.usage = Usage {
             input_tokens: input as u32,
@@ -61,6 +103,49 @@ impl EmbeddedModel {
         };
         response
     }
+
+    fn tool_call(request: &ChatRequest, call: ToolCall) -> ChatResponse {
+        let message = Message {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![call],
+            tool_call_id: None,
+        };
+        Self::respond(request, message, FinishReason::ToolUse, 1)
+    }
+}
+
+/// The longest run of an arithmetic expression in `text` (digits, operators,
+/// parentheses), if it has an operator.
+fn arithmetic(text: &str) -> Option<String> {
+    let arithmetic_char = |c: char| c.is_ascii_digit() || "+-*/%^(). ".contains(c);
+    text.split(|c: char| !arithmetic_char(c))
+        .map(str::trim)
+        .filter(|run| {
+            run.chars().any(|c| c.is_ascii_digit()) && run.chars().any(|c| "+-*/%^".contains(c))
+        })
+        .max_by_key(|run| run.len())
+        .map(str::to_owned)
+}
+
+/// An answer reporting the tool results after the last tool-calling message.
+fn report(messages: &[Message]) -> String {
+    let Some(asked) = messages.iter().rposition(|m| !m.tool_calls.is_empty()) else {
+        return "Done.".to_owned();
+    };
+    let lines: Vec<String> = messages[asked + 1..]
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|result| {
+            let name = messages[asked]
+                .tool_calls
+                .iter()
+                .find(|c| Some(&c.id) == result.tool_call_id.as_ref())
+                .map_or("the tool", |c| c.name.as_str());
+            format!("{name} says {}", result.text())
+        })
+        .collect();
+    format!("{}.", lines.join("; "))
 }
 
 /// Splits `text` into tokens: words with their trailing space, words longer
@@ -93,9 +178,18 @@ impl ChatModel for EmbeddedModel {
         request: &ChatRequest,
         _context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        let text = Self::answer(request);
-        let count = tokenize(&text).len();
-        Ok(Self::respond(request, text, count))
+        Ok(match Self::answer(request) {
+            Answer::Call(call) => Self::tool_call(request, call),
+            Answer::Text(text) => {
+                let count = tokenize(&text).len();
+                Self::respond(
+                    request,
+                    Message::assistant(text),
+                    FinishReason::Complete,
+                    count,
+                )
+            }
+        })
     }
 
     async fn stream(
@@ -103,9 +197,20 @@ impl ChatModel for EmbeddedModel {
         request: &ChatRequest,
         _context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let text = Self::answer(request);
+        let text = match Self::answer(request) {
+            Answer::Call(call) => {
+                let done = Self::tool_call(request, call);
+                return Ok(stream::iter([Ok(ModelEvent::Done(done))]).boxed());
+            }
+            Answer::Text(text) => text,
+        };
         let tokens = tokenize(&text);
-        let done = Self::respond(request, text, tokens.len());
+        let done = Self::respond(
+            request,
+            Message::assistant(text),
+            FinishReason::Complete,
+            tokens.len(),
+        );
         let delay = self.delay;
         let tokens = stream::iter(tokens).then(move |text| async move {
             if !delay.is_zero() {
@@ -122,6 +227,7 @@ impl ChatModel for EmbeddedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::ToolSpec;
 
     #[test]
     fn tokens_rejoin_into_the_text() {
@@ -132,5 +238,42 @@ mod tests {
     #[test]
     fn long_words_split_into_four_character_pieces() {
         assert_eq!(tokenize("sk-abc123 ok"), ["sk-a", "bc12", "3 ", "ok"]);
+    }
+
+    #[test]
+    fn an_expression_calls_the_calculator_only_when_it_is_offered() {
+        let ask = ChatRequest::new(vec![Message::user("What is (2 + 3) * 4?")]);
+        assert!(matches!(EmbeddedModel::answer(&ask), Answer::Text(_)));
+        let calculator = ToolSpec::new("calculator", "", json!({}));
+        let ask = ask.with_tools(vec![calculator]);
+        let Answer::Call(call) = EmbeddedModel::answer(&ask) else {
+            panic!("expected a tool call")
+        };
+        assert_eq!(call.name, "calculator");
+        assert_eq!(call.arguments, r#"{"expression":"(2 + 3) * 4"}"#);
+    }
+
+    #[test]
+    fn tool_results_are_reported() {
+        let call = ToolCall {
+            id: "call-1".into(),
+            name: "calculator".into(),
+            arguments: "{}".into(),
+        };
+        let asked = Message {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![call],
+            tool_call_id: None,
+        };
+        let request = ChatRequest::new(vec![
+            Message::user("2+2"),
+            asked,
+            Message::tool_result("call-1", "4"),
+        ]);
+        let Answer::Text(text) = EmbeddedModel::answer(&request) else {
+            panic!("expected text")
+        };
+        assert_eq!(text, "calculator says 4.");
     }
 }

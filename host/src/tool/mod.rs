@@ -1,4 +1,8 @@
-//! Native tools: async Rust functions the tool chain's terminal runs.
+//! Native tools: async Rust functions the tool chain's terminal runs, each
+//! with a JSON Schema its arguments are checked against before it is called.
+//! `builtin` has the demo tools (calculator, clock, echo).
+
+pub mod builtin;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +23,8 @@ type Handler =
 struct Registered {
     spec: Arc<ToolSpec>,
     handler: Handler,
+    /// The compiled argument schema, or why the schema does not compile.
+    schema: Result<jsonschema::Validator, String>,
 }
 
 /// The tools a kernel can run, by name.
@@ -38,13 +44,25 @@ impl ToolRegistry {
     {
         let handler: Handler =
             Arc::new(move |arguments, context| Box::pin(handler(arguments, context)));
+        let schema = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
         self.tools.insert(
             spec.name.clone(),
             Registered {
                 spec: Arc::new(spec),
                 handler,
+                schema,
             },
         );
+    }
+
+    /// The first tool whose parameter schema does not compile, and why.
+    pub fn schema_error(&self) -> Option<(String, String)> {
+        self.tools.iter().find_map(|(name, tool)| {
+            tool.schema
+                .as_ref()
+                .err()
+                .map(|e| (name.clone(), e.clone()))
+        })
     }
 
     /// The spec of the tool `name`.
