@@ -9,7 +9,7 @@ pub use wit_bindgen;
 
 pub use crate::bindings::__export_filter_world as export_world;
 use crate::bindings::exports::shallot::filter::{
-    chat_filter, plugin, token_filter, tool_filter, turn_filter,
+    chat_filter, plugin, system_prompt_filter, token_filter, tool_filter, turn_filter,
 };
 use crate::bindings::shallot::filter::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest};
 use crate::{ChatResponse, ToolResponse, TurnResult};
@@ -86,6 +86,12 @@ impl<F: Export> tool_filter::Guest for Adapter<F> {
 impl<F: Export> turn_filter::Guest for Adapter<F> {
     fn around_turn(request: &TurnRequest) -> TurnResult {
         configured::<F>().around_turn(request, &Fctx::new())
+    }
+}
+
+impl<F: Export> system_prompt_filter::Guest for Adapter<F> {
+    fn system_prompt(prompt: String) -> Result<String, FilterError> {
+        configured::<F>().system_prompt(prompt)
     }
 }
 

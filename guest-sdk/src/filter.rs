@@ -74,6 +74,13 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
         next::turn(request)
     }
 
+    /// Shapes the system prompt, once per invoke, before any model call:
+    /// takes the prompt so far (the caller's, changed by earlier filters)
+    /// and returns it changed.
+    fn system_prompt(&self, prompt: String) -> Result<String, FilterError> {
+        Ok(prompt)
+    }
+
     /// A fresh token transformer for one model stream.
     fn token_transform(&self) -> Box<dyn TokenTransform> {
         Box::new(PassThrough)

@@ -58,15 +58,17 @@ pub enum Hook {
     AroundTool,
     AroundTurn,
     TokenTransform,
+    SystemPrompt,
 }
 
 impl Hook {
     /// Every hook, in contract order.
-    pub const ALL: [Hook; 4] = [
+    pub const ALL: [Hook; 5] = [
         Hook::AroundChat,
         Hook::AroundTool,
         Hook::AroundTurn,
         Hook::TokenTransform,
+        Hook::SystemPrompt,
     ];
 
     /// The kebab-case name used in the WIT contract.
@@ -76,6 +78,7 @@ impl Hook {
             Hook::AroundTool => "around-tool",
             Hook::AroundTurn => "around-turn",
             Hook::TokenTransform => "token-transform",
+            Hook::SystemPrompt => "system-prompt",
         }
     }
 }

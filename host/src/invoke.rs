@@ -6,7 +6,7 @@
 //! init on first entry, handed to each hook call and taken back. Nothing a
 //! filter keeps survives the invoke, so an instance never has to.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -18,6 +18,35 @@ use crate::plugin::pool::Lease;
 use crate::stream::TokenSink;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse};
 
+/// What a caller gives an invoke besides its request. A [`Context`]
+/// converts into one.
+#[derive(Debug, Clone, Default)]
+pub struct InvokeOptions {
+    /// The shared context (conversation id, tenant, user, ...).
+    pub context: Context,
+    /// System prompts for the model, joined by blank lines and shaped by
+    /// the filters' system-prompt hooks. Applied innermost, just before the
+    /// model: chat filters never see them and history never stores them.
+    pub system_prompts: Vec<String>,
+}
+
+impl InvokeOptions {
+    /// Adds a system prompt.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompts.push(prompt.into());
+        self
+    }
+}
+
+impl From<Context> for InvokeOptions {
+    fn from(context: Context) -> Self {
+        InvokeOptions {
+            context,
+            system_prompts: Vec::new(),
+        }
+    }
+}
+
 /// A call in progress. Terminals get it to reach the shared context and,
 /// for the turn terminal, the chat and tool chains of the same invoke.
 pub struct Invoke {
@@ -26,6 +55,7 @@ pub struct Invoke {
     fctx: Mutex<Vec<Option<Fctx>>>,
     pub(crate) leases: Box<[Lease]>,
     sink: Option<Arc<dyn TokenSink>>,
+    system_prompt: OnceLock<String>,
     /// The instance slots reserved for this invoke, released when it ends.
     _admission: Option<OwnedSemaphorePermit>,
 }
@@ -45,6 +75,7 @@ impl Invoke {
             fctx,
             leases,
             sink,
+            system_prompt: OnceLock::new(),
             _admission: admission,
         }
     }
@@ -109,6 +140,16 @@ impl Invoke {
 
     pub(crate) fn sink(&self) -> Option<&Arc<dyn TokenSink>> {
         self.sink.as_ref()
+    }
+
+    /// The system prompt the model gets, after the filters' hooks; empty
+    /// for none.
+    pub fn system_prompt(&self) -> &str {
+        self.system_prompt.get().map_or("", String::as_str)
+    }
+
+    pub(crate) fn set_system_prompt(&self, prompt: String) {
+        let _ = self.system_prompt.set(prompt);
     }
 
     fn states(&self) -> MutexGuard<'_, Vec<Option<Fctx>>> {

@@ -14,7 +14,7 @@ use crate::agent::ToolLoop;
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
-use crate::invoke::Invoke;
+use crate::invoke::{Invoke, InvokeOptions};
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal};
 use crate::onion::{
     Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn,
@@ -268,9 +268,9 @@ impl Kernel {
     pub async fn chat(
         &self,
         request: ChatRequest,
-        context: Context,
+        options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, context, None).await?;
+        let invoke = self.admit(CallKind::Chat, options.into(), None).await?;
         invoke.chat(request).await
     }
 
@@ -279,11 +279,11 @@ impl Kernel {
     pub async fn chat_stream(
         &self,
         request: ChatRequest,
-        context: Context,
+        options: impl Into<InvokeOptions>,
         sink: impl TokenSink + 'static,
     ) -> Result<ChatResponse, ChainError> {
         let invoke = self
-            .admit(CallKind::Chat, context, Some(Arc::new(sink)))
+            .admit(CallKind::Chat, options.into(), Some(Arc::new(sink)))
             .await?;
         invoke.chat(request).await
     }
@@ -294,7 +294,7 @@ impl Kernel {
         &self,
         name: &str,
         arguments: serde_json::Value,
-        context: Context,
+        options: impl Into<InvokeOptions>,
     ) -> Result<ToolResponse, ChainError> {
         let tool = self.core.tools.spec(name).ok_or_else(|| {
             ChainError::new(
@@ -302,25 +302,30 @@ impl Kernel {
                 format!("tool '{name}' is not registered"),
             )
         })?;
-        let invoke = self.admit(CallKind::Tool, context, None).await?;
+        let invoke = self.admit(CallKind::Tool, options.into(), None).await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
     }
 
     /// Runs one agent turn through the turn chain.
-    pub async fn turn(&self, request: TurnRequest, context: Context) -> TurnResult {
-        self.run_turn(request, context, None).await
+    pub async fn turn(
+        &self,
+        request: TurnRequest,
+        options: impl Into<InvokeOptions>,
+    ) -> TurnResult {
+        self.run_turn(request, options.into(), None).await
     }
 
     /// Runs one agent turn, streaming every model round to `sink`.
     pub async fn turn_stream(
         &self,
         request: TurnRequest,
-        context: Context,
+        options: impl Into<InvokeOptions>,
         sink: impl TokenSink + 'static,
     ) -> TurnResult {
-        self.run_turn(request, context, Some(Arc::new(sink))).await
+        self.run_turn(request, options.into(), Some(Arc::new(sink)))
+            .await
     }
 
     /// The token transform chain alone, for an embedder that streams from
@@ -332,7 +337,7 @@ impl Kernel {
     ) -> Result<TokenStream, ChainError> {
         let sink: Arc<dyn TokenSink> = Arc::new(sink);
         let invoke = self
-            .admit(CallKind::Chat, context, Some(sink.clone()))
+            .admit(CallKind::Chat, context.into(), Some(sink.clone()))
             .await?;
         TokenStream::open(&invoke, sink).await
     }
@@ -340,10 +345,10 @@ impl Kernel {
     async fn run_turn(
         &self,
         request: TurnRequest,
-        context: Context,
+        options: InvokeOptions,
         sink: Option<Arc<dyn TokenSink>>,
     ) -> TurnResult {
-        match self.admit(CallKind::Turn, context, sink).await {
+        match self.admit(CallKind::Turn, options, sink).await {
             Ok(invoke) => {
                 Next::start(self.core.turn.clone(), invoke)
                     .call(request)
@@ -358,7 +363,7 @@ impl Kernel {
     async fn admit(
         &self,
         call: CallKind,
-        context: Context,
+        options: InvokeOptions,
         sink: Option<Arc<dyn TokenSink>>,
     ) -> Result<Arc<Invoke>, ChainError> {
         let reserved = reservation(&self.core.filters, call, sink.is_some());
@@ -376,12 +381,38 @@ impl Kernel {
             _ => None,
         };
         let leases = reserved.into_iter().map(Lease::new).collect();
-        Ok(Arc::new(Invoke::new(
+        let invoke = Arc::new(Invoke::new(
             self.core.clone(),
-            context,
+            options.context,
             sink,
             leases,
             admission,
-        )))
+        ));
+        if call != CallKind::Tool {
+            let prompt = self
+                .system_prompt(&invoke, options.system_prompts.join("\n\n"))
+                .await?;
+            invoke.set_system_prompt(prompt);
+        }
+        Ok(invoke)
+    }
+
+    /// Runs the system-prompt pipeline: the caller's prompt through every
+    /// filter with the hook, in order.
+    async fn system_prompt(
+        &self,
+        invoke: &Arc<Invoke>,
+        mut prompt: String,
+    ) -> Result<String, ChainError> {
+        for (id, entry) in self.core.filters.iter().enumerate() {
+            if !entry.hooks.contains(&Hook::SystemPrompt) {
+                continue;
+            }
+            prompt = match &entry.filter {
+                LayerFilter::Native(filter) => filter.system_prompt(prompt).await?,
+                LayerFilter::Wasm(filter) => filter.system_prompt(id, invoke, &prompt).await?,
+            };
+        }
+        Ok(prompt)
     }
 }

@@ -44,7 +44,7 @@ pub use agent::{History, LoopConfig, MemoryHistory, ToolLoop};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig};
 pub use error::{ChainError, ErrorKind, Hook, Origin};
-pub use invoke::Invoke;
+pub use invoke::{Invoke, InvokeOptions};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent};
 pub use onion::{ChainKind, Chat, Fctx, Filter, Next, Terminal, Tool, Turn};

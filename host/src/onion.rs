@@ -186,6 +186,12 @@ pub trait Filter: Send + Sync + 'static {
         next.call(request).await
     }
 
+    /// Shapes the system prompt, once per invoke (see the WIT
+    /// `system-prompt-filter`).
+    async fn system_prompt(&self, prompt: String) -> Result<String, ChainError> {
+        Ok(prompt)
+    }
+
     /// A fresh token transform for one model stream.
     fn token_transform(&self) -> Option<Box<dyn TokenTransform>> {
         None

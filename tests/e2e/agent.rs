@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, Message, Role, ToolSpec, TurnDone, TurnRequest, TurnResult};
 use shallot::{
-    ChainError, Context, ErrorKind, Kernel, KernelBuilder, LoopConfig, MemoryHistory, ToolLoop,
+    ChainError, Context, ErrorKind, InvokeOptions, Kernel, KernelBuilder, LoopConfig,
+    MemoryHistory, ToolLoop,
 };
 use shallot_tests::{Collector, Reply, ScriptedModel, load, spec};
 
@@ -480,4 +481,99 @@ async fn o23_a_streamed_turn_streams_every_round_and_keeps_the_original_answer()
         "the tool round streams nothing; the answer round is redacted"
     );
     assert_eq!(done.response.text(), "key sk-abc123");
+}
+
+#[tokio::test]
+async fn system_prompts_are_the_innermost_layer_and_never_stored() {
+    let plugins = load(vec![spec(
+        "probe",
+        "rag",
+        json!({ "system": "CONTEXT", "hooks": ["chat"] }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("add", json!({"a": 1, "b": 1})),
+        Reply::Text("2".into()),
+    ]);
+    let kernel = add_tool(Kernel::builder().plugins(&plugins))
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let options = InvokeOptions::from(Context::new().with("conversation_id", "sys"))
+        .system_prompt("You are terse.");
+    let done = done(kernel.turn(go("1+1"), options).await);
+    for request in model.requests() {
+        assert_eq!(
+            texts(&request.messages)[..2],
+            ["You are terse.", "CONTEXT"],
+            "every round, after the filters"
+        );
+    }
+    assert!(
+        done.messages.iter().all(|m| m.role != Role::System),
+        "the run's messages have no system prompt"
+    );
+}
+
+#[tokio::test]
+async fn system_prompt_hooks_shape_the_prompt_in_filter_order() {
+    let plugins = load(vec![
+        spec(
+            "probe",
+            "first",
+            json!({ "append_system": "Be brief.", "hooks": ["system-prompt"] }),
+        ),
+        spec(
+            "probe",
+            "second",
+            json!({ "append_system": "Cite sources.", "hooks": ["system-prompt"] }),
+        ),
+    ])
+    .await;
+    let model = ScriptedModel::answer("ok");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let options = InvokeOptions::from(Context::new()).system_prompt("You are X.");
+    kernel
+        .chat(shallot_tests::ask("hi"), options)
+        .await
+        .unwrap();
+    assert_eq!(
+        model.requests()[0].messages[0].text(),
+        "You are X.\nBe brief.\nCite sources."
+    );
+    kernel
+        .chat(shallot_tests::ask("hi"), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        model.requests()[1].messages[0].text(),
+        "Be brief.\nCite sources.",
+        "filters may add a prompt of their own"
+    );
+}
+
+#[tokio::test]
+async fn the_model_gets_the_tool_schema_errors_back() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("calculator", json!({"expr": "1+1"})),
+        Reply::Text("sorry".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .builtin_tools()
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let done = done(kernel.turn(go("1+1"), Context::new()).await);
+    let error = done.tool_calls[0].error.as_ref().expect("the call failed");
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(error.message.contains("do not match its schema"), "{error}");
+    let sent = model.requests()[1].messages[2].text();
+    assert!(
+        sent.contains("expression"),
+        "the model is told what is missing: {sent}"
+    );
 }

@@ -56,6 +56,7 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
                     "around_tool" => Some("AroundTool"),
                     "around_turn" => Some("AroundTurn"),
                     "token_transform" => Some("TokenTransform"),
+                    "system_prompt" => Some("SystemPrompt"),
                     _ => None,
                 };
                 if let Some(hook) = hook {

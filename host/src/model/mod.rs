@@ -20,7 +20,7 @@ use crate::error::{ChainError, ErrorKind};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Terminal};
 use crate::stream::TokenStream;
-use crate::types::{ChatRequest, ChatResponse, TokenBatch};
+use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch};
 
 /// One event of a streamed model answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,9 +63,14 @@ pub(crate) struct ModelTerminal {
 impl Terminal<Chat> for ModelTerminal {
     async fn call(
         &self,
-        request: ChatRequest,
+        mut request: ChatRequest,
         invoke: &Arc<Invoke>,
     ) -> Result<ChatResponse, ChainError> {
+        // The system prompt is the innermost layer: after every filter.
+        let prompt = invoke.system_prompt();
+        if !prompt.is_empty() {
+            request.messages_mut().insert(0, Message::system(prompt));
+        }
         let Some(sink) = invoke.sink() else {
             return self.model.chat(&request, invoke.context()).await;
         };

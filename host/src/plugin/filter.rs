@@ -292,6 +292,28 @@ impl WasmFilter {
         }
     }
 
+    /// Runs this filter's system-prompt hook as filter `id` of `invoke`.
+    pub(crate) async fn system_prompt(
+        self: &Arc<Self>,
+        id: usize,
+        invoke: &Arc<Invoke>,
+        prompt: &str,
+    ) -> Result<String, ChainError> {
+        let mut leased = Leased::take(invoke, id, self).await?;
+        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
+        let instance = leased.instance();
+        match instance
+            .system_prompt(invoke.clone(), id, prompt, limits, budget)
+            .await
+        {
+            Ok(output) => {
+                leased.release();
+                output
+            }
+            Err(fault) => Err(fault),
+        }
+    }
+
     /// A fresh token transformer for one stream of `invoke`.
     pub(crate) async fn transformer(
         self: &Arc<Self>,

@@ -37,7 +37,8 @@ pub(crate) struct Blueprint {
 /// A live, configured filter instance.
 pub(crate) struct FilterInstance {
     store: Store<HostState>,
-    exports: FilterWorld,
+    // Boxed: the export table is large and instances move (pools, leases).
+    exports: Box<FilterWorld>,
 }
 
 /// What `describe` reported, in host terms.
@@ -62,7 +63,7 @@ impl FilterInstance {
                 return Err(sandbox::fault(e, store.data(), &blueprint.limits, origin));
             }
         };
-        let mut instance = FilterInstance { store, exports };
+        let mut instance = FilterInstance { store, exports: Box::new(exports) };
         sandbox::arm(&mut instance.store, blueprint.budget);
         let plugin = instance.exports.shallot_filter_plugin();
         match plugin
@@ -106,6 +107,7 @@ impl FilterInstance {
                 WitHook::AroundTool => Hook::AroundTool,
                 WitHook::AroundTurn => Hook::AroundTurn,
                 WitHook::TokenTransform => Hook::TokenTransform,
+                WitHook::SystemPrompt => Hook::SystemPrompt,
             })
             .collect();
         Ok(Description {
@@ -138,6 +140,31 @@ impl FilterInstance {
     ) -> Result<T, ChainError> {
         self.store.data_mut().scope = None;
         result.map_err(|e| self.fault(e, limits, call))
+    }
+
+    /// Runs the system-prompt hook for `invoke`, as filter `id`.
+    /// `Ok(Err(_))` is the filter's own error; `Err(_)` a fault.
+    pub(crate) async fn system_prompt(
+        &mut self,
+        invoke: Arc<Invoke>,
+        id: usize,
+        prompt: &str,
+        limits: &Limits,
+        budget: u32,
+    ) -> Result<Result<String, ChainError>, ChainError> {
+        const CALL: &str = "system-prompt";
+        let scope = Scope {
+            invoke,
+            id,
+            branch: None,
+            next: Continuation::None,
+        };
+        self.enter(scope, budget);
+        let api = self.exports.shallot_filter_system_prompt_filter();
+        let result = api.call_system_prompt(&mut self.store, prompt).await;
+        Ok(self
+            .leave(result, limits, CALL)?
+            .map_err(|error| self.store.data().attribute(error, CALL)))
     }
 
     /// Creates a token transformer for one stream of `invoke`, as filter `id`.

@@ -99,6 +99,22 @@ impl Terminal<Tool> for ToolRegistry {
                 format!("tool '{name}': arguments are not JSON: {e}"),
             )
         })?;
+        if let Ok(schema) = &tool.schema {
+            let problems: Vec<String> = schema
+                .iter_errors(&arguments)
+                .map(|e| match e.instance_path().as_str() {
+                    "" => format!("#: {e}"),
+                    path => format!("{path}: {e}"),
+                })
+                .collect();
+            if !problems.is_empty() {
+                let message = format!(
+                    "tool '{name}': the arguments do not match its schema: {}",
+                    problems.join("; ")
+                );
+                return Err(ChainError::new(ErrorKind::InvalidRequest, message));
+            }
+        }
         let output = (tool.handler)(arguments, invoke.context().clone()).await?;
         Ok(ToolResponse::json(&output))
     }

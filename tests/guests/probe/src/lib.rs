@@ -53,6 +53,8 @@ struct Probe {
     /// Turn: re-enter with the run's messages plus feedback until the
     /// answer is accepted (validation retry).
     revise: Option<Revise>,
+    /// System prompt: appends this line to the prompt.
+    append_system: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -137,6 +139,7 @@ impl Filter for Probe {
             Hook::AroundTool => "tool",
             Hook::AroundTurn => "turn",
             Hook::TokenTransform => "tokens",
+            Hook::SystemPrompt => "system-prompt",
         };
         self.hooks
             .as_ref()
@@ -265,6 +268,14 @@ impl Filter for Probe {
             return TurnResult::Error(error);
         }
         result
+    }
+
+    fn system_prompt(&self, prompt: String) -> Result<String, FilterError> {
+        Ok(match &self.append_system {
+            Some(line) if prompt.is_empty() => line.clone(),
+            Some(line) => format!("{prompt}\n{line}"),
+            None => prompt,
+        })
     }
 
     fn token_transform(&self) -> Box<dyn TokenTransform> {
