@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::agent::{Decision, Paused};
 use crate::context::Context;
 use crate::error::ChainError;
 use crate::kernel::Core;
@@ -56,6 +57,8 @@ pub struct Invoke {
     pub(crate) leases: Box<[Lease]>,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompt: OnceLock<String>,
+    /// A paused turn this invoke resumes, with the caller's decision.
+    resumed: Mutex<Option<(Arc<Paused>, Decision)>>,
     /// The instance slots reserved for this invoke, released when it ends.
     _admission: Option<OwnedSemaphorePermit>,
 }
@@ -76,6 +79,7 @@ impl Invoke {
             leases,
             sink,
             system_prompt: OnceLock::new(),
+            resumed: Mutex::new(None),
             _admission: admission,
         }
     }
@@ -146,6 +150,18 @@ impl Invoke {
     /// for none.
     pub fn system_prompt(&self) -> &str {
         self.system_prompt.get().map_or("", String::as_str)
+    }
+
+    /// Takes the paused turn this invoke resumes, once.
+    pub(crate) fn take_resumed(&self) -> Option<(Arc<Paused>, Decision)> {
+        self.resumed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    pub(crate) fn set_resumed(&self, paused: Arc<Paused>, decision: Decision) {
+        *self.resumed.lock().unwrap_or_else(PoisonError::into_inner) = Some((paused, decision));
     }
 
     pub(crate) fn set_system_prompt(&self, prompt: String) {

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::agent::ToolLoop;
+use crate::agent::{Decision, ToolLoop};
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
@@ -24,7 +24,8 @@ use crate::plugin::{PluginSet, WasmFilter};
 use crate::stream::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
+    ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest,
+    TurnResult,
 };
 
 /// What an invoke starts with; decides how many instances it reserves.
@@ -340,6 +341,58 @@ impl Kernel {
             .admit(CallKind::Chat, context.into(), Some(sink.clone()))
             .await?;
         TokenStream::open(&invoke, sink).await
+    }
+
+    /// Continues a turn the tool loop paused (a `sensitive` tool waiting
+    /// for approval): its pending calls run, or are denied, and the loop goes
+    /// on. The turn chain runs again with `resume = true`; only its first
+    /// call of the terminal continues the paused turn.
+    pub async fn resume(
+        &self,
+        interrupt: TurnInterrupt,
+        decision: Decision,
+        options: impl Into<InvokeOptions>,
+    ) -> TurnResult {
+        self.resume_inner(interrupt, decision, options.into(), None)
+            .await
+    }
+
+    /// As [`Kernel::resume`], streaming every model round to `sink`.
+    pub async fn resume_stream(
+        &self,
+        interrupt: TurnInterrupt,
+        decision: Decision,
+        options: impl Into<InvokeOptions>,
+        sink: impl TokenSink + 'static,
+    ) -> TurnResult {
+        self.resume_inner(interrupt, decision, options.into(), Some(Arc::new(sink)))
+            .await
+    }
+
+    async fn resume_inner(
+        &self,
+        interrupt: TurnInterrupt,
+        decision: Decision,
+        options: InvokeOptions,
+        sink: Option<Arc<dyn TokenSink>>,
+    ) -> TurnResult {
+        let Some(paused) = interrupt.paused else {
+            let message =
+                "this interrupt has nothing to resume (it did not come from the tool loop)";
+            return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
+        };
+        let invoke = match self.admit(CallKind::Turn, options, sink).await {
+            Ok(invoke) => invoke,
+            Err(error) => return TurnResult::Error(error),
+        };
+        invoke.set_resumed(paused, decision);
+        let request = TurnRequest {
+            resume: true,
+            ..TurnRequest::new(Vec::new())
+        };
+        Next::start(self.core.turn.clone(), invoke)
+            .call(request)
+            .await
     }
 
     async fn run_turn(

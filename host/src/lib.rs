@@ -40,7 +40,7 @@ pub mod stream;
 pub mod tool;
 pub mod types;
 
-pub use agent::{History, LoopConfig, MemoryHistory, ToolLoop};
+pub use agent::{Decision, History, LoopConfig, MemoryHistory, ToolLoop};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig};
 pub use error::{ChainError, ErrorKind, Hook, Origin};

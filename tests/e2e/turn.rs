@@ -114,10 +114,7 @@ struct Pausing(bool);
 impl Terminal<Turn> for Pausing {
     async fn call(&self, _: TurnRequest, _: &Arc<Invoke>) -> TurnResult {
         if self.0 {
-            TurnResult::Interrupt(TurnInterrupt {
-                reason: "needs approval".into(),
-                pending: None,
-            })
+            TurnResult::Interrupt(TurnInterrupt::new("needs approval", None))
         } else {
             TurnResult::Error(shallot::ChainError::new(
                 shallot::ErrorKind::Transient,

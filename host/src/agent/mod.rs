@@ -9,4 +9,5 @@ mod history;
 mod tool_loop;
 
 pub use history::{History, MemoryHistory};
-pub use tool_loop::{LoopConfig, ToolLoop};
+pub(crate) use tool_loop::Paused;
+pub use tool_loop::{CONVERSATION_ID, Decision, LoopConfig, ToolLoop};

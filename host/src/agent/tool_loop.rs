@@ -21,7 +21,7 @@ use crate::onion::{Terminal, Turn};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolCallRecord, ToolRequest,
-    TurnDone, TurnRequest, TurnResult,
+    TurnDone, TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// Limits and behaviour of the tool loop.
@@ -35,6 +35,10 @@ pub struct LoopConfig {
     /// Run a batch of tool calls concurrently, unless a tool in it is
     /// `serial`.
     pub parallel_tools: bool,
+    /// Pause the turn before running a `sensitive` tool: the turn ends with
+    /// an interrupt naming the call, and `Kernel::resume` continues it with
+    /// an approval or a denial (which the model gets as the tool result).
+    pub pause_sensitive: bool,
 }
 
 impl Default for LoopConfig {
@@ -43,6 +47,7 @@ impl Default for LoopConfig {
             max_iterations: 10,
             max_tool_calls: None,
             parallel_tools: true,
+            pause_sensitive: false,
         }
     }
 }
@@ -72,6 +77,34 @@ impl ToolLoop {
 /// The context key that names the conversation a turn belongs to.
 pub const CONVERSATION_ID: &str = "conversation_id";
 
+/// The conversation an invoke belongs to, from its context.
+fn conversation(invoke: &Invoke) -> Option<String> {
+    invoke.context().get(CONVERSATION_ID).map(|id| match id {
+        serde_json::Value::String(id) => id,
+        other => other.to_string(),
+    })
+}
+
+/// Where a paused turn stopped: its messages and calls so far, its model
+/// rounds, and the calls waiting for a decision.
+#[derive(Debug, PartialEq)]
+pub struct Paused {
+    messages: Vec<Message>,
+    calls: Vec<ToolCallRecord>,
+    rounds: u32,
+    pending: Vec<ToolCall>,
+    last: ChatResponse,
+}
+
+/// What to do with the tool calls a paused turn waits on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run them.
+    Approve,
+    /// Do not run them; the model gets this reason as their result.
+    Deny(String),
+}
+
 /// One run of the loop: the messages so far and what was done.
 struct Run<'a> {
     history: &'a dyn History,
@@ -84,10 +117,7 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn start(history: &'a dyn History, invoke: &Invoke, request: &TurnRequest) -> Self {
-        let conversation = invoke.context().get(CONVERSATION_ID).map(|id| match id {
-            serde_json::Value::String(id) => id,
-            other => other.to_string(),
-        });
+        let conversation = conversation(invoke);
         let stored = conversation
             .as_deref()
             .map(|c| history.load(c))
@@ -116,6 +146,18 @@ impl<'a> Run<'a> {
         run
     }
 
+    /// Picks up a paused turn where it stopped.
+    fn resume(history: &'a dyn History, invoke: &Invoke, paused: &Paused) -> Self {
+        Run {
+            history,
+            conversation: conversation(invoke),
+            messages: paused.messages.clone(),
+            calls: paused.calls.clone(),
+            rounds: paused.rounds,
+            last: Some(paused.last.clone()),
+        }
+    }
+
     fn store(&self, messages: &[Message]) {
         if let Some(conversation) = self.conversation.as_deref()
             && !messages.is_empty()
@@ -136,6 +178,75 @@ impl<'a> Run<'a> {
             iterations: self.rounds,
             messages: Arc::new(self.messages.clone()),
         }
+    }
+
+    /// Records a batch's outcomes: the tool messages and call records.
+    fn record(&mut self, calls: Vec<ToolCall>, outcomes: Vec<Result<String, ChainError>>) {
+        for (call, outcome) in calls.into_iter().zip(outcomes) {
+            let (content, output, error) = match outcome {
+                Ok(output) => (model_text(&output), Some(output), None),
+                Err(error) => (error_text(&error), None, Some(error)),
+            };
+            self.push(Message::tool_result(call.id.clone(), content));
+            self.calls.push(ToolCallRecord {
+                call,
+                output,
+                error,
+            });
+        }
+    }
+
+    /// Records a batch and, when every call was to a `return_direct` tool
+    /// and none failed, ends the turn with their outputs as the answer.
+    fn settle(
+        &mut self,
+        tools: &ToolRegistry,
+        calls: Vec<ToolCall>,
+        outcomes: Vec<Result<String, ChainError>>,
+    ) -> Option<TurnResult> {
+        let direct = !calls.is_empty()
+            && outcomes.iter().all(Result::is_ok)
+            && calls
+                .iter()
+                .all(|c| tools.spec(&c.name).is_some_and(|t| t.return_direct));
+        let answers: Vec<String> = outcomes
+            .iter()
+            .flatten()
+            .map(|output| model_text(output))
+            .collect();
+        self.record(calls, outcomes);
+        if !direct {
+            return None;
+        }
+        let mut answer = ChatResponse::new(
+            Message::assistant(answers.join("\n")),
+            FinishReason::Complete,
+        );
+        answer.metadata.insert("return_direct".into(), true.into());
+        self.push(answer.message.clone());
+        Some(TurnResult::Done(self.summary(answer)))
+    }
+
+    /// Pauses the turn: `held` wait for a decision.
+    fn pause(self, held: Vec<ToolCall>) -> TurnResult {
+        let reason = format!("tool '{}' needs approval", held[0].name);
+        let pending = Some(held[0].clone());
+        let last = self
+            .last
+            .clone()
+            .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
+        let paused = Paused {
+            messages: self.messages,
+            calls: self.calls,
+            rounds: self.rounds,
+            pending: held,
+            last,
+        };
+        TurnResult::Interrupt(TurnInterrupt {
+            reason,
+            pending,
+            paused: Some(Arc::new(paused)),
+        })
     }
 
     fn done(self, response: ChatResponse) -> TurnResult {
@@ -174,8 +285,32 @@ impl Terminal<Turn> for ToolLoop {
     async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>) -> TurnResult {
         let tools = invoke.core().tools();
         let offered = Arc::new(tools.specs());
-        let mut run = Run::start(self.history.as_ref(), invoke, &request);
-        for round in 1..=self.config.max_iterations {
+        let history = self.history.as_ref();
+        // Only the first run of a resumed invoke continues the paused turn;
+        // a turn filter's re-entry after it runs a fresh loop.
+        let resumed = if request.resume {
+            invoke.take_resumed()
+        } else {
+            None
+        };
+        let mut run = match &resumed {
+            Some((paused, _)) => Run::resume(history, invoke, paused),
+            None => Run::start(history, invoke, &request),
+        };
+        if let Some((paused, decision)) = resumed {
+            let outcomes = match decision {
+                Decision::Approve => self.run_tools(invoke, tools, &paused.pending).await,
+                Decision::Deny(reason) => paused
+                    .pending
+                    .iter()
+                    .map(|_| Err(denied(&reason)))
+                    .collect(),
+            };
+            if let Some(done) = run.settle(tools, paused.pending.clone(), outcomes) {
+                return done;
+            }
+        }
+        for round in run.rounds + 1..=self.config.max_iterations {
             if let Some(max) = self.config.max_tool_calls
                 && run.calls.len() >= max as usize
             {
@@ -196,56 +331,36 @@ impl Terminal<Turn> for ToolLoop {
             run.rounds = round;
             run.push(response.message.clone());
             let calls = response.message.tool_calls.clone();
+            run.last = Some(response.clone());
             if calls.is_empty() {
                 return run.done(response);
             }
-            let outcomes = self.run_tools(invoke, tools, &calls).await;
-            let direct = outcomes.iter().all(Result::is_ok)
-                && calls
-                    .iter()
-                    .all(|c| tools.spec(&c.name).is_some_and(|t| t.return_direct));
-            let mut answers = Vec::new();
-            for (call, outcome) in calls.into_iter().zip(outcomes) {
-                let (content, record) = match outcome {
-                    Ok(output) => {
-                        answers.push(model_text(&output));
-                        (
-                            model_text(&output),
-                            ToolCallRecord {
-                                call: call.clone(),
-                                output: Some(output),
-                                error: None,
-                            },
-                        )
-                    }
-                    Err(error) => (
-                        error_text(&error),
-                        ToolCallRecord {
-                            call: call.clone(),
-                            output: None,
-                            error: Some(error),
-                        },
-                    ),
-                };
-                run.push(Message::tool_result(call.id, content));
-                run.calls.push(record);
+            let (held, free): (Vec<ToolCall>, Vec<ToolCall>) = calls.into_iter().partition(|c| {
+                self.config.pause_sensitive && tools.spec(&c.name).is_some_and(|t| t.sensitive)
+            });
+            let outcomes = self.run_tools(invoke, tools, &free).await;
+            if held.is_empty() {
+                if let Some(done) = run.settle(tools, free, outcomes) {
+                    return done;
+                }
+                continue;
             }
-            if direct {
-                let mut answer = ChatResponse::new(
-                    Message::assistant(answers.join("\n")),
-                    FinishReason::Complete,
-                );
-                answer.metadata.insert("return_direct".into(), true.into());
-                run.push(answer.message.clone());
-                return run.done(answer);
-            }
-            run.last = Some(response);
+            run.record(free, outcomes);
+            return run.pause(held);
         }
         let max = self.config.max_iterations;
         run.stop(format!(
             "the turn reached {max} model rounds without a final answer"
         ))
     }
+}
+
+/// A tool call a human (or policy) refused, as the model sees it.
+fn denied(reason: &str) -> ChainError {
+    ChainError::new(
+        ErrorKind::InvalidRequest,
+        format!("the call was denied: {reason}"),
+    )
 }
 
 impl ToolLoop {

@@ -63,7 +63,10 @@ impl FilterInstance {
                 return Err(sandbox::fault(e, store.data(), &blueprint.limits, origin));
             }
         };
-        let mut instance = FilterInstance { store, exports: Box::new(exports) };
+        let mut instance = FilterInstance {
+            store,
+            exports: Box::new(exports),
+        };
         sandbox::arm(&mut instance.store, blueprint.budget);
         let plugin = instance.exports.shallot_filter_plugin();
         match plugin

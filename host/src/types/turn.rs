@@ -47,12 +47,26 @@ pub struct TurnDone {
     pub messages: Arc<Vec<Message>>,
 }
 
-/// A turn paused for a human or an outside event.
+/// A turn paused for a human or an outside event. Hand it back to
+/// `Kernel::resume` with a decision to continue the same turn.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnInterrupt {
     pub reason: String,
     /// The tool call waiting for a decision, if any.
     pub pending: Option<ToolCall>,
+    /// Where the tool loop stopped, for `resume`; opaque.
+    pub(crate) paused: Option<Arc<crate::agent::Paused>>,
+}
+
+impl TurnInterrupt {
+    /// An interrupt for `reason`, from a terminal that keeps its own state.
+    pub fn new(reason: impl Into<String>, pending: Option<ToolCall>) -> Self {
+        TurnInterrupt {
+            reason: reason.into(),
+            pending,
+            paused: None,
+        }
+    }
 }
 
 /// How a turn ended: what the turn chain carries outward.
