@@ -46,7 +46,7 @@ pub use engine::{Engine, EngineConfig};
 pub use error::{ChainError, ErrorKind, Hook, Origin};
 pub use invoke::{Invoke, InvokeOptions};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
-pub use model::{ChatModel, EmbeddedModel, ModelEvent};
+pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel};
 pub use onion::{ChainKind, Chat, Fctx, Filter, Next, Terminal, Tool, Turn};
 pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFilter};
 pub use sandbox::{Grants, Limits};

@@ -6,6 +6,7 @@
 //! invoke has a sink, batching tokens that arrive together.
 
 mod embedded;
+mod openai;
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 
 pub use embedded::EmbeddedModel;
+pub use openai::{OpenAiConfig, OpenAiModel};
 
 use crate::context::Context;
 use crate::error::{ChainError, ErrorKind};
@@ -97,7 +99,8 @@ impl ModelTerminal {
         context: &Context,
         tokens: &mut TokenStream,
     ) -> Result<ChatResponse, ChainError> {
-        let mut events = self.model.stream(request, context).await?;
+        // Fused: a stream that ended in the inner drain is not polled again.
+        let mut events = self.model.stream(request, context).await?.fuse();
         let mut done = None;
         while let Some(first) = events.next().await {
             // Everything that already arrived goes through as one batch.

@@ -1,0 +1,408 @@
+//! The OpenAI-compatible client against a local server that speaks the
+//! chat-completions wire format: plain and streamed answers, tool calls split
+//! across SSE chunks, usage, every error class, and streams that break.
+
+use serde_json::{Value, json};
+use shallot::types::{FinishReason, Message, ToolSpec, TurnRequest, TurnResult};
+use shallot::{ChainError, Context, ErrorKind, Kernel, OpenAiConfig, OpenAiModel};
+use shallot_tests::{Canned, Collector, FakeProvider, ask, load, spec};
+
+fn client(provider: &FakeProvider, timeout_ms: u64, max_retries: u32) -> OpenAiModel {
+    let config = OpenAiConfig {
+        api_key: Some("sk-test".into()),
+        timeout_ms,
+        max_retries,
+        ..OpenAiConfig::new(&provider.url, "tiny-model")
+    };
+    OpenAiModel::new(config).expect("the client builds")
+}
+
+fn kernel(provider: &FakeProvider) -> Kernel {
+    Kernel::builder()
+        .model(client(provider, 5_000, 2))
+        .build()
+        .unwrap()
+}
+
+fn completion(text: &str, finish: &str) -> Canned {
+    Canned::Json(
+        200,
+        json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "tiny-model-0425",
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": finish }],
+            "usage": { "prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14 }
+        }),
+        vec![],
+    )
+}
+
+fn delta(delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "tiny-model-0425",
+        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }]
+    })
+}
+
+fn usage_chunk() -> Value {
+    json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "tiny-model-0425",
+        "choices": [],
+        "usage": { "prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25 }
+    })
+}
+
+fn streamed(pieces: &[&str]) -> Vec<Value> {
+    let mut chunks = vec![delta(json!({ "role": "assistant", "content": "" }), None)];
+    chunks.extend(pieces.iter().map(|p| delta(json!({ "content": p }), None)));
+    chunks.push(delta(json!({}), Some("stop")));
+    chunks.push(usage_chunk());
+    chunks
+}
+
+fn error(status: u16, message: &str) -> Canned {
+    Canned::Json(
+        status,
+        json!({ "error": { "message": message, "type": "test" } }),
+        vec![],
+    )
+}
+
+#[tokio::test]
+async fn a_plain_answer_comes_back_with_usage_and_the_request_goes_out_in_the_wire_format() {
+    let provider = FakeProvider::start(vec![completion("Hello there.", "stop")]).await;
+    let mut request =
+        shallot::types::ChatRequest::new(vec![Message::system("be brief"), Message::user("hi")]);
+    request.tools = std::sync::Arc::new(vec![ToolSpec::new(
+        "add",
+        "adds",
+        json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    )]);
+    let response = kernel(&provider)
+        .chat(request, Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "Hello there.");
+    assert_eq!(response.finish_reason, FinishReason::Complete);
+    assert_eq!(response.model, "tiny-model-0425");
+    assert_eq!(
+        (
+            response.usage.input_tokens,
+            response.usage.output_tokens,
+            response.usage.total_tokens
+        ),
+        (11, 3, 14)
+    );
+    let body = &provider.bodies()[0];
+    assert_eq!(body["model"], "tiny-model");
+    assert_eq!(
+        body["messages"],
+        json!([{ "role": "system", "content": "be brief" }, { "role": "user", "content": "hi" }])
+    );
+    assert_eq!(body["tools"][0]["type"], "function");
+    assert_eq!(body["tools"][0]["function"]["name"], "add");
+    assert_eq!(
+        body["tools"][0]["function"]["parameters"]["properties"]["a"]["type"],
+        "integer"
+    );
+    assert!(body.get("stream").is_none());
+}
+
+#[tokio::test]
+async fn a_streamed_answer_arrives_token_by_token_and_ends_with_the_usage_chunk() {
+    let provider =
+        FakeProvider::start(vec![Canned::Sse(streamed(&["Hel", "lo", "!"]), true)]).await;
+    let sink = Collector::default();
+    let response = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(sink.tokens().concat(), "Hello!");
+    assert_eq!(response.text(), "Hello!");
+    assert_eq!(response.finish_reason, FinishReason::Complete);
+    assert_eq!(response.usage.total_tokens, 25);
+    let body = &provider.bodies()[0];
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
+}
+
+#[tokio::test]
+async fn a_server_that_closes_after_the_finish_reason_without_done_still_answers() {
+    let provider = FakeProvider::start(vec![Canned::Sse(streamed(&["ok"]), false)]).await;
+    let response = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "ok");
+}
+
+/// Two tool calls whose ids, names and arguments arrive in pieces, by index.
+fn split_tool_calls() -> Vec<Value> {
+    let call = |index: u32, id: Option<&str>, name: Option<&str>, args: &str| {
+        let mut function = json!({ "arguments": args });
+        if let Some(name) = name {
+            function["name"] = json!(name);
+        }
+        let mut piece = json!({ "index": index, "function": function });
+        if let Some(id) = id {
+            piece["id"] = json!(id);
+            piece["type"] = json!("function");
+        }
+        delta(json!({ "tool_calls": [piece] }), None)
+    };
+    vec![
+        delta(json!({ "role": "assistant", "content": null }), None),
+        call(0, Some("call_a"), Some("add"), ""),
+        call(0, None, None, "{\"a\": 2,"),
+        call(1, Some("call_b"), Some("add"), "{\"a\""),
+        call(0, None, None, " \"b\": 3}"),
+        call(1, None, None, ": 10, \"b\": 5}"),
+        delta(json!({}), Some("tool_calls")),
+        usage_chunk(),
+    ]
+}
+
+#[tokio::test]
+async fn tool_calls_split_across_chunks_are_put_together_and_run_through_a_turn() {
+    let provider = FakeProvider::start(vec![
+        Canned::Sse(split_tool_calls(), true),
+        Canned::Sse(streamed(&["5 and ", "15."]), true),
+    ])
+    .await;
+    let spec = ToolSpec::new("add", "adds a and b", json!({"type": "object"}));
+    let kernel = Kernel::builder()
+        .model(client(&provider, 5_000, 0))
+        .tool(spec, |args: Value, _| async move {
+            Ok(json!(
+                args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap()
+            ))
+        })
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let result = kernel
+        .turn_stream(
+            TurnRequest::new(vec![Message::user("2+3, 10+5?")]),
+            Context::new(),
+            sink.clone(),
+        )
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("expected a done turn, got {result:?}")
+    };
+    assert_eq!(done.response.text(), "5 and 15.");
+    let calls: Vec<(&str, &str, Option<&str>)> = done
+        .tool_calls
+        .iter()
+        .map(|c| {
+            (
+                c.call.id.as_str(),
+                c.call.arguments.as_str(),
+                c.output.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("call_a", "{\"a\": 2, \"b\": 3}", Some("5")),
+            ("call_b", "{\"a\": 10, \"b\": 5}", Some("15"))
+        ]
+    );
+    assert_eq!(sink.tokens().concat(), "5 and 15.");
+    let second = &provider.bodies()[1]["messages"];
+    assert_eq!(
+        second[1]["tool_calls"][1]["function"]["arguments"],
+        "{\"a\": 10, \"b\": 5}"
+    );
+    assert_eq!(
+        second[2],
+        json!({ "role": "tool", "content": "5", "tool_call_id": "call_a" })
+    );
+    assert_eq!(
+        second[3],
+        json!({ "role": "tool", "content": "15", "tool_call_id": "call_b" })
+    );
+}
+
+#[tokio::test]
+async fn a_429_is_retried_after_the_servers_retry_after() {
+    let provider = FakeProvider::start(vec![
+        Canned::Json(
+            429,
+            json!({ "error": { "message": "slow down" } }),
+            vec![("retry-after", "0".into())],
+        ),
+        completion("fine", "stop"),
+    ])
+    .await;
+    let response = kernel(&provider)
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "fine");
+    assert_eq!(provider.bodies().len(), 2);
+}
+
+#[tokio::test]
+async fn a_5xx_that_persists_ends_as_a_transient_error_after_the_retries() {
+    let provider = FakeProvider::start(vec![Canned::Json(
+        503,
+        json!({ "error": { "message": "overloaded" } }),
+        vec![("retry-after", "0".into())],
+    )])
+    .await;
+    let error = kernel(&provider)
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient);
+    assert!(
+        error.message.contains("503") && error.message.contains("overloaded"),
+        "{error}"
+    );
+    assert_eq!(provider.bodies().len(), 3, "the first try and two retries");
+}
+
+#[tokio::test]
+async fn auth_failures_are_not_retried() {
+    for status in [401, 403] {
+        let provider = FakeProvider::start(vec![error(status, "bad key")]).await;
+        let error = kernel(&provider)
+            .chat(ask("hi"), Context::new())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Auth);
+        assert!(error.message.contains("bad key"), "{error}");
+        assert_eq!(provider.bodies().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn other_client_errors_are_invalid_requests_and_not_retried() {
+    let provider = FakeProvider::start(vec![error(400, "context too long")]).await;
+    let error = kernel(&provider)
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(error.message.contains("context too long"), "{error}");
+    assert_eq!(provider.bodies().len(), 1);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out() {
+    let provider = FakeProvider::start(vec![Canned::Hang]).await;
+    let kernel = Kernel::builder()
+        .model(client(&provider, 200, 0))
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout);
+    let error = kernel
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout);
+}
+
+#[tokio::test]
+async fn a_closed_connection_is_transient_and_retried() {
+    let provider = FakeProvider::start(vec![Canned::Close, completion("back", "stop")]).await;
+    let response = kernel(&provider)
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "back");
+    let provider = FakeProvider::start(vec![Canned::Close]).await;
+    let kernel = Kernel::builder()
+        .model(client(&provider, 5_000, 0))
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient);
+}
+
+#[tokio::test]
+async fn a_length_limit_is_reported_as_such() {
+    let provider = FakeProvider::start(vec![completion("It was a dark and", "length")]).await;
+    let response = kernel(&provider)
+        .chat(ask("a story"), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.finish_reason, FinishReason::LengthLimit);
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_mid_answer_is_a_typed_error_and_a_hold_back_filter_leaks_nothing() {
+    let mut chunks = streamed(&["Your key: ", "sk-live", "4f9a"]);
+    chunks.truncate(4);
+    let provider = FakeProvider::start(vec![Canned::Sse(chunks, false)]).await;
+    let config = json!({ "pattern": "sk-[a-z0-9-]+", "replacement": "[KEY]", "window": 32 });
+    let plugins = load(vec![spec("token_redact", "redact", config)]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(client(&provider, 5_000, 2))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let error: ChainError = kernel
+        .chat_stream(ask("my key?"), Context::new(), sink.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient);
+    assert!(error.message.contains("ended before the answer"), "{error}");
+    let seen = sink.tokens().concat();
+    assert_eq!(
+        seen, "",
+        "what the filter held back is neither flushed nor leaked on a broken stream"
+    );
+    assert_eq!(
+        provider.bodies().len(),
+        1,
+        "a stream that started is not retried"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_chunk_ends_the_stream_with_an_error() {
+    let provider = FakeProvider::start(vec![Canned::Sse(vec![json!("not a chunk")], true)]).await;
+    let error = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient);
+    assert!(error.message.contains("unreadable chunk"), "{error}");
+}
+
+#[tokio::test]
+async fn the_timeout_also_bounds_silence_inside_a_stream() {
+    let provider =
+        FakeProvider::start(vec![Canned::Stall(streamed(&["Hel", "lo"])[..3].to_vec())]).await;
+    let kernel = Kernel::builder()
+        .model(client(&provider, 300, 2))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let error = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
+    assert!(error.message.contains("fell silent"), "{error}");
+    assert_eq!(
+        sink.tokens().concat(),
+        "Hello",
+        "what was delivered stays delivered"
+    );
+    assert_eq!(
+        provider.bodies().len(),
+        1,
+        "a stream that started is not retried"
+    );
+}
