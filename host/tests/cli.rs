@@ -1,8 +1,11 @@
 //! The `shallot` command as a user runs it: exit codes and messages.
 //! Uses the guests built by `cargo build-guests`.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::thread::JoinHandle;
 
 fn guest(name: &str) -> PathBuf {
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
@@ -25,6 +28,9 @@ fn shallot(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shallot"))
         .args(args)
         .env("SHALLOT_CACHE_DIR", cache)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("SHALLOT_MODEL")
         .output()
         .expect("shallot runs")
 }
@@ -134,4 +140,113 @@ fn a_missing_plugins_directory_is_a_clear_error() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A one-request chat-completions server on loopback: answers with `status`
+/// and `body`, and hands back the request's head and body.
+fn model_server(status: u16, body: &str) -> (String, JoinHandle<(String, serde_json::Value)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let body = body.to_owned();
+    let served = std::thread::spawn(move || {
+        let (socket, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(socket);
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line.to_ascii_lowercase());
+        }
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        let mut request = vec![0; length];
+        reader.read_exact(&mut request).unwrap();
+        let answer = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        reader.get_mut().write_all(answer.as_bytes()).unwrap();
+        (head, serde_json::from_slice(&request).unwrap())
+    });
+    (url, served)
+}
+
+#[test]
+fn chat_talks_to_an_openai_compatible_server() {
+    let answer = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi from the server."},"finish_reason":"stop"}]}"#;
+    let (url, served) = model_server(200, answer);
+    let out = Command::new(env!("CARGO_BIN_EXE_shallot"))
+        .args([
+            "chat",
+            "--model-url",
+            &url,
+            "--model",
+            "tiny",
+            "--no-tools",
+            "--system",
+            "Be brief.",
+            "hello",
+        ])
+        .env("OPENAI_API_KEY", "sk-from-env")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "Hi from the server.\n");
+    let (head, body) = served.join().unwrap();
+    assert!(head.starts_with("post /v1/chat/completions"), "{head}");
+    assert!(head.contains("authorization: bearer sk-from-env"), "{head}");
+    assert_eq!(body["model"], "tiny");
+    assert_eq!(
+        body["messages"],
+        serde_json::json!([{ "role": "system", "content": "Be brief." }, { "role": "user", "content": "hello" }])
+    );
+    assert!(body.get("tools").is_none(), "--no-tools offers none");
+}
+
+#[test]
+fn a_refusing_model_server_is_a_clear_error() {
+    let (url, served) = model_server(401, r#"{"error":{"message":"Incorrect API key"}}"#);
+    let out = shallot(&["chat", "--model-url", &url, "hello"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("answered 401: Incorrect API key"),
+        "{stderr}"
+    );
+    served.join().unwrap();
+}
+
+#[test]
+fn a_model_without_a_server_is_refused() {
+    let out = shallot(&["chat", "--model", "gpt-4o", "hello"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--model-url"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_bad_model_table_in_the_config_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("shallot-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shallot.toml");
+    std::fs::write(
+        &config,
+        "[model]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodle = \"x\"\n",
+    )
+    .unwrap();
+    let out = shallot(&["chat", "--config", config.to_str().unwrap(), "hello"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("unknown field `modle`"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -10,12 +10,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Args;
 use serde_json::{Value, json};
+use shallot::plugin::read_model;
 use shallot::types::{
     FinishReason, Message, Token, ToolRequest, ToolResponse, TurnDone, TurnRequest, TurnResult,
 };
 use shallot::{
-    ChainError, Context, EmbeddedModel, Engine, Filter, Hook, Kernel, LoopConfig, MemoryHistory,
-    Next, Tool, ToolLoop,
+    ChainError, Context, EmbeddedModel, Engine, Filter, Hook, InvokeOptions, Kernel, LoopConfig,
+    MemoryHistory, Next, OpenAiConfig, OpenAiModel, Tool, ToolLoop,
 };
 
 use super::Source;
@@ -34,6 +35,10 @@ pub(crate) struct ChatArgs {
     /// one run always share a conversation).
     #[arg(long, value_name = "ID", default_value = "cli")]
     conversation: String,
+    /// A system prompt for every turn (repeatable; filters with a
+    /// system-prompt hook may reshape it).
+    #[arg(long, value_name = "TEXT")]
+    system: Vec<String>,
     /// Offer the model no tools (by default: calculator, clock, echo).
     #[arg(long)]
     no_tools: bool,
@@ -43,6 +48,17 @@ pub(crate) struct ChatArgs {
     /// Pause between the embedded model's streamed tokens, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pace: u64,
+    /// Use the OpenAI-compatible server at this API base instead of the
+    /// embedded model, e.g. http://localhost:11434/v1 (Ollama),
+    /// http://localhost:8000/v1 (vLLM), https://api.openai.com/v1. The bearer
+    /// token comes from OPENAI_API_KEY. Without this flag: the `[model]` table
+    /// of --config, then OPENAI_BASE_URL / OPENAI_API_KEY, then the embedded
+    /// offline model.
+    #[arg(long, value_name = "URL")]
+    model_url: Option<String>,
+    /// The model to ask the server for [default: SHALLOT_MODEL, else gpt-4o-mini].
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
     /// The prompts, sent one after another as turns of one conversation.
     #[arg(required = true, value_name = "PROMPT")]
     prompts: Vec<String>,
@@ -50,15 +66,17 @@ pub(crate) struct ChatArgs {
 
 pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitCode> {
     let plugins = args.source.load(engine).await?;
-    let model = EmbeddedModel::new().with_delay(Duration::from_millis(args.pace));
     let config = LoopConfig {
         max_iterations: args.max_iterations,
         ..LoopConfig::default()
     };
     let mut builder = Kernel::builder()
         .plugins(&plugins)
-        .model(model)
         .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    builder = match server(&args)? {
+        Some(server) => builder.model(OpenAiModel::new(server)?),
+        None => builder.model(EmbeddedModel::new().with_delay(Duration::from_millis(args.pace))),
+    };
     if !args.no_tools {
         builder = builder.builtin_tools();
     }
@@ -72,6 +90,12 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
             println!("> {prompt}");
         }
         let context = Context::new().with("conversation_id", args.conversation.as_str());
+        let options = args
+            .system
+            .iter()
+            .fold(InvokeOptions::from(context), |options, prompt| {
+                options.system_prompt(prompt.as_str())
+            });
         let request = TurnRequest::new(vec![Message::user(prompt.as_str())]);
         let printed = Arc::new(AtomicBool::new(false));
         let result = if args.stream && !args.json {
@@ -81,9 +105,9 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
                 print!("{}", token.text);
                 let _ = std::io::stdout().flush();
             };
-            kernel.turn_stream(request, context, sink).await
+            kernel.turn_stream(request, options, sink).await
         } else {
-            kernel.turn(request, context).await
+            kernel.turn(request, options).await
         };
         if args.json {
             println!("{}", to_json(&result));
@@ -105,6 +129,34 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model server the flags, the config file or the environment name, in
+/// that order of precedence; `None` for the embedded model.
+fn server(args: &ChatArgs) -> anyhow::Result<Option<OpenAiConfig>> {
+    let configured = match &args.source.config {
+        Some(file) => read_model(file)?,
+        None => None,
+    };
+    let mut server = match (&args.model_url, configured.or_else(OpenAiConfig::from_env)) {
+        (Some(url), Some(server)) => Some(OpenAiConfig {
+            base_url: url.clone(),
+            ..server
+        }),
+        (Some(url), None) => Some(OpenAiConfig {
+            api_key: std::env::var("OPENAI_API_KEY").ok(),
+            ..OpenAiConfig::new(url, OpenAiConfig::default_model())
+        }),
+        (None, server) => server,
+    };
+    match (&mut server, &args.model) {
+        (Some(server), Some(model)) => server.model = model.clone(),
+        (None, Some(_)) => anyhow::bail!(
+            "--model names a model on a server: give the server with --model-url, a [model] table in --config, or OPENAI_BASE_URL"
+        ),
+        _ => {}
+    }
+    Ok(server)
 }
 
 fn name(value: &impl serde::Serialize) -> String {

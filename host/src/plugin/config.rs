@@ -18,6 +18,17 @@
 //!
 //! The list order is the layer order (first = outermost). The same plugin
 //! may appear twice under two names.
+//!
+//! A `[model]` table points `shallot chat` at an OpenAI-compatible server
+//! (see [`OpenAiConfig`]); without `api_key`, `OPENAI_API_KEY` is used:
+//!
+//! ```toml
+//! [model]
+//! base_url = "http://localhost:11434/v1"
+//! model = "qwen2.5:7b"
+//! timeout_ms = 60000
+//! max_retries = 2
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +36,7 @@ use serde::Deserialize;
 
 use super::filter::Isolation;
 use super::loader::{FilterSpec, LoadError};
+use crate::model::OpenAiConfig;
 use crate::sandbox::{Grants, Limits};
 
 #[derive(Debug, Deserialize)]
@@ -33,6 +45,7 @@ struct ConfigFile {
     plugin_dir: Option<PathBuf>,
     #[serde(default, rename = "filter")]
     filters: Vec<FilterEntry>,
+    model: Option<OpenAiConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,17 +62,35 @@ struct FilterEntry {
     isolation: Isolation,
 }
 
+fn parse(file: &Path) -> Result<ConfigFile, LoadError> {
+    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
+        path: file.into(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| LoadError::Config {
+        path: file.into(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads a `shallot.toml`'s `[model]` table, if it has one, filling a
+/// missing `api_key` from `OPENAI_API_KEY`.
+pub fn read_model(file: &Path) -> Result<Option<OpenAiConfig>, LoadError> {
+    Ok(parse(file)?.model.map(|mut model| {
+        if model.api_key.is_none() {
+            model.api_key = std::env::var("OPENAI_API_KEY").ok();
+        }
+        model
+    }))
+}
+
 /// Reads a `shallot.toml` into plugin paths and filter specs, in order.
 pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
     let bad = |message: String| LoadError::Config {
         path: file.into(),
         message,
     };
-    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
-        path: file.into(),
-        source,
-    })?;
-    let parsed: ConfigFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let parsed = parse(file)?;
     let base = file.parent().unwrap_or(Path::new("."));
     let dir = match parsed.plugin_dir {
         Some(dir) => base.join(dir),

@@ -16,7 +16,7 @@ mod loader;
 pub(crate) mod pool;
 mod set;
 
-pub use config::{read_config, read_dir};
+pub use config::{read_config, read_dir, read_model};
 pub(crate) use filter::WasmTransformer;
 pub use filter::{Isolation, WasmFilter};
 pub use loader::{
