@@ -14,4 +14,5 @@ mod loading;
 mod provider;
 mod sandbox;
 mod tokens;
+mod tools;
 mod turn;

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible client against a local server that speaks the
 //! chat-completions wire format: plain and streamed answers, tool calls split
-//! across SSE chunks, usage, every error class, and streams that break.
+//! across SSE chunks, usage, every error class, and streams that break
+//! (PEER-CASES P10–P25, adapted: our classes are `ChainError` kinds).
 
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, Message, ToolSpec, TurnRequest, TurnResult};
@@ -405,4 +406,50 @@ async fn the_timeout_also_bounds_silence_inside_a_stream() {
         1,
         "a stream that started is not retried"
     );
+}
+
+#[tokio::test]
+async fn p25_malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
+    let asked = Canned::Json(
+        200,
+        json!({
+            "choices": [{ "index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null,
+                "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "echo", "arguments": "{\"text\": " } }]
+            } }]
+        }),
+        vec![],
+    );
+    let provider = FakeProvider::start(vec![asked, completion("sorry", "stop")]).await;
+    let kernel = Kernel::builder()
+        .model(client(&provider, 5_000, 0))
+        .builtin_tools()
+        .build()
+        .unwrap();
+    let result = kernel
+        .turn(
+            TurnRequest::new(vec![Message::user("echo")]),
+            Context::new(),
+        )
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("expected a done turn, got {result:?}")
+    };
+    assert_eq!(done.response.text(), "sorry");
+    let record = &done.tool_calls[0];
+    assert_eq!(
+        record.call.arguments, "{\"text\": ",
+        "the raw arguments are kept"
+    );
+    assert_eq!(
+        record.error.as_ref().unwrap().kind,
+        ErrorKind::InvalidRequest
+    );
+    let told: Value = serde_json::from_str(
+        provider.bodies()[1]["messages"][2]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(told["error"]["type"], "invalid-request");
 }

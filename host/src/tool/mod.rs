@@ -1,13 +1,20 @@
 //! Native tools: async Rust functions the tool chain's terminal runs, each
 //! with a JSON Schema its arguments are checked against before it is called.
 //! `builtin` has the demo tools (calculator, clock, echo).
+//!
+//! A call runs under its tool's optional timeout and is retried, as the tool
+//! asks, when it fails with a `transient` or `timeout` error; a handler that
+//! panics fails its own call with an `internal` error and nothing else.
 
 pub mod builtin;
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
@@ -115,7 +122,50 @@ impl Terminal<Tool> for ToolRegistry {
                 return Err(ChainError::new(ErrorKind::InvalidRequest, message));
             }
         }
-        let output = (tool.handler)(arguments, invoke.context().clone()).await?;
-        Ok(ToolResponse::json(&output))
+        let mut tries = 0;
+        loop {
+            match tool.run(arguments.clone(), invoke.context().clone()).await {
+                Ok(output) => return Ok(ToolResponse::json(&output)),
+                Err(e)
+                    if tries < tool.spec.retries
+                        && matches!(e.kind, ErrorKind::Transient | ErrorKind::Timeout) =>
+                {
+                    tries += 1;
+                    tracing::debug!(tool = %name, tries, error = %e, "retrying the tool");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Registered {
+    /// One call of the handler, bounded by the tool's timeout, with a panic
+    /// turned into an error.
+    async fn run(&self, arguments: Value, context: Context) -> Result<Value, ChainError> {
+        let name = &self.spec.name;
+        let call = AssertUnwindSafe((self.handler)(arguments, context)).catch_unwind();
+        let outcome = match self.spec.timeout_ms {
+            Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call)
+                .await
+                .map_err(|_| {
+                    ChainError::new(
+                        ErrorKind::Timeout,
+                        format!("tool '{name}' did not finish within {ms} ms"),
+                    )
+                })?,
+            None => call.await,
+        };
+        outcome.unwrap_or_else(|panic| {
+            let said = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(ChainError::new(
+                ErrorKind::Internal,
+                format!("tool '{name}' panicked: {said}"),
+            ))
+        })
     }
 }

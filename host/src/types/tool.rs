@@ -20,6 +20,18 @@ pub struct ToolSpec {
     /// fails, their outputs are the turn's final answer (no model round).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub return_direct: bool,
+    /// Host-side: a native call that takes longer fails with a `timeout`
+    /// error. `None` (the default): nothing stops a slow tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Host-side: how often a native call that failed with a `transient` or
+    /// `timeout` error is tried again. Other errors are never retried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl ToolSpec {
@@ -36,6 +48,8 @@ impl ToolSpec {
             sensitive: false,
             serial: false,
             return_direct: false,
+            timeout_ms: None,
+            retries: 0,
         }
     }
 
@@ -54,6 +68,18 @@ impl ToolSpec {
     /// Makes the tool's output the turn's answer (see [`ToolSpec::return_direct`]).
     pub fn return_direct(mut self) -> Self {
         self.return_direct = true;
+        self
+    }
+
+    /// Bounds each native call of the tool (see [`ToolSpec::timeout_ms`]).
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout_ms = Some(timeout.as_millis().try_into().unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Retries transient failures of the tool (see [`ToolSpec::retries`]).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
         self
     }
 }

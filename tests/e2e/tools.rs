@@ -1,0 +1,253 @@
+//! Tool execution as the tool terminal runs it (PEER-CASES N): retries of
+//! transient failures, timeouts, panicking handlers contained, and a batch
+//! whose around-tool filter traps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
+use shallot::{ChainError, Context, ErrorKind, Kernel};
+use shallot_tests::{Reply, ScriptedModel, load, spec};
+
+/// A kernel with the tool `flaky`, whose handler fails with `fail` on its
+/// first `failures` calls, then answers "done"; and the call counter.
+fn flaky(spec: ToolSpec, failures: u32, fail: ErrorKind) -> (Kernel, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let kernel = Kernel::builder()
+        .model(ScriptedModel::answer("unused"))
+        .tool(spec, move |_: Value, _| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n <= failures {
+                    Err(ChainError::new(fail, format!("failure {n}")))
+                } else {
+                    Ok(json!("done"))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    (kernel, calls)
+}
+
+fn tool(name: &str) -> ToolSpec {
+    ToolSpec::new(name, "a test tool", json!({"type": "object"}))
+}
+
+#[tokio::test]
+async fn n1_transient_failures_are_retried_until_the_call_succeeds() {
+    let (kernel, calls) = flaky(tool("flaky").retries(3), 2, ErrorKind::Timeout);
+    let response = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.value().unwrap(), json!("done"));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn n2_a_semantic_failure_is_not_retried() {
+    let (kernel, calls) = flaky(tool("flaky").retries(3), 5, ErrorKind::InvalidRequest);
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn n3_retries_that_run_out_return_the_last_failure() {
+    let (kernel, calls) = flaky(tool("flaky").retries(2), 99, ErrorKind::Transient);
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.message, "failure 3");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn n4_without_retries_a_tool_is_called_once() {
+    let (kernel, calls) = flaky(tool("flaky"), 1, ErrorKind::Transient);
+    kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+fn sleeper(spec: ToolSpec, sleep: Duration) -> (Kernel, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let kernel = Kernel::builder()
+        .model(ScriptedModel::answer("unused"))
+        .tool(spec, move |_: Value, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(sleep).await;
+                Ok(json!("slow-done"))
+            }
+        })
+        .build()
+        .unwrap();
+    (kernel, calls)
+}
+
+#[tokio::test]
+async fn n6_a_tool_past_its_timeout_fails_with_a_timeout_error() {
+    let (kernel, _) = sleeper(
+        tool("slow").timeout(Duration::from_millis(100)),
+        Duration::from_secs(3600),
+    );
+    let error = kernel
+        .tool("slow", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout);
+    assert_eq!(error.message, "tool 'slow' did not finish within 100 ms");
+}
+
+#[tokio::test]
+async fn n8_a_tool_within_its_timeout_or_without_one_answers() {
+    let (kernel, _) = sleeper(
+        tool("slow").timeout(Duration::from_secs(60)),
+        Duration::from_millis(20),
+    );
+    let response = kernel
+        .tool("slow", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.value().unwrap(), json!("slow-done"));
+    let (kernel, _) = sleeper(tool("slow"), Duration::from_millis(20));
+    assert!(kernel.tool("slow", json!({}), Context::new()).await.is_ok());
+}
+
+#[tokio::test]
+async fn n10_a_timeout_is_retried_like_any_transient_failure() {
+    let spec = tool("slow").timeout(Duration::from_millis(50)).retries(2);
+    let (kernel, calls) = sleeper(spec, Duration::from_secs(3600));
+    let error = kernel
+        .tool("slow", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+fn panicking() -> Kernel {
+    Kernel::builder()
+        .model(ScriptedModel::replies(vec![
+            Reply::Calls(vec![
+                ("boom".into(), json!({"n": 1})),
+                ("boom".into(), json!({"n": 2})),
+                ("boom".into(), json!({"n": 3})),
+            ]),
+            Reply::Text("recovered".into()),
+        ]))
+        .tool(tool("boom"), |args: Value, _| async move {
+            if args["n"].is_number() {
+                panic!("badthing {}", args["n"]);
+            }
+            Ok(json!("fine"))
+        })
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn n11_a_panicking_handler_fails_its_call_and_the_caller_survives() {
+    let kernel = panicking();
+    let error = kernel
+        .tool("boom", json!({"n": 0}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Internal);
+    assert_eq!(error.message, "tool 'boom' panicked: badthing 0");
+    let again = kernel
+        .tool("boom", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(again.value().unwrap(), json!("fine"));
+}
+
+#[tokio::test]
+async fn n33_a_batch_of_panicking_calls_gives_an_error_record_each_in_order() {
+    let result = panicking()
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("expected a done turn, got {result:?}")
+    };
+    assert_eq!(
+        done.response.text(),
+        "recovered",
+        "the model got the errors and answered"
+    );
+    let records: Vec<(String, String)> = done
+        .tool_calls
+        .iter()
+        .map(|r| {
+            (
+                r.call.arguments.to_string(),
+                r.error.as_ref().unwrap().message.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        records,
+        [1, 2, 3].map(|n| (
+            format!("{{\"n\":{n}}}"),
+            format!("tool 'boom' panicked: badthing {n}")
+        ))
+    );
+}
+
+#[tokio::test]
+async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_turn() {
+    let plugins = load(vec![spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "tool", "do": "trap" }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("echo".into(), json!({"text": "a"})),
+            ("echo".into(), json!({"text": "b"})),
+        ]),
+        Reply::Text("carried on".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .builtin_tools()
+        .build()
+        .unwrap();
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("expected a done turn, got {result:?}")
+    };
+    assert_eq!(done.response.text(), "carried on");
+    assert_eq!(done.tool_calls.len(), 2);
+    for record in &done.tool_calls {
+        let error = record.error.as_ref().expect("each call failed");
+        assert_eq!(error.kind, ErrorKind::PluginFault);
+        assert_eq!(&*error.origin.as_ref().unwrap().filter, "bad");
+    }
+    let next_turn = kernel
+        .turn(
+            TurnRequest::new(vec![Message::user("again")]),
+            Context::new(),
+        )
+        .await;
+    assert!(
+        matches!(next_turn, TurnResult::Done(_)),
+        "a fresh instance serves the next turn"
+    );
+}
