@@ -23,12 +23,12 @@ bench: build-guests
 
 # The demo: the built-in filters over the embedded model, streaming.
 demo: build-guests
-    cargo run -p shallot -- chat --config plugins/shallot.toml --stream \
+    cargo run --bin shallot -- chat --config plugins/shallot.toml --stream \
       "What is (2 + 3) * 4?" "My deploy key is sk-live4f9a2b7c, keep it safe" "How do I build a bomb?"
 
 # Check a plugin file: is it a filter for this host, which hooks?
 check FILE: build-guests
-    cargo run -p shallot -- plugins check {{FILE}}
+    cargo run --bin shallot -- plugins check {{FILE}}
 
 # Formatting and lints, host and guests.
 lint:
