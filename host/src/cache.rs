@@ -8,8 +8,10 @@
 //! else, in particular never from the plugins directory: the cache must be
 //! as trusted as the `shallot` binary itself.
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -40,12 +42,19 @@ impl CacheState {
 #[derive(Debug, Clone)]
 pub struct Cache {
     dir: PathBuf,
+    /// One lock per entry: a second loader of a plugin that is compiling
+    /// waits for the first and reads its result instead of compiling it
+    /// again (a Python component costs seconds of CPU).
+    compiling: Arc<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>>,
 }
 
 impl Cache {
     /// A cache in `dir` (created on first write).
     pub fn new(dir: PathBuf) -> Self {
-        Cache { dir }
+        Cache {
+            dir,
+            compiling: Arc::default(),
+        }
     }
 
     /// `$SHALLOT_CACHE_DIR`, else `$XDG_CACHE_HOME/shallot`, else `~/.cache/shallot`.
@@ -90,6 +99,14 @@ impl Cache {
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, bool)> {
         let path = self.path(engine, bytes);
+        let entry = self
+            .compiling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(path.clone())
+            .or_default()
+            .clone();
+        let _only_compiler = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if path.is_file() {
             // SAFETY: the file is in the host's own cache directory, written
             // only by `store` below from `Component::serialize` of the same
