@@ -13,12 +13,17 @@ setup:
 build-guests: setup
     cargo build-guests
 
+# Build the Python and JavaScript filters (installs the pinned componentize-py
+# and componentize-js inside the checkout on first use).
+build-polyglot:
+    scripts/build-polyglot
+
 # Run every test.
-test: build-guests
+test: build-guests build-polyglot
     cargo test
 
 # Measure a wasm layer against a native closure layer and a bare component call.
-bench: build-guests
+bench: build-guests build-polyglot
     cargo bench -p shallot-bench
 
 # The demo: the built-in filters over the embedded model, streaming.

@@ -11,6 +11,7 @@ mod concurrency;
 mod context;
 mod fctx;
 mod loading;
+mod polyglot;
 mod provider;
 mod sandbox;
 mod tokens;

@@ -36,7 +36,7 @@ pub fn guest(name: &str) -> PathBuf {
         .join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
-        "{} is missing: build the guests first with `cargo build-guests` (needs `rustup target add wasm32-wasip2`)",
+        "{} is missing: build the guests first with `cargo build-guests` (needs `rustup target add wasm32-wasip2`) and, for the Python and JavaScript ones, `scripts/build-polyglot`",
         path.display()
     );
     path

@@ -1,0 +1,268 @@
+// shallot-filter: write a shallot filter in JavaScript.
+//
+// Extend `Filter`, override the hooks you need (the others pass through and
+// are never called), and export the component's interfaces:
+//
+//   import { Filter, FilterError, exportFilter, next, textOf } from './shallot.js';
+//
+//   class Guard extends Filter {
+//     static filterName = 'guard';
+//     constructor(config) { super(config); this.word = config?.word ?? 'secret'; }
+//     aroundChat(request, fctx) {
+//       if (request.messages().some((m) => textOf(m).includes(this.word))) {
+//         throw new FilterError('content-filtered', 'blocked');
+//       }
+//       return next.chat(request);
+//     }
+//   }
+//
+//   export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } =
+//     exportFilter(Guard);
+//
+// Build with componentize-js against shallot's wit/ (see the README), with
+// this file beside app.js. A hook gets the host-owned request and the
+// filter's private context `fctx`; JSON values travel as JS values. Throw
+// `FilterError` to fail a request on purpose; any other exception fails it
+// as a `plugin-fault` carrying the exception's message and stack.
+
+import * as wnext from 'shallot:filter/next@0.1.0';
+import * as wfctx from 'shallot:filter/fctx@0.1.0';
+import * as wcontext from 'shallot:filter/context@0.1.0';
+import { log as wlog } from 'shallot:filter/log@0.1.0';
+
+/** A typed failure: `kind` is transient, timeout, content-filtered,
+ * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */
+export class FilterError extends Error {
+  constructor(kind, message) {
+    super(`${kind}: ${message}`);
+    this.kind = kind;
+    this.detail = message;
+  }
+}
+
+function inner(call) {
+  try {
+    return call();
+  } catch (e) {
+    if (e && e.payload && e.payload.kind) throw new FilterError(e.payload.kind, e.payload.message);
+    throw e;
+  }
+}
+
+/** The inner layers. An inner failure throws `FilterError`. */
+export const next = {
+  chat: (request, timeoutMs) =>
+    inner(() => (timeoutMs === undefined ? wnext.chat(request) : wnext.chatWithin(request, timeoutMs))),
+  tool: (request, timeoutMs) =>
+    inner(() => (timeoutMs === undefined ? wnext.tool(request) : wnext.toolWithin(request, timeoutMs))),
+  /** Turn results ({tag: 'done' | 'interrupt' | 'error', val}) are values, never thrown. */
+  turn: (request, timeoutMs) => (timeoutMs === undefined ? wnext.turn(request) : wnext.turnWithin(request, timeoutMs)),
+};
+
+/** The invoke's shared context: JSON values by key, seen by every filter. */
+export const context = {
+  get(key, fallback = undefined) {
+    const value = wcontext.get(key);
+    return value === undefined ? fallback : JSON.parse(value);
+  },
+  set: (key, value) => wcontext.set(key, JSON.stringify(value)),
+  remove: (key) => wcontext.remove(key),
+  keys: () => wcontext.keys(),
+};
+
+/** The filter's private context in the current invoke: one JSON value, the
+ * same in its around-turn, around-chat and around-tool. */
+export const fctx = {
+  get: () => JSON.parse(wfctx.get()),
+  set: (state) => wfctx.set(JSON.stringify(state)),
+  update(change) {
+    const state = change(this.get());
+    this.set(state);
+    return state;
+  },
+};
+
+/** Log lines, attributed to the filter by the host. */
+export const log = Object.fromEntries(
+  ['trace', 'debug', 'info', 'warn', 'error'].map((level) => [level, (message) => wlog(level, String(message))]),
+);
+
+/** A message's text, parts joined. */
+export function textOf(message) {
+  const content = message.content;
+  if (!content) return '';
+  if (content.tag === 'text') return content.val;
+  return content.val
+    .filter((part) => part.tag === 'text')
+    .map((part) => part.val)
+    .join('');
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** What a token transform emits: tokens, each with optional metadata (a JSON object as text). */
+export class TokenOut {
+  #text = '';
+  #length = 0;
+  #ends = [];
+  #metas = [];
+
+  push(text, meta = undefined) {
+    if (meta !== undefined && meta !== null) this.#metas.push({ index: this.#ends.length, json: meta });
+    this.#text += text;
+    this.#length += encoder.encode(text).length;
+    this.#ends.push(this.#length);
+  }
+
+  batch() {
+    return { text: this.#text, ends: this.#ends, metas: this.#metas };
+  }
+}
+
+// `ends` are UTF-8 byte offsets, so the text is sliced as bytes.
+function tokensOf(batch) {
+  const raw = encoder.encode(batch.text);
+  const metas = new Map(batch.metas.map((m) => [m.index, m.json]));
+  const tokens = [];
+  let start = 0;
+  for (let i = 0; i < batch.ends.length; i++) {
+    tokens.push({ text: decoder.decode(raw.subarray(start, batch.ends[i])), meta: metas.get(i) });
+    start = batch.ends[i];
+  }
+  return tokens;
+}
+
+/** One stream's token transform; keep per-stream state on `this`. */
+export class TokenTransform {
+  /** Takes the next tokens ({text, meta}) and emits 0..N for them. */
+  step(tokens, out) {
+    for (const { text, meta } of tokens) out.push(text, meta);
+  }
+
+  /** The stream ended normally: emit what is still buffered. Not called when it fails. */
+  flush(out) {}
+}
+
+/** A shallot filter. The constructor gets the operator's configuration
+ * (parsed JSON, `null` when none is given); throw to reject it. */
+export class Filter {
+  static filterName = 'filter';
+  static version = '0.1.0';
+
+  constructor(config) {}
+
+  /** The private context's seed for every invoke. */
+  initFctx() {
+    return null;
+  }
+
+  /** Whether an overridden hook is live for this configuration. */
+  wants(hook) {
+    return true;
+  }
+
+  aroundChat(request, fctx) {
+    return next.chat(request);
+  }
+
+  aroundTool(request, fctx) {
+    return next.tool(request);
+  }
+
+  aroundTurn(request, fctx) {
+    return next.turn(request);
+  }
+
+  systemPrompt(prompt) {
+    return prompt;
+  }
+
+  /** A fresh transform for one stream. */
+  tokenTransform() {
+    return new TokenTransform();
+  }
+}
+
+const HOOKS = {
+  aroundChat: 'around-chat',
+  aroundTool: 'around-tool',
+  aroundTurn: 'around-turn',
+  tokenTransform: 'token-transform',
+  systemPrompt: 'system-prompt',
+};
+
+function asWitError(e) {
+  if (e instanceof FilterError) return { kind: e.kind, message: e.detail };
+  return { kind: 'plugin-fault', message: `uncaught ${e && e.stack ? `${e}\n${e.stack}` : String(e)}` };
+}
+
+function guarded(call) {
+  try {
+    return call();
+  } catch (e) {
+    throw asWitError(e);
+  }
+}
+
+/** The component's exports, bound to `FilterClass`. */
+export function exportFilter(FilterClass) {
+  let current = null;
+  const filter = () => {
+    if (!current) throw new FilterError('internal', 'the host called a hook before configure');
+    return current;
+  };
+
+  class TokenTransformer {
+    #transform = filter().tokenTransform();
+
+    step(batch) {
+      const out = new TokenOut();
+      guarded(() => this.#transform.step(tokensOf(batch), out));
+      return out.batch();
+    }
+
+    flush() {
+      const out = new TokenOut();
+      guarded(() => this.#transform.flush(out));
+      return out.batch();
+    }
+  }
+
+  return {
+    plugin: {
+      configure(config) {
+        try {
+          current = new FilterClass(JSON.parse(config));
+        } catch (e) {
+          throw String(e && e.message ? e.message : e);
+        }
+      },
+      describe() {
+        const f = filter();
+        const hooks = Object.entries(HOOKS)
+          .filter(([method, hook]) => f[method] !== Filter.prototype[method] && f.wants(hook))
+          .map(([, hook]) => hook);
+        return {
+          name: FilterClass.filterName,
+          version: FilterClass.version,
+          initFctx: JSON.stringify(f.initFctx() ?? null),
+          hooks,
+        };
+      },
+    },
+    chatFilter: { aroundChat: (request) => guarded(() => filter().aroundChat(request, fctx)) },
+    toolFilter: { aroundTool: (request) => guarded(() => filter().aroundTool(request, fctx)) },
+    turnFilter: {
+      aroundTurn(request) {
+        try {
+          return filter().aroundTurn(request, fctx);
+        } catch (e) {
+          return { tag: 'error', val: asWitError(e) };
+        }
+      },
+    },
+    systemPromptFilter: { systemPrompt: (prompt) => guarded(() => filter().systemPrompt(prompt)) },
+    tokenFilter: { TokenTransformer },
+  };
+}

@@ -1,0 +1,411 @@
+//! Filters written in Python (componentize-py) and JavaScript
+//! (componentize-js) against the same contract as the Rust guests: mixed
+//! onions in both orders through the chat, tool and token chains, with the
+//! behaviours the Rust probe shows (order, short-circuit, retry, FCtx
+//! isolation, the flush cascade, a faulting filter contained), and the
+//! example filters under examples/.
+//!
+//! Build them first: `scripts/build-polyglot`.
+
+use serde_json::{Value, json};
+use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
+use shallot::{Context, ErrorKind, FilterSpec, Kernel};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec, strings};
+
+type Spec = (std::path::PathBuf, FilterSpec);
+
+/// The three probes (Rust, Python, JavaScript) with the same configuration
+/// plus a tag naming the language, in `order`.
+fn probes(order: &[&str], config: Value) -> Vec<Spec> {
+    order
+        .iter()
+        .map(|lang| {
+            let mut config = config.clone();
+            config["tag"] = json!(lang);
+            let plugin = match *lang {
+                "rust" => "probe",
+                "py" => "py_probe",
+                "js" => "js_probe",
+                other => panic!("no {other} probe"),
+            };
+            spec(plugin, lang, config)
+        })
+        .collect()
+}
+
+fn trace_of(order: &[&str]) -> Vec<String> {
+    let before = order.iter().map(|l| format!("{l}_before"));
+    let after = order.iter().rev().map(|l| format!("{l}_after"));
+    before.chain(after).collect()
+}
+
+const ORDERS: [[&str; 3]; 2] = [["rust", "py", "js"], ["js", "py", "rust"]];
+
+fn echo_tool(builder: shallot::KernelBuilder) -> shallot::KernelBuilder {
+    let spec = ToolSpec::new("echo", "echoes", json!({"type": "object"}));
+    builder.tool(
+        spec,
+        |args: Value, _| async move { Ok(args["text"].clone()) },
+    )
+}
+
+#[tokio::test]
+async fn a_mixed_chat_onion_runs_outside_in_and_back_in_both_orders() {
+    for order in ORDERS {
+        let plugins = load(probes(&order, json!({ "hooks": ["chat"] }))).await;
+        let model = ScriptedModel::answer("hello");
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model.clone())
+            .build()
+            .unwrap();
+        let context = Context::new();
+        let response = kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        assert_eq!(response.text(), "hello");
+        assert_eq!(strings(&context, "trace"), trace_of(&order), "{order:?}");
+        assert_eq!(model.requests().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_mixed_tool_onion_runs_outside_in_and_back_in_both_orders() {
+    for order in ORDERS {
+        let plugins = load(probes(&order, json!({ "hooks": ["tool"] }))).await;
+        let kernel = echo_tool(Kernel::builder().plugins(&plugins))
+            .build()
+            .unwrap();
+        let context = Context::new();
+        let response = kernel
+            .tool("echo", json!({"text": "ping"}), context.clone())
+            .await
+            .unwrap();
+        assert_eq!(response.value().unwrap(), json!("ping"));
+        assert_eq!(strings(&context, "trace"), trace_of(&order), "{order:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_python_or_javascript_filter_short_circuits_the_layers_inside_it() {
+    for (short, inner) in [("py", "js"), ("js", "py")] {
+        let filters = vec![
+            spec(
+                &format!("{short}_probe"),
+                short,
+                json!({ "tag": short, "short_circuit": true, "hooks": ["chat", "tool"] }),
+            ),
+            spec(
+                &format!("{inner}_probe"),
+                inner,
+                json!({ "tag": inner, "hooks": ["chat", "tool"] }),
+            ),
+        ];
+        let plugins = load(filters).await;
+        let model = ScriptedModel::answer("unused");
+        let kernel = echo_tool(Kernel::builder().plugins(&plugins).model(model.clone()))
+            .build()
+            .unwrap();
+        let context = Context::new();
+        let response = kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        assert_eq!(response.text(), format!("short:{short}"));
+        assert_eq!(
+            strings(&context, "trace"),
+            [format!("{short}_before"), format!("{short}_after")]
+        );
+        assert!(model.requests().is_empty(), "the model is never called");
+        let tool = kernel
+            .tool("echo", json!({"text": "x"}), Context::new())
+            .await
+            .unwrap();
+        assert_eq!(tool.value().unwrap(), json!(format!("short:{short}")));
+    }
+}
+
+#[tokio::test]
+async fn a_python_or_javascript_filter_retries_by_calling_next_again() {
+    for lang in ["py", "js"] {
+        let filters = vec![
+            spec(
+                &format!("{lang}_probe"),
+                lang,
+                json!({ "tag": lang, "calls": 2, "hooks": ["chat"] }),
+            ),
+            spec(
+                "probe",
+                "inner",
+                json!({ "tag": "inner", "hooks": ["chat"] }),
+            ),
+        ];
+        let plugins = load(filters).await;
+        let model = ScriptedModel::replies(vec![
+            Reply::Text("first".into()),
+            Reply::Text("second".into()),
+        ]);
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model.clone())
+            .build()
+            .unwrap();
+        let context = Context::new();
+        let response = kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        assert_eq!(
+            response.text(),
+            "second",
+            "{lang}: the last attempt's answer"
+        );
+        assert_eq!(model.requests().len(), 2);
+        let inner: Vec<String> = strings(&context, "trace")
+            .into_iter()
+            .filter(|t| t.starts_with("inner"))
+            .collect();
+        assert_eq!(
+            inner,
+            ["inner_before", "inner_after", "inner_before", "inner_after"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn each_filter_has_its_own_fctx_for_one_invoke_whatever_its_language() {
+    let plugins = load(probes(&["rust", "py", "js"], json!({ "count": true }))).await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("echo", json!({"text": "a"})),
+        Reply::Text("done".into()),
+        Reply::call("echo", json!({"text": "b"})),
+        Reply::Text("done".into()),
+    ]);
+    let kernel = echo_tool(Kernel::builder().plugins(&plugins).model(model))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let context = Context::new();
+        let result = kernel
+            .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
+            .await;
+        assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+        for lang in ["rust", "py", "js"] {
+            // around-turn once, around-chat twice, around-tool once: one
+            // state across them, fresh for every invoke.
+            assert_eq!(
+                context.get(&format!("fctx:{lang}")).unwrap()["n"],
+                4,
+                "{lang}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn tokens_pass_through_a_mixed_token_chain_in_layer_order_and_flush_in_cascade() {
+    for order in ORDERS {
+        let filters = order
+            .iter()
+            .map(|lang| {
+                let plugin = if *lang == "rust" {
+                    "probe".to_owned()
+                } else {
+                    format!("{lang}_probe")
+                };
+                let mut config = json!({ "hooks": ["tokens"], "prefix": &lang[..1] });
+                if *lang == "py" {
+                    config["batch"] = json!(2);
+                }
+                spec(&plugin, lang, config)
+            })
+            .collect();
+        let plugins = load(filters).await;
+        let model = ScriptedModel::replies(vec![Reply::tokens(&["a", "b", "c"])]);
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model)
+            .build()
+            .unwrap();
+        let sink = Collector::default();
+        let response = kernel
+            .chat_stream(ask("hi"), Context::new(), sink.clone())
+            .await
+            .unwrap();
+        assert_eq!(response.text(), "abc", "the answer keeps the model's text");
+        // The first filter sees the raw tokens first; python batches two and
+        // flushes the third, which the filters after it still transform.
+        let expected = match order[0] {
+            "rust" => ["jprarb", "jprc"],
+            _ => ["rpjajb", "rpjc"],
+        };
+        assert_eq!(sink.tokens(), expected, "{order:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_faulting_python_filter_fails_its_request_only() {
+    let faulty = || {
+        spec(
+            "py_probe",
+            "py",
+            json!({ "fault": "chat", "hooks": ["chat"] }),
+        )
+    };
+    let plugins = load(vec![faulty()]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("hello"))
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::PluginFault);
+    assert_eq!(
+        &*error
+            .origin
+            .as_ref()
+            .expect("the error names its filter")
+            .filter,
+        "py"
+    );
+    assert!(
+        error.message.contains("py-probe: fault in around_chat"),
+        "the traceback: {}",
+        error.message
+    );
+
+    // An outer Rust filter gets the fault as a value it can handle, request
+    // after request (each gets a fresh Python instance).
+    let outer = spec(
+        "probe",
+        "outer",
+        json!({ "tag": "outer", "catch": true, "hooks": ["chat"] }),
+    );
+    let plugins = load(vec![outer, faulty()]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("hello"))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let context = Context::new();
+        let response = kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        assert!(
+            response.text().starts_with("caught: "),
+            "{}",
+            response.text()
+        );
+        assert!(response.text().contains("py-probe: fault in around_chat"));
+        assert_eq!(strings(&context, "trace"), ["outer_before", "outer_after"]);
+    }
+}
+
+#[tokio::test]
+async fn an_exception_in_a_javascript_filter_fails_its_request_with_its_message() {
+    let plugins = load(vec![spec(
+        "js_probe",
+        "js",
+        json!({ "fault": "chat", "hooks": ["chat"] }),
+    )])
+    .await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("hello"))
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::PluginFault);
+    assert!(
+        error.message.contains("js-probe: fault in aroundChat"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn a_faulting_token_step_ends_the_stream_without_a_flush() {
+    for lang in ["py", "js"] {
+        let filters = vec![
+            spec(
+                "probe",
+                "batcher",
+                json!({ "hooks": ["tokens"], "batch": 5 }),
+            ),
+            spec(
+                &format!("{lang}_probe"),
+                lang,
+                json!({ "hooks": ["tokens"], "fault": "tokens" }),
+            ),
+        ];
+        let plugins = load(filters).await;
+        let model = ScriptedModel::replies(vec![Reply::tokens(&["a", "b", "c", "d", "e", "f"])]);
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model)
+            .build()
+            .unwrap();
+        let sink = Collector::default();
+        let error = kernel
+            .chat_stream(ask("hi"), Context::new(), sink.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::PluginFault, "{lang}");
+        assert!(sink.tokens().is_empty(), "{lang}: nothing half-delivered");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_configuration_is_rejected_at_load_with_the_filters_message() {
+    for plugin in ["py_probe", "js_probe", "pii_guard_py", "pii_guard_js"] {
+        let specs = vec![spec(plugin, "bad", json!({ "colour": "red" }))];
+        let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{plugin} accepted a bad configuration"));
+        assert!(
+            error.to_string().contains("unknown option(s): colour"),
+            "{plugin}: {error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_pii_guards_rewrite_the_request_before_the_model_sees_it() {
+    for plugin in ["pii_guard_py", "pii_guard_js"] {
+        let plugins = load(vec![spec(plugin, "pii", Value::Null)]).await;
+        let model = ScriptedModel::answer("noted");
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model.clone())
+            .build()
+            .unwrap();
+        let request = ask("Mail jane.doe@example.com or call +44 20 7946 0958 today.");
+        let response = kernel.chat(request, Context::new()).await.unwrap();
+        let seen = model.requests()[0].messages[0].text();
+        assert_eq!(seen, "Mail [EMAIL] or call [PHONE] today.", "{plugin}");
+        assert_eq!(response.metadata["pii_replaced"], 2, "{plugin}");
+    }
+}
+
+#[tokio::test]
+async fn the_word_masks_catch_words_split_across_tokens_and_flush_the_tail() {
+    for plugin in ["word_mask_py", "word_mask_js"] {
+        let config = json!({ "words": ["darn"], "mask": "#" });
+        let plugins = load(vec![spec(plugin, "mask", config)]).await;
+        let tokens = ["Oh d", "ar", "n it, ", "Darn", "!"];
+        let model = ScriptedModel::replies(vec![Reply::tokens(&tokens)]);
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model)
+            .build()
+            .unwrap();
+        let sink = Collector::default();
+        let response = kernel
+            .chat_stream(ask("hi"), Context::new(), sink.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            response.text(),
+            "Oh darn it, Darn!",
+            "{plugin}: the answer is untouched"
+        );
+        assert_eq!(sink.tokens().concat(), "Oh #### it, ####!", "{plugin}");
+        assert_eq!(
+            sink.deliveries().last().unwrap(),
+            &vec!["####!".to_owned()],
+            "{plugin}: the tail comes on flush"
+        );
+    }
+}
