@@ -8,11 +8,15 @@
 //! - `ready`: a streamed chat through five filters with a fresh instance
 //!   per invoke, against the same five warm;
 //! - `tokens/<batch>`: streamed tokens through 0, 1 and 3 pass-through
-//!   token transforms, wasm and native, one token per step and 64 per step.
+//!   token transforms, wasm and native, one token per step and 64 per step;
+//! - `lang/<language>`: one pass-through chat layer written in Rust, Python
+//!   and JavaScript (the same probe filter, through each language's SDK),
+//!   warm and with a fresh instance made per invoke.
 //!
 //! After criterion's own report the bench prints the derived table that
 //! docs/PERFORMANCE.md records. Run with `just bench` (or
-//! `cargo bench -p shallot-bench` after `cargo build-guests`).
+//! `cargo bench -p shallot-bench` after `cargo build-guests` and
+//! `scripts/build-polyglot`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -285,6 +289,50 @@ fn bench_ready(c: &mut Criterion, rt: &Runtime) {
     group.finish();
 }
 
+const LANGUAGES: [(&str, &str); 3] = [
+    ("rust", "probe"),
+    ("python", "py_probe"),
+    ("javascript", "js_probe"),
+];
+
+/// One pass-through chat layer per language: warm, and with a fresh
+/// instance made on the request path (no prepared instances), so the
+/// difference is the whole cost of instantiating, configuring and dropping
+/// one.
+fn bench_languages(c: &mut Criterion, rt: &Runtime) {
+    let unprepared = shallot::Engine::new(shallot::EngineConfig {
+        prepared_instances: 0,
+        cache_dir: Some(target_dir().join("shallot-test-cache")),
+        ..shallot::EngineConfig::default()
+    })
+    .unwrap();
+    let request = conversation(1024);
+    let mut group = c.benchmark_group("lang");
+    group.bench_function("none", |b| {
+        let kernel = Kernel::builder().model(model()).build().unwrap();
+        b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+    });
+    for (language, plugin) in LANGUAGES {
+        let config = json!({ "hooks": ["chat"] });
+        let cases = [
+            ("warm", warm(plugin, language, config.clone()), engine()),
+            ("fresh", spec(plugin, language, config), unprepared.clone()),
+        ];
+        for (mode, filter, engine) in cases {
+            let plugins = rt.block_on(shallot_tests::load_in(&engine, vec![filter]));
+            let kernel = Kernel::builder()
+                .plugins(&plugins)
+                .model(model())
+                .build()
+                .unwrap();
+            group.bench_function(BenchmarkId::new(language, mode), |b| {
+                b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+            });
+        }
+    }
+    group.finish();
+}
+
 fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
     let text: Vec<String> = (0..TOKENS).map(|i| format!("t{} ", i % 100)).collect();
     for batch in BATCHES {
@@ -375,6 +423,22 @@ fn report() {
             );
         }
     }
+    let none = median("lang/none");
+    let layer = |language: &str| median(&format!("lang/{language}/warm")) - none;
+    let fresh = |language: &str| {
+        median(&format!("lang/{language}/fresh")) - median(&format!("lang/{language}/warm"))
+    };
+    println!("\n| language | layer µs (warm) | layer / Rust | fresh instance µs | fresh / Rust |");
+    println!("|---|---|---|---|---|");
+    for (language, _) in LANGUAGES {
+        println!(
+            "| {language} | {:.2} | {:.1}x | {:.1} | {:.1}x |",
+            layer(language) / 1e3,
+            layer(language) / layer("rust"),
+            fresh(language) / 1e3,
+            fresh(language) / fresh("rust")
+        );
+    }
     let (warm, fresh, inline) = (
         median("ready/warm"),
         median("ready/invoke"),
@@ -425,6 +489,7 @@ fn main() {
     bench_chat(&mut c, &rt);
     bench_ready(&mut c, &rt);
     bench_tokens(&mut c, &rt);
+    bench_languages(&mut c, &rt);
     c.final_summary();
     report();
 }
