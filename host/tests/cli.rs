@@ -17,7 +17,7 @@ fn guest(name: &str) -> PathBuf {
         .join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
-        "{} is missing: run `cargo build-guests` first",
+        "{} is missing: run `cargo build-guests` (and `scripts/build-polyglot`) first",
         path.display()
     );
     path
@@ -249,4 +249,21 @@ fn a_bad_model_table_in_the_config_is_a_clear_error() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("unknown field `modle`"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn chat_runs_the_python_and_javascript_examples() {
+    guest("pii_guard_py");
+    guest("word_mask_js");
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/shallot.toml");
+    let out = shallot(&[
+        "chat",
+        "--config",
+        config.to_str().unwrap(),
+        "--stream",
+        "--no-tools",
+        "Write to jane.doe@example.com, darn it",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "You said: Write to [EMAIL], **** it\n");
 }
