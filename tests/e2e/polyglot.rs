@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{Context, ErrorKind, FilterSpec, Kernel};
-use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec, strings};
+use shallot_tests::{Reply, ScriptedModel, ask, load, spec, stream, strings};
 
 type Spec = (std::path::PathBuf, FilterSpec);
 
@@ -212,19 +212,8 @@ async fn tokens_pass_through_a_mixed_token_chain_in_layer_order_and_flush_in_cas
                 spec(&plugin, lang, config)
             })
             .collect();
-        let plugins = load(filters).await;
-        let model = ScriptedModel::replies(vec![Reply::tokens(&["a", "b", "c"])]);
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(model)
-            .build()
-            .unwrap();
-        let sink = Collector::default();
-        let response = kernel
-            .chat_stream(ask("hi"), Context::new(), sink.clone())
-            .await
-            .unwrap();
-        assert_eq!(response.text(), "abc", "the answer keeps the model's text");
+        let (answer, sink) = stream(filters, Reply::tokens(&["a", "b", "c"])).await;
+        assert_eq!(answer.unwrap(), "abc", "the answer keeps the model's text");
         // The first filter sees the raw tokens first; python batches two and
         // flushes the third, which the filters after it still transform.
         let expected = match order[0] {
@@ -329,18 +318,9 @@ async fn a_faulting_token_step_ends_the_stream_without_a_flush() {
                 json!({ "hooks": ["tokens"], "fault": "tokens" }),
             ),
         ];
-        let plugins = load(filters).await;
-        let model = ScriptedModel::replies(vec![Reply::tokens(&["a", "b", "c", "d", "e", "f"])]);
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(model)
-            .build()
-            .unwrap();
-        let sink = Collector::default();
-        let error = kernel
-            .chat_stream(ask("hi"), Context::new(), sink.clone())
-            .await
-            .unwrap_err();
+        let tokens = Reply::tokens(&["a", "b", "c", "d", "e", "f"]);
+        let (answer, sink) = stream(filters, tokens).await;
+        let error = answer.unwrap_err();
         assert_eq!(error.kind, ErrorKind::PluginFault, "{lang}");
         assert!(sink.tokens().is_empty(), "{lang}: nothing half-delivered");
     }
@@ -383,21 +363,10 @@ async fn the_pii_guards_rewrite_the_request_before_the_model_sees_it() {
 async fn the_word_masks_catch_words_split_across_tokens_and_flush_the_tail() {
     for plugin in ["word_mask_py", "word_mask_js"] {
         let config = json!({ "words": ["darn"], "mask": "#" });
-        let plugins = load(vec![spec(plugin, "mask", config)]).await;
-        let tokens = ["Oh d", "ar", "n it, ", "Darn", "!"];
-        let model = ScriptedModel::replies(vec![Reply::tokens(&tokens)]);
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(model)
-            .build()
-            .unwrap();
-        let sink = Collector::default();
-        let response = kernel
-            .chat_stream(ask("hi"), Context::new(), sink.clone())
-            .await
-            .unwrap();
+        let tokens = Reply::tokens(&["Oh d", "ar", "n it, ", "Darn", "!"]);
+        let (answer, sink) = stream(vec![spec(plugin, "mask", config)], tokens).await;
         assert_eq!(
-            response.text(),
+            answer.unwrap(),
             "Oh darn it, Darn!",
             "{plugin}: the answer is untouched"
         );

@@ -3,30 +3,12 @@
 
 use serde_json::json;
 use shallot::{ChainError, Context, ErrorKind, Kernel};
-use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+use shallot_tests::{Reply, ScriptedModel, ask, load, spec, stream};
 
 fn transform(name: &str, config: serde_json::Value) -> (std::path::PathBuf, shallot::FilterSpec) {
     let mut config = config;
     config["hooks"] = json!(["tokens"]);
     spec("probe", name, config)
-}
-
-async fn stream(
-    filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>,
-    reply: Reply,
-) -> (Result<String, ChainError>, Collector) {
-    let plugins = load(filters).await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::replies(vec![reply]))
-        .build()
-        .unwrap();
-    let sink = Collector::default();
-    let result = kernel
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .map(|r| r.text());
-    (result, sink)
 }
 
 #[tokio::test]

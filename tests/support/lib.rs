@@ -94,6 +94,26 @@ pub async fn load(specs: Vec<(PathBuf, FilterSpec)>) -> PluginSet {
     load_in(&engine(), specs).await
 }
 
+/// Streams a chat ("hi") through `filters` over a model that answers
+/// `reply`; returns the answer's text and what the sink received.
+pub async fn stream(
+    filters: Vec<(PathBuf, FilterSpec)>,
+    reply: Reply,
+) -> (Result<String, ChainError>, Collector) {
+    let plugins = load(filters).await;
+    let kernel = shallot::Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![reply]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let result = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .map(|r| r.text());
+    (result, sink)
+}
+
 /// A one-message conversation.
 pub fn ask(text: &str) -> ChatRequest {
     ChatRequest::new(vec![Message::user(text)])
