@@ -56,6 +56,16 @@ impl Context {
         self.lock().clone()
     }
 
+    /// Sets `key` and returns the value it had.
+    pub(crate) fn replace(&self, key: &str, value: Value) -> Option<Value> {
+        self.lock().insert(key.to_owned(), value)
+    }
+
+    /// Removes `key` and returns its value.
+    pub(crate) fn take(&self, key: &str) -> Option<Value> {
+        self.lock().remove(key)
+    }
+
     /// The value under `key` as JSON text.
     pub(crate) fn get_json(&self, key: &str) -> Option<String> {
         self.lock().get(key).map(Value::to_string)

@@ -1,11 +1,12 @@
 //! The one wasmtime engine every plugin runs on, with its epoch ticker, its
-//! instance slots and its compile cache.
+//! instance slots and its compile cache. It knows nothing of what a plugin
+//! imports: the linker is built where plugins are loaded.
 //!
 //! Configuration choices, each measured (docs/PERFORMANCE.md):
 //! - the pooling allocator, so a fresh instance costs microseconds, not a
 //!   hundred; its slots bound how many instances live at once, and a
-//!   semaphore in front of it makes a request wait for a slot rather than
-//!   fail for lack of one;
+//!   semaphore in front of it makes a request wait for a slot (for a
+//!   bounded time, see `admission`) rather than fail for lack of one;
 //! - epoch interruption, for CPU budgets that cost almost nothing per call;
 //! - `concurrency_support` off: the component-model-async machinery makes
 //!   every layer about three times dearer and we do not use it. With it off
@@ -18,11 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use wasmtime::component::Linker;
 use wasmtime::{Enabled, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::cache::Cache;
-use crate::plugin::host::HostState;
 
 /// Settings of the engine. The defaults suit a server handling thousands of
 /// concurrent streams on a small machine.
@@ -30,7 +29,7 @@ use crate::plugin::host::HostState;
 pub struct EngineConfig {
     /// Filter instances that may be in use at once, across all invokes.
     /// An invoke reserves the instances its filters need before it starts
-    /// and waits (never fails) while the slots are taken.
+    /// and waits while the slots are taken, at most `queue_timeout`.
     pub instance_slots: u32,
     /// Idle instances kept ready across all filters: used ones of `warm`
     /// filters, and fresh ones prepared ahead of demand for `invoke` filters.
@@ -40,9 +39,12 @@ pub struct EngineConfig {
     pub prepared_instances: u32,
     /// Where compiled plugins are cached; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
-    /// The epoch tick: the unit of CPU budgets and how often a busy filter
-    /// yields to other requests.
+    /// The epoch tick: how often a running filter's budgets are checked
+    /// and how often a busy filter yields to other requests.
     pub tick: Duration,
+    /// How long an invoke may wait for the instances it needs (a filter's
+    /// quota, the engine's slots) before it fails as `overloaded`.
+    pub queue_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +55,7 @@ impl Default for EngineConfig {
             prepared_instances: 4,
             cache_dir: Cache::default_dir(),
             tick: Duration::from_millis(10),
+            queue_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -80,14 +83,13 @@ pub struct Engine {
 
 pub(crate) struct EngineInner {
     pub wasmtime: wasmtime::Engine,
-    pub linker: Linker<HostState>,
     pub cache: Option<Cache>,
     pub slots: Arc<Semaphore>,
     pub slot_count: u32,
     pub idle: AtomicUsize,
     pub idle_cap: usize,
     pub prepared: usize,
-    pub tick: Duration,
+    pub queue_timeout: Duration,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -127,24 +129,18 @@ impl Engine {
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let wasmtime = wasmtime::Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
 
-        let mut linker = Linker::new(&wasmtime);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        crate::plugin::host::add_to_linker(&mut linker).map_err(|e| anyhow::anyhow!("{e:#}"))?;
-
         let stop_ticker = Arc::new(AtomicBool::new(false));
         spawn_ticker(wasmtime.clone(), config.tick, stop_ticker.clone())?;
 
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 cache: config.cache_dir.map(Cache::new),
-                linker,
                 slots: Arc::new(Semaphore::new(config.instance_slots as usize)),
                 slot_count: config.instance_slots,
                 idle: AtomicUsize::new(0),
                 idle_cap: config.idle_instances as usize,
                 prepared: config.prepared_instances as usize,
-                tick: config.tick,
+                queue_timeout: config.queue_timeout,
                 wasmtime,
                 stop_ticker,
             }),
@@ -159,6 +155,16 @@ impl Engine {
     /// The compile cache, if enabled.
     pub fn cache(&self) -> Option<&Cache> {
         self.inner.cache.as_ref()
+    }
+
+    /// The instance slots invokes reserve from.
+    pub(crate) fn slots(&self) -> &Arc<Semaphore> {
+        &self.inner.slots
+    }
+
+    /// How long an invoke may wait for instances.
+    pub(crate) fn queue_timeout(&self) -> Duration {
+        self.inner.queue_timeout
     }
 }
 

@@ -29,6 +29,9 @@ pub enum ErrorKind {
     LimitExceeded,
     /// A filter trapped, ran out of time or memory, or broke the contract.
     PluginFault,
+    /// The host is saturated: an invoke waited longer than the engine's
+    /// queue timeout for the instances it needs. Retry later.
+    Overloaded,
     /// A bug or an unexpected state in the host.
     Internal,
 }
@@ -45,6 +48,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not-found",
             ErrorKind::LimitExceeded => "limit-exceeded",
             ErrorKind::PluginFault => "plugin-fault",
+            ErrorKind::Overloaded => "overloaded",
             ErrorKind::Internal => "internal",
         }
     }
@@ -90,13 +94,27 @@ impl fmt::Display for Hook {
 }
 
 /// Where an error came from: the filter, its plugin file, and the call.
+/// For a terminal's error (the model's, the tool loop's) `filter` names the
+/// terminal (`model`, `tool-loop`) and `plugin` is `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
     pub filter: Arc<str>,
-    /// `None` for a native (Rust) filter.
+    /// `None` for a native (Rust) filter or a terminal.
     pub plugin: Option<Arc<Path>>,
     /// The call that failed: a hook name, or `configure`, `step`, `flush`.
     pub call: &'static str,
+}
+
+impl Origin {
+    /// The origin of a terminal's error: `terminal` names it (`model`,
+    /// `tool-loop`), `call` what it was doing.
+    pub fn terminal(terminal: &str, call: &'static str) -> Self {
+        Origin {
+            filter: terminal.into(),
+            plugin: None,
+            call,
+        }
+    }
 }
 
 impl fmt::Display for Origin {
@@ -114,7 +132,7 @@ impl fmt::Display for Origin {
 pub struct ChainError {
     pub kind: ErrorKind,
     pub message: String,
-    /// The filter it came from; `None` for the terminal or the host.
+    /// The filter (or terminal) it came from; `None` for the host.
     pub origin: Option<Origin>,
     /// For a turn that stopped at a limit: what it had done by then (the
     /// tool calls made, the messages so far).

@@ -5,19 +5,24 @@
 //! FCtx lives here, in the host, keyed by filter: seeded from the filter's
 //! init on first entry, handed to each hook call and taken back. Nothing a
 //! filter keeps survives the invoke, so an instance never has to.
+//!
+//! The invoke also keeps each filter's account of host memory that lives
+//! as long as the invoke: its FCtx and its writes to the shared context
+//! (charged to the writer until another write replaces them).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use tokio::sync::OwnedSemaphorePermit;
+use serde_json::Value;
 
+use crate::admission::{Admission, Lease};
 use crate::agent::{Decision, Paused};
 use crate::context::Context;
 use crate::error::ChainError;
 use crate::kernel::Core;
 use crate::onion::{Fctx, Next};
-use crate::plugin::pool::Lease;
 use crate::stream::TokenSink;
-use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse};
+use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, Weigh};
 
 /// What a caller gives an invoke besides its request. A [`Context`]
 /// converts into one.
@@ -54,13 +59,23 @@ pub struct Invoke {
     core: Arc<Core>,
     context: Context,
     fctx: Mutex<Vec<Option<Fctx>>>,
-    pub(crate) leases: Box<[Lease]>,
+    ledger: Mutex<Ledger>,
+    /// The instances reserved for this invoke, released when it ends.
+    admission: Admission,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompt: OnceLock<String>,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Arc<Paused>, Decision)>>,
-    /// The instance slots reserved for this invoke, released when it ends.
-    _admission: Option<OwnedSemaphorePermit>,
+}
+
+/// Host memory each filter holds for the length of the invoke.
+struct Ledger {
+    /// By filter: its FCtx and its context writes, in bytes.
+    held: Vec<usize>,
+    /// By filter: the weight of its FCtx.
+    fctx: Vec<usize>,
+    /// By context key: the filter that wrote it and the bytes charged.
+    writers: HashMap<String, (usize, usize)>,
 }
 
 impl Invoke {
@@ -68,20 +83,107 @@ impl Invoke {
         core: Arc<Core>,
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
-        leases: Box<[Lease]>,
-        admission: Option<OwnedSemaphorePermit>,
+        admission: Admission,
     ) -> Self {
-        let fctx = Mutex::new(vec![None; core.filters.len()]);
+        let filters = core.filters.len();
         Invoke {
             core,
             context,
-            fctx,
-            leases,
+            fctx: Mutex::new(vec![None; filters]),
+            ledger: Mutex::new(Ledger {
+                held: vec![0; filters],
+                fctx: vec![0; filters],
+                writers: HashMap::new(),
+            }),
+            admission,
             sink,
             system_prompt: OnceLock::new(),
             resumed: Mutex::new(None),
-            _admission: admission,
         }
+    }
+
+    /// Filter `id`'s instance lease in this invoke.
+    pub(crate) fn lease(&self, id: usize) -> &Lease {
+        &self.admission.leases[id]
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Host memory filter `id` holds for this invoke.
+    pub(crate) fn held(&self, id: usize) -> usize {
+        self.ledger().held[id]
+    }
+
+    /// Sets filter `id`'s FCtx if what it then holds for this invoke stays
+    /// within `room` bytes; `false` if it would not.
+    pub(crate) fn set_fctx_within(
+        &self,
+        branch: Option<&Branch>,
+        id: usize,
+        fctx: Fctx,
+        room: usize,
+    ) -> bool {
+        {
+            let mut ledger = self.ledger();
+            let held = ledger.held[id] - ledger.fctx[id] + fctx.len();
+            if held > room {
+                return false;
+            }
+            ledger.held[id] = held;
+            ledger.fctx[id] = fctx.len();
+        }
+        self.set_fctx(branch, id, fctx);
+        true
+    }
+
+    /// Filter `id` sets (or with `None` removes) a shared-context key, the
+    /// value charged to it while it stays. Returns the value the key had,
+    /// or `None` if the write would take the filter past `room` bytes.
+    pub(crate) fn write_context(
+        &self,
+        id: usize,
+        key: &str,
+        value: Option<Value>,
+        room: usize,
+    ) -> Option<Option<Value>> {
+        let mut ledger = self.ledger();
+        let bytes = value.as_ref().map_or(0, |v| key.len() + v.weight());
+        let previous = ledger.writers.get(key).copied();
+        let mine = match previous {
+            Some((writer, charged)) if writer == id => ledger.held[id] - charged,
+            _ => ledger.held[id],
+        };
+        if value.is_some() && mine + bytes > room {
+            return None;
+        }
+        if let Some((writer, charged)) = previous {
+            ledger.held[writer] -= charged;
+        }
+        Some(match value {
+            Some(value) => {
+                ledger.writers.insert(key.to_owned(), (id, bytes));
+                ledger.held[id] += bytes;
+                self.context.replace(key, value)
+            }
+            None => {
+                ledger.writers.remove(key);
+                self.context.take(key)
+            }
+        })
+    }
+
+    /// Puts back the value a key had before a faulted call wrote it.
+    pub(crate) fn restore_context(&self, key: &str, value: Option<Value>) {
+        let mut ledger = self.ledger();
+        if let Some((writer, charged)) = ledger.writers.remove(key) {
+            ledger.held[writer] -= charged;
+        }
+        match value {
+            Some(value) => self.context.replace(key, value),
+            None => self.context.take(key),
+        };
     }
 
     /// The shared context.
@@ -214,7 +316,7 @@ impl Branch {
 impl Drop for Invoke {
     fn drop(&mut self) {
         // Warm filters get their instances back; the rest are dropped.
-        for (id, lease) in self.leases.iter_mut().enumerate() {
+        for (id, lease) in self.admission.leases.iter_mut().enumerate() {
             if let Some(filter) = self.core.filters[id].wasm() {
                 filter.reclaim(lease.drain());
             }

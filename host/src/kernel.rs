@@ -3,23 +3,23 @@
 //! invoke through them.
 //!
 //! Data flows one way: configuration -> plugin set -> kernel (onions) ->
-//! terminals. The kernel owns admission: an invoke first reserves the
-//! instance slots its wasm filters may need, waiting its turn when the
-//! engine is busy, and never fails for lack of one.
+//! terminals. Every invoke is admitted first (`crate::admission`): it
+//! reserves the instances its wasm filters may need, waiting its turn when
+//! the engine is busy, for a bounded time.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::admission::{self, CallKind};
 use crate::agent::{Decision, ToolLoop};
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
 use crate::invoke::{Invoke, InvokeOptions};
-use crate::model::{ChatModel, EmbeddedModel, ModelTerminal};
+use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
     Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn,
 };
-use crate::plugin::pool::Lease;
 use crate::plugin::{PluginSet, WasmFilter};
 use crate::stream::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
@@ -27,14 +27,6 @@ use crate::types::{
     ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest,
     TurnResult,
 };
-
-/// What an invoke starts with; decides how many instances it reserves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CallKind {
-    Chat,
-    Tool,
-    Turn,
-}
 
 /// A filter of the kernel, native or wasm.
 pub(crate) struct Entry {
@@ -61,7 +53,6 @@ pub(crate) struct Core {
     pub turn: Arc<Chain<Turn>>,
     /// Filters with a token transform, in order.
     pub token_layers: Vec<usize>,
-    engine: Option<Engine>,
     tools: Arc<ToolRegistry>,
 }
 
@@ -83,6 +74,14 @@ pub enum BuildError {
         "one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`"
     )]
     TooFewSlots { need: usize, have: u32 },
+    #[error(
+        "one invoke can need {need} instances of filter '{filter}' but its limits allow {have}; raise its `instances` limit"
+    )]
+    TooFewInstances {
+        filter: String,
+        need: usize,
+        have: u32,
+    },
     #[error("tool '{tool}': its parameters are not a valid JSON Schema: {message}")]
     ToolSchema { tool: String, message: String },
 }
@@ -92,6 +91,7 @@ pub enum BuildError {
 pub struct KernelBuilder {
     filters: Vec<Entry>,
     model: Option<Arc<dyn ChatModel>>,
+    response_limits: ResponseLimits,
     tools: ToolRegistry,
     turn: Option<Arc<dyn Terminal<Turn>>>,
 }
@@ -131,6 +131,12 @@ impl KernelBuilder {
     /// The model at the core of the chat chain (default: [`EmbeddedModel`]).
     pub fn model(mut self, model: impl ChatModel) -> Self {
         self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// Bounds on each model answer (default: [`ResponseLimits::default`]).
+    pub fn response_limits(mut self, limits: ResponseLimits) -> Self {
+        self.response_limits = limits;
         self
     }
 
@@ -176,14 +182,26 @@ impl KernelBuilder {
             }
         }
         if let Some(engine) = &engine {
-            let need = [CallKind::Chat, CallKind::Tool, CallKind::Turn]
-                .into_iter()
-                .map(|call| reservation(&self.filters, call, true).iter().sum::<usize>())
-                .max()
-                .unwrap_or(0);
-            if need > engine.inner.slot_count as usize {
+            let mut total = 0;
+            for call in CallKind::ALL {
+                let mut sum = 0;
+                for filter in self.filters.iter().filter_map(Entry::wasm) {
+                    let need = admission::need(filter.hooks(), call, true);
+                    let have = filter.limits().instances;
+                    if need > have as usize {
+                        return Err(BuildError::TooFewInstances {
+                            filter: filter.name().to_owned(),
+                            need,
+                            have,
+                        });
+                    }
+                    sum += need;
+                }
+                total = total.max(sum);
+            }
+            if total > engine.inner.slot_count as usize {
                 return Err(BuildError::TooFewSlots {
-                    need,
+                    need: total,
                     have: engine.inner.slot_count,
                 });
             }
@@ -195,7 +213,13 @@ impl KernelBuilder {
         let tools = Arc::new(self.tools);
         let turn = self.turn.unwrap_or_else(|| Arc::new(ToolLoop::default()));
         let core = Core {
-            chat: chain(&self.filters, Arc::new(ModelTerminal { model })),
+            chat: chain(
+                &self.filters,
+                Arc::new(ModelTerminal {
+                    model,
+                    limits: self.response_limits,
+                }),
+            ),
             tool: chain(&self.filters, tools.clone()),
             turn: chain(&self.filters, turn),
             token_layers: self
@@ -206,7 +230,6 @@ impl KernelBuilder {
                 .map(|(id, _)| id)
                 .collect(),
             filters: self.filters,
-            engine,
             tools,
         };
         Ok(Kernel {
@@ -227,14 +250,6 @@ fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc
         })
         .collect();
     Arc::new(Chain { layers, terminal })
-}
-
-/// Instances each filter may need at once in one invoke of `call`.
-fn reservation(filters: &[Entry], call: CallKind, stream: bool) -> Vec<usize> {
-    filters
-        .iter()
-        .map(|entry| entry.wasm().map_or(0, |filter| filter.need(call, stream)))
-        .collect()
 }
 
 /// Filters composed around a model, tools and a tool loop. Cheap to clone;
@@ -411,34 +426,20 @@ impl Kernel {
         }
     }
 
-    /// Starts an invoke: reserves its instance slots (waiting while the
-    /// engine is busy) and sets up its state.
+    /// Starts an invoke: reserves its instances (waiting, for a bounded
+    /// time, while they are taken) and sets up its state.
     async fn admit(
         &self,
         call: CallKind,
         options: InvokeOptions,
         sink: Option<Arc<dyn TokenSink>>,
     ) -> Result<Arc<Invoke>, ChainError> {
-        let reserved = reservation(&self.core.filters, call, sink.is_some());
-        let total: usize = reserved.iter().sum();
-        let admission = match &self.core.engine {
-            Some(engine) if total > 0 => Some(
-                engine
-                    .inner
-                    .slots
-                    .clone()
-                    .acquire_many_owned(total as u32)
-                    .await
-                    .map_err(|e| ChainError::new(ErrorKind::Internal, e.to_string()))?,
-            ),
-            _ => None,
-        };
-        let leases = reserved.into_iter().map(Lease::new).collect();
+        let filters: Vec<_> = self.core.filters.iter().map(Entry::wasm).collect();
+        let admission = admission::admit(&filters, call, sink.is_some()).await?;
         let invoke = Arc::new(Invoke::new(
             self.core.clone(),
             options.context,
             sink,
-            leases,
             admission,
         ));
         if call != CallKind::Tool {

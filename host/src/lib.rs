@@ -25,6 +25,7 @@
 //! each call is an `invoke` with its own context; `sandbox` and `engine` are
 //! the wasmtime core everything else builds on; `stream` is the token chain.
 
+mod admission;
 pub mod agent;
 pub mod cache;
 pub mod context;
@@ -46,7 +47,7 @@ pub use engine::{Engine, EngineConfig};
 pub use error::{ChainError, ErrorKind, Hook, Origin};
 pub use invoke::{Invoke, InvokeOptions};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
-pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel};
+pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{ChainKind, Chat, Fctx, Filter, Next, Terminal, Tool, Turn};
 pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFilter};
 pub use sandbox::{Grants, Limits};

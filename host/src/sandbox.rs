@@ -1,54 +1,118 @@
 //! The sandbox around one filter instance: its limits, its grants, the
-//! store it runs in, and how a fault inside it becomes a typed error.
+//! meter that times every call into it, and how a fault inside it becomes a
+//! typed error.
 //!
-//! Every instance gets its own `Store`, so a trap, a blown CPU budget or a
-//! memory cap poisons that store only; the caller discards the instance and
-//! the next call gets a fresh one. Nothing is granted by default: no
-//! filesystem, network, environment variables, or clock (a frozen clock
-//! reads zero), only the `shallot:filter` imports and a random source.
+//! Every instance gets its own `Store`, so a trap, a blown budget or a cap
+//! poisons that store only; the caller discards the instance and the next
+//! call gets a fresh one. Nothing is granted by default: no filesystem,
+//! network, environment variables, or clock (a frozen clock reads zero),
+//! only the `shallot:filter` imports and a random source.
+//!
+//! The sandbox works on any store data that gives it its [`Confinement`]
+//! (the [`Sandboxed`] trait); it knows nothing of the filter contract.
+//!
+//! How a call is timed: [`Metered`] wraps the future of every call into a
+//! guest. While that future is being polled and the guest is not inside
+//! `next` (the inner layers), the guest's own CPU clock runs; the host
+//! brackets every `next` with [`Meter::enter_next`] and
+//! [`Meter::leave_next`]. The epoch callback checks the clock every tick,
+//! so the CPU budget holds to within one tick however a filter interleaves
+//! its own work with `next`, and time the host spends in calls the filter
+//! makes counts as the filter's. The wall clock runs whenever the guest is
+//! outside `next`, suspended or not, so a filter that sleeps or waits on a
+//! WASI pollable is bounded too.
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 
 use crate::error::{ChainError, ErrorKind, Origin};
-use crate::plugin::host::HostState;
 
-/// Resource limits of one filter. Every hook call is bounded by all three.
+/// Resource limits of one filter. Every call into it is bounded by all of
+/// them; docs/SECURITY.md says what each counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Linear memory cap per instance, in MiB. Growing past it traps.
+    /// Linear memory cap per instance (all its memories together), in MiB.
+    /// Growing past it faults.
     pub memory_mib: u32,
-    /// CPU budget per hook call, in milliseconds: time the filter's own code
-    /// runs, not counting inner layers. Counted in epoch ticks, so it is
-    /// exact to one tick (10 ms by default).
+    /// Host memory a filter may hold per invoke, in MiB: the requests,
+    /// responses and messages it creates or changes, the responses `next`
+    /// hands it, its FCtx and its writes to the shared context. Going past
+    /// it faults.
+    pub host_mib: u32,
+    /// CPU budget per call, in milliseconds: the time the filter's own code
+    /// (and the host functions it calls) runs, not counting inner layers or
+    /// time it is suspended. Checked every epoch tick (10 ms by default).
     pub cpu_ms: u32,
-    /// Wall-clock bound per hook call, in milliseconds, inner layers
-    /// included; 0 (the default) means none. The filter's own code is
-    /// already bounded by `cpu_ms` and inner layers bound themselves (model
-    /// and tool timeouts), so this is a policy knob, e.g. a latency budget
-    /// for everything inside a layer. It arms a timer on every call.
+    /// Wall-clock bound per call, in milliseconds, on the filter's own
+    /// time: everything outside `next`, including time it sleeps or waits.
+    /// Always on.
+    pub wall_ms: u32,
+    /// Wall-clock bound per hook call in milliseconds, inner layers
+    /// included; 0 (the default) means none. A policy knob, e.g. a latency
+    /// budget for everything inside a layer.
     pub timeout_ms: u64,
+    /// Calls through `next` one hook call may make (retries need a few).
+    /// One more returns a `limit-exceeded` error to the filter.
+    pub next_calls: u32,
+    /// Instances of this filter in use at once across all invokes, so one
+    /// slow filter cannot take every instance slot of the engine.
+    pub instances: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_mib: 64,
+            host_mib: 64,
             cpu_ms: 100,
+            wall_ms: 1000,
             timeout_ms: 0,
+            next_calls: 16,
+            instances: 256,
         }
     }
 }
 
 impl Limits {
-    /// The wall-clock bound, if any.
+    /// The wall-clock bound with inner layers, if any.
     pub fn timeout(&self) -> Option<Duration> {
         (self.timeout_ms > 0).then(|| Duration::from_millis(self.timeout_ms))
+    }
+
+    /// Host memory a filter may hold per invoke, in bytes.
+    pub(crate) fn host_bytes(&self) -> usize {
+        (self.host_mib as usize) << 20
+    }
+
+    /// Checks every limit is usable; the message names the bad one.
+    pub(crate) fn check(&self, max_memory_mib: u32) -> Result<(), String> {
+        if self.memory_mib == 0 || self.memory_mib > max_memory_mib {
+            return Err(format!("memory_mib must be 1..={max_memory_mib}"));
+        }
+        if self.host_mib == 0 || self.host_mib > max_memory_mib {
+            return Err(format!("host_mib must be 1..={max_memory_mib}"));
+        }
+        for (name, value) in [
+            ("cpu_ms", self.cpu_ms),
+            ("wall_ms", self.wall_ms),
+            ("next_calls", self.next_calls),
+            ("instances", self.instances),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -60,58 +124,343 @@ pub struct Grants {
     pub clock: bool,
 }
 
-/// How many bytes of a faulting guest's stderr (a panic message) are kept.
+/// How many bytes of a guest's stderr one call keeps (for a panic message).
 const STDERR_CAPACITY: usize = 4096;
+/// Elements all tables of an instance may hold together.
+const TABLE_ELEMENTS: usize = 1 << 20;
+/// The longest text from a guest that the host prints or logs.
+pub(crate) const TEXT_CAP: usize = 2048;
 
-/// A store's own accounting of the CPU its current call used.
-#[derive(Debug, Default)]
-pub(crate) struct Meter {
-    /// Ticks seen while the guest was running.
-    ticks: u32,
-    /// Ticks allowed per call.
-    budget: u32,
-    /// The guest just came back from `next`: the tick that fires first
-    /// measured time spent in inner layers, not here.
-    resumed: bool,
+/// Store data the sandbox can confine.
+pub(crate) trait Sandboxed: Send + 'static {
+    fn confinement(&mut self) -> &mut Confinement;
 }
 
-impl Meter {
-    pub(crate) fn start(&mut self, budget: u32) {
-        *self = Meter {
-            ticks: 0,
-            budget,
-            resumed: false,
-        };
-    }
-
-    pub(crate) fn resumed_from_next(&mut self) {
-        self.resumed = true;
-    }
-}
-
-/// The CPU budget ran out; carried through wasmtime as the trap's cause.
+/// The filter's own CPU budget for one call ran out.
 #[derive(Debug)]
 pub(crate) struct CpuExceeded;
 
-impl std::fmt::Display for CpuExceeded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CPU budget exceeded")
+/// The filter's own wall-clock bound for one call ran out.
+#[derive(Debug)]
+pub(crate) struct WallExceeded;
+
+/// The filter tried to grow its linear memory past its cap.
+#[derive(Debug)]
+pub(crate) struct MemoryExceeded;
+
+/// The filter's tables grew past their cap.
+#[derive(Debug)]
+pub(crate) struct TablesExceeded;
+
+/// The filter made the host hold more than its host memory cap.
+#[derive(Debug)]
+pub(crate) struct HostMemoryExceeded;
+
+macro_rules! signals {
+    ($($ty:ident => $text:literal),* $(,)?) => {$(
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str($text)
+            }
+        }
+        impl std::error::Error for $ty {}
+    )*};
+}
+
+signals! {
+    CpuExceeded => "CPU budget exceeded",
+    WallExceeded => "wall-clock bound exceeded",
+    MemoryExceeded => "memory cap exceeded",
+    TablesExceeded => "table cap exceeded",
+    HostMemoryExceeded => "host memory cap exceeded",
+}
+
+/// The clocks of the call in progress.
+#[derive(Debug)]
+struct Clock {
+    /// Own running time of the finished segments.
+    cpu: Duration,
+    /// Own wall time of the finished segments outside `next`.
+    wall: Duration,
+    /// Start of the segment the guest is running now (polled, not in next).
+    running: Option<Instant>,
+    /// Start of the segment outside `next`; `None` while in `next`.
+    outside: Option<Instant>,
+    cpu_budget: Duration,
+    wall_budget: Duration,
+}
+
+impl Clock {
+    fn cpu_at(&self, now: Instant) -> Duration {
+        self.cpu + self.running.map_or(Duration::ZERO, |since| now - since)
+    }
+
+    fn wall_left(&self, now: Instant) -> Option<Duration> {
+        let outside = self.outside?;
+        Some(self.wall_budget.saturating_sub(self.wall + (now - outside)))
+    }
+
+    fn pause(&mut self, now: Instant) {
+        if let Some(since) = self.running.take() {
+            self.cpu += now - since;
+        }
     }
 }
 
-impl std::error::Error for CpuExceeded {}
+/// Times the calls into one instance. Shared by the store's epoch
+/// callback, the [`Metered`] future of the call, and the host's `next`.
+#[derive(Debug, Clone)]
+pub(crate) struct Meter(Arc<Mutex<Clock>>);
+
+impl Meter {
+    fn new() -> Self {
+        Meter(Arc::new(Mutex::new(Clock {
+            cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            running: None,
+            outside: None,
+            cpu_budget: Duration::ZERO,
+            wall_budget: Duration::ZERO,
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Clock> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts timing a new call under `limits`.
+    fn start(&self, limits: &Limits) {
+        *self.lock() = Clock {
+            cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            running: None,
+            outside: Some(Instant::now()),
+            cpu_budget: Duration::from_millis(limits.cpu_ms.into()),
+            wall_budget: Duration::from_millis(limits.wall_ms.into()),
+        };
+    }
+
+    /// The guest calls `next`: its clocks stop while inner layers run.
+    pub(crate) fn enter_next(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        clock.pause(now);
+        if let Some(outside) = clock.outside.take() {
+            clock.wall += now - outside;
+        }
+    }
+
+    /// `next` returned to the guest, which runs on in the same poll.
+    pub(crate) fn leave_next(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        clock.outside = Some(now);
+        clock.running = Some(now);
+    }
+
+    /// The epoch callback's check, at every tick the guest runs through.
+    fn check(&self) -> wasmtime::Result<()> {
+        let now = Instant::now();
+        let clock = self.lock();
+        if clock.cpu_at(now) > clock.cpu_budget {
+            return Err(wasmtime::Error::new(CpuExceeded));
+        }
+        if clock.wall_left(now) == Some(Duration::ZERO) {
+            return Err(wasmtime::Error::new(WallExceeded));
+        }
+        Ok(())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call into a guest, timed by its instance's [`Meter`]: its own CPU
+    /// time while polled outside `next`, and its own wall time, which ends
+    /// the call with [`WallExceeded`] when it runs out (the guest is
+    /// suspended then, e.g. sleeping, so no epoch tick would catch it).
+    pub(crate) struct Metered<F> {
+        #[pin]
+        call: F,
+        meter: Meter,
+        alarm: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<F, T> Future for Metered<F>
+where
+    F: Future<Output = wasmtime::Result<T>>,
+{
+    type Output = wasmtime::Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        {
+            let mut clock = this.meter.lock();
+            if clock.outside.is_some() {
+                clock.running = Some(Instant::now());
+            }
+        }
+        let polled = this.call.poll(cx);
+        let now = Instant::now();
+        let left = {
+            let mut clock = this.meter.lock();
+            clock.pause(now);
+            clock.wall_left(now)
+        };
+        if polled.is_ready() {
+            return polled;
+        }
+        // Suspended outside `next`: wake up when the own wall time ends.
+        match left {
+            None => Poll::Pending,
+            Some(left) if left.is_zero() => Poll::Ready(Err(wasmtime::Error::new(WallExceeded))),
+            Some(left) => {
+                let deadline = tokio::time::Instant::from_std(now + left);
+                let alarm = this
+                    .alarm
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                alarm.as_mut().reset(deadline);
+                match alarm.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(wasmtime::Error::new(WallExceeded))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+/// Linear memory and table caps of one instance, as typed faults.
+struct Limiter {
+    memory_cap: usize,
+    memory: usize,
+    table_elements: usize,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.memory - current.min(self.memory) + desired;
+        if total > self.memory_cap {
+            return Err(wasmtime::Error::new(MemoryExceeded));
+        }
+        self.memory = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.table_elements - current.min(self.table_elements) + desired;
+        if total > TABLE_ELEMENTS {
+            return Err(wasmtime::Error::new(TablesExceeded));
+        }
+        self.table_elements = total;
+        Ok(true)
+    }
+}
+
+/// A guest's stderr, captured per call: cleared when a call starts, read
+/// when it faults, never more than [`STDERR_CAPACITY`] bytes (the rest is
+/// dropped, so writing can never fail or block).
+#[derive(Clone, Default)]
+pub(crate) struct Stderr(Arc<Mutex<Vec<u8>>>);
+
+impl Stderr {
+    fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn append(&self, bytes: &[u8]) {
+        let mut buffer = self.lock();
+        let room = STDERR_CAPACITY.saturating_sub(buffer.len());
+        buffer.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// What the guest wrote in this call, trimmed and made printable.
+    fn text(&self) -> Option<String> {
+        let bytes = self.lock();
+        let text = String::from_utf8_lossy(&bytes);
+        let text = text.trim();
+        (!text.is_empty()).then(|| printable(text, TEXT_CAP))
+    }
+}
+
+impl IsTerminal for Stderr {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Stderr {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutputStream for Stderr {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.append(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(STDERR_CAPACITY)
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for Stderr {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for Stderr {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.append(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
 
 /// The parts of a store's data that belong to the sandbox.
 pub(crate) struct Confinement {
     pub wasi: WasiCtx,
-    pub limits: StoreLimits,
-    pub meter: Meter,
-    pub stderr: MemoryOutputPipe,
+    limiter: Limiter,
+    meter: Meter,
+    stderr: Stderr,
 }
 
 impl Confinement {
     pub(crate) fn new(limits: &Limits, grants: &Grants) -> Self {
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let stderr = Stderr::default();
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone());
         if !grants.clock {
@@ -119,20 +468,19 @@ impl Confinement {
         }
         Confinement {
             wasi: wasi.build(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(limits.memory_mib as usize * 1024 * 1024)
-                .trap_on_grow_failure(true)
-                .build(),
-            meter: Meter::default(),
+            limiter: Limiter {
+                memory_cap: (limits.memory_mib as usize) << 20,
+                memory: 0,
+                table_elements: 0,
+            },
+            meter: Meter::new(),
             stderr,
         }
     }
 
-    /// What the guest wrote to stderr, trimmed, for an error message.
-    fn stderr_text(&self) -> Option<String> {
-        let bytes = self.stderr.contents();
-        let text = String::from_utf8_lossy(&bytes).trim().to_owned();
-        (!text.is_empty()).then_some(text)
+    /// The meter of the instance's calls.
+    pub(crate) fn meter(&self) -> &Meter {
+        &self.meter
     }
 }
 
@@ -158,69 +506,127 @@ impl HostMonotonicClock for FrozenClock {
     }
 }
 
-/// Sets up a fresh store: memory cap and CPU metering. The epoch deadline
-/// is armed here, before instantiation, because a zero deadline would trap
-/// the instantiation itself.
-pub(crate) fn prepare_store(store: &mut Store<HostState>, budget_ticks: u32) {
-    store.limiter(|state| &mut state.confinement.limits as &mut dyn ResourceLimiter);
+/// Sets up a fresh store: memory and table caps, and the epoch callback
+/// that checks the call's clocks every tick and yields, so a busy filter
+/// never holds an executor thread that other requests need.
+pub(crate) fn prepare_store<T: Sandboxed>(store: &mut Store<T>, limits: &Limits) {
+    store.limiter(|state| &mut state.confinement().limiter as &mut dyn ResourceLimiter);
     store.epoch_deadline_callback(|mut cx| {
-        let meter = &mut cx.data_mut().confinement.meter;
-        if std::mem::take(&mut meter.resumed) {
-            return Ok(UpdateDeadline::Yield(1));
-        }
-        meter.ticks += 1;
-        if meter.ticks > meter.budget {
-            return Err(wasmtime::Error::new(CpuExceeded));
-        }
-        // Yield every tick so a busy filter never holds an executor thread
-        // that other requests need.
+        cx.data_mut().confinement().meter.check()?;
         Ok(UpdateDeadline::Yield(1))
     });
-    arm(store, budget_ticks);
+    arm(store, limits);
 }
 
-/// Starts metering a new call.
-pub(crate) fn arm(store: &mut Store<HostState>, budget_ticks: u32) {
-    store.data_mut().confinement.meter.start(budget_ticks);
+/// Starts a new call: its clocks, its deadline and its stderr.
+pub(crate) fn arm<T: Sandboxed>(store: &mut Store<T>, limits: &Limits) {
+    let confinement = store.data_mut().confinement();
+    confinement.meter.start(limits);
+    confinement.stderr.clear();
     store.set_epoch_deadline(1);
 }
 
-/// The CPU budget in epoch ticks: rounded up, plus one for the tick that
-/// was already under way when the call started.
-pub(crate) fn budget_ticks(limits: &Limits, tick: Duration) -> u32 {
-    let tick_ms = tick.as_millis().max(1) as u32;
-    limits.cpu_ms.div_ceil(tick_ms) + 1
+/// Times `call`, a call into the guest whose store `meter` belongs to.
+/// Arm the store first.
+pub(crate) fn metered<F>(meter: Meter, call: F) -> Metered<F> {
+    Metered {
+        call,
+        meter,
+        alarm: None,
+    }
 }
 
 /// Turns a wasmtime error from a call into the guest into a typed error:
-/// a trap, the CPU budget, the memory cap, or a contract violation.
+/// a budget or a cap (by its typed signal), a trap, or a contract
+/// violation. What the guest wrote to stderr in this call is appended.
 pub(crate) fn fault(
     error: wasmtime::Error,
-    state: &HostState,
+    confinement: &Confinement,
     limits: &Limits,
     origin: Origin,
 ) -> ChainError {
-    let message = if error.downcast_ref::<CpuExceeded>().is_some() {
-        format!("exceeded its CPU budget of {} ms", limits.cpu_ms)
-    } else if format!("{error:#}").contains("forcing trap when growing memory") {
-        format!("exceeded its memory cap of {} MiB", limits.memory_mib)
+    let (kind, message) = if error.is::<CpuExceeded>() {
+        let message = format!("exceeded its CPU budget of {} ms", limits.cpu_ms);
+        (ErrorKind::PluginFault, message)
+    } else if error.is::<WallExceeded>() {
+        let message = format!(
+            "did not finish within its own wall-clock bound of {} ms (it slept or waited)",
+            limits.wall_ms
+        );
+        (ErrorKind::Timeout, message)
+    } else if error.is::<MemoryExceeded>() {
+        let message = format!("exceeded its memory cap of {} MiB", limits.memory_mib);
+        (ErrorKind::PluginFault, message)
+    } else if error.is::<HostMemoryExceeded>() {
+        let message = format!("exceeded its host memory cap of {} MiB", limits.host_mib);
+        (ErrorKind::PluginFault, message)
+    } else if error.is::<TablesExceeded>() {
+        let message = format!("grew its tables past {TABLE_ELEMENTS} elements");
+        (ErrorKind::PluginFault, message)
     } else if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
-        format!("trapped: {trap}")
+        (ErrorKind::PluginFault, format!("trapped: {trap}"))
     } else {
-        format!("failed: {error:#}")
+        let message = format!("failed: {}", printable(&format!("{error:#}"), TEXT_CAP));
+        (ErrorKind::PluginFault, message)
     };
-    let message = match state.confinement.stderr_text() {
+    let message = match confinement.stderr.text() {
         Some(said) => format!("{message}; it wrote: {said}"),
         None => message,
     };
-    ChainError::new(ErrorKind::PluginFault, message).at(origin)
+    ChainError::new(kind, message).at(origin)
 }
 
-/// The error for a hook call that outlived its wall-clock bound.
+/// The error for a hook call that outlived its `timeout_ms`.
 pub(crate) fn timed_out(limits: &Limits, origin: Origin) -> ChainError {
     ChainError::new(
         ErrorKind::Timeout,
         format!("did not finish within {} ms", limits.timeout_ms),
     )
     .at(origin)
+}
+
+/// Text from a guest made safe to print: control characters, bidi
+/// overrides and invisible format characters escaped (`\n`, `\u{1b}`),
+/// and cut to `cap` bytes with a note of what was cut.
+pub(crate) fn printable(text: &str, cap: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(cap) + 16);
+    for (at, c) in text.char_indices() {
+        if out.len() >= cap {
+            out.push_str(&format!("… ({} more bytes)", text.len() - at));
+            break;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\\' => out.push('\\'),
+            c if c.is_control() || invisible(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Format characters that reorder or hide text on a terminal.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn printable_escapes_what_could_fool_a_terminal_and_caps_the_length() {
+        assert_eq!(printable("a\u{1b}[31mb\0c", 100), "a\\u{1b}[31mb\\u{0}c");
+        assert_eq!(printable("x\u{202e}y\nz", 100), "x\\u{202e}y\\nz");
+        assert_eq!(printable("héllo wörld", 100), "héllo wörld");
+        let long = "a".repeat(5000);
+        let cut = printable(&long, 100);
+        assert!(cut.starts_with(&"a".repeat(100)));
+        assert!(cut.ends_with("… (4900 more bytes)"), "{cut}");
+    }
 }

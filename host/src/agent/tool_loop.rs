@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::history::{History, MemoryHistory};
-use crate::error::{ChainError, ErrorKind};
+use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::onion::{Terminal, Turn};
 use crate::tool::ToolRegistry;
@@ -29,8 +29,10 @@ use crate::types::{
 pub struct LoopConfig {
     /// Model rounds before the turn stops with a `limit-exceeded` error.
     pub max_iterations: u32,
-    /// Tool calls before the turn stops with a `limit-exceeded` error;
-    /// checked before each round, so the last batch can go past it.
+    /// Tool calls before the turn stops with a `limit-exceeded` error
+    /// (256 by default; `None` for no limit); checked before each round, so
+    /// the last batch can go past it by at most one answer's calls (see
+    /// [`crate::ResponseLimits`]).
     pub max_tool_calls: Option<u32>,
     /// Run a batch of tool calls concurrently, unless a tool in it is
     /// `serial`.
@@ -45,7 +47,7 @@ impl Default for LoopConfig {
     fn default() -> Self {
         LoopConfig {
             max_iterations: 10,
-            max_tool_calls: None,
+            max_tool_calls: Some(256),
             parallel_tools: true,
             pause_sensitive: false,
         }
@@ -259,7 +261,8 @@ impl<'a> Run<'a> {
             .last
             .clone()
             .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
-        let mut error = ChainError::new(ErrorKind::LimitExceeded, message);
+        let mut error = ChainError::new(ErrorKind::LimitExceeded, message)
+            .at(Origin::terminal("tool-loop", "around-turn"));
         error.ran = Some(Arc::new(self.summary(last)));
         TurnResult::Error(error)
     }

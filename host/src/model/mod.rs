@@ -18,11 +18,49 @@ pub use embedded::EmbeddedModel;
 pub use openai::{OpenAiConfig, OpenAiModel};
 
 use crate::context::Context;
-use crate::error::{ChainError, ErrorKind};
+use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Terminal};
 use crate::stream::TokenStream;
-use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch};
+use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
+
+/// Bounds on one model answer, so a broken or hostile model server cannot
+/// grow the host without limit. Past either, the call fails with a
+/// `limit-exceeded` error whose origin is the `model` terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseLimits {
+    /// Bytes of text, tool calls and metadata (16 MiB by default).
+    pub max_bytes: usize,
+    /// Tool calls (128 by default).
+    pub max_tool_calls: usize,
+}
+
+impl Default for ResponseLimits {
+    fn default() -> Self {
+        ResponseLimits {
+            max_bytes: 16 << 20,
+            max_tool_calls: 128,
+        }
+    }
+}
+
+impl ResponseLimits {
+    /// Checks an answer that has `tool_calls` calls and weighs `bytes`.
+    pub(crate) fn check(&self, tool_calls: usize, bytes: usize) -> Result<(), ChainError> {
+        let message = if tool_calls > self.max_tool_calls {
+            format!(
+                "the model's answer has more than {} tool calls",
+                self.max_tool_calls
+            )
+        } else if bytes > self.max_bytes {
+            format!("the model's answer is larger than {} bytes", self.max_bytes)
+        } else {
+            return Ok(());
+        };
+        Err(ChainError::new(ErrorKind::LimitExceeded, message)
+            .at(Origin::terminal("model", "chat")))
+    }
+}
 
 /// One event of a streamed model answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +97,7 @@ pub trait ChatModel: Send + Sync + 'static {
 /// The chat chain's terminal over a [`ChatModel`].
 pub(crate) struct ModelTerminal {
     pub model: Arc<dyn ChatModel>,
+    pub limits: ResponseLimits,
 }
 
 #[async_trait]
@@ -74,7 +113,9 @@ impl Terminal<Chat> for ModelTerminal {
             request.messages_mut().insert(0, Message::system(prompt));
         }
         let Some(sink) = invoke.sink() else {
-            return self.model.chat(&request, invoke.context()).await;
+            let response = self.model.chat(&request, invoke.context()).await?;
+            self.check(&response)?;
+            return Ok(response);
         };
         let mut tokens = TokenStream::open(invoke, sink.clone()).await?;
         match self.pump(&request, invoke.context(), &mut tokens).await {
@@ -91,6 +132,11 @@ impl Terminal<Chat> for ModelTerminal {
 }
 
 impl ModelTerminal {
+    fn check(&self, response: &ChatResponse) -> Result<(), ChainError> {
+        let calls = response.message.tool_calls.len();
+        self.limits.check(calls, response.weight())
+    }
+
     /// Feeds the model's stream through the token chain; returns the
     /// model's own, untransformed response.
     async fn pump(
@@ -102,6 +148,7 @@ impl ModelTerminal {
         // Fused: a stream that ended in the inner drain is not polled again.
         let mut events = self.model.stream(request, context).await?.fuse();
         let mut done = None;
+        let mut streamed = 0;
         while let Some(first) = events.next().await {
             // Everything that already arrived goes through as one batch.
             let mut batch = TokenBatch::default();
@@ -109,11 +156,16 @@ impl ModelTerminal {
             while let Some(current) = event.take() {
                 match current? {
                     ModelEvent::Token { text, meta } => {
+                        streamed += text.len() + meta.as_ref().map_or(0, String::len);
+                        self.limits.check(0, streamed)?;
                         if !text.is_empty() {
                             batch.push(&text, meta.as_deref());
                         }
                     }
-                    ModelEvent::Done(response) => done = Some(response),
+                    ModelEvent::Done(response) => {
+                        self.check(&response)?;
+                        done = Some(response);
+                    }
                 }
                 event = events.next().now_or_never().flatten();
             }

@@ -17,7 +17,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ChatModel, ModelEvent};
+use super::{ChatModel, ModelEvent, ResponseLimits};
 use crate::context::Context;
 use crate::error::{ChainError, ErrorKind};
 use crate::types::{
@@ -387,6 +387,8 @@ fn answer(
 #[derive(Default)]
 struct Assembly {
     text: String,
+    /// Bytes of text and tool calls so far, checked as chunks arrive.
+    bytes: usize,
     calls: BTreeMap<usize, ToolCall>,
     reason: Option<String>,
     usage: Usage,
@@ -394,8 +396,10 @@ struct Assembly {
 }
 
 impl Assembly {
-    /// Folds a chunk in and returns its text, if any.
-    fn add(&mut self, chunk: Chunk) -> Option<String> {
+    /// Folds a chunk in and returns its text, if any; fails once the
+    /// answer goes past the default [`ResponseLimits`].
+    fn add(&mut self, chunk: Chunk) -> Result<Option<String>, ChainError> {
+        let limits = ResponseLimits::default();
         if !chunk.model.is_empty() {
             self.model = chunk.model;
         }
@@ -417,17 +421,22 @@ impl Assembly {
                     call.id = id;
                 }
                 if let Some(function) = piece.function {
-                    call.name.push_str(function.name.as_deref().unwrap_or(""));
-                    call.arguments
-                        .push_str(function.arguments.as_deref().unwrap_or(""));
+                    let name = function.name.as_deref().unwrap_or("");
+                    let arguments = function.arguments.as_deref().unwrap_or("");
+                    self.bytes += name.len() + arguments.len();
+                    call.name.push_str(name);
+                    call.arguments.push_str(arguments);
                 }
+                limits.check(self.calls.len(), self.bytes)?;
             }
             if let Some(content) = choice.delta.content.filter(|c| !c.is_empty()) {
+                self.bytes += content.len();
+                limits.check(self.calls.len(), self.bytes)?;
                 self.text.push_str(&content);
                 text = Some(content);
             }
         }
-        text
+        Ok(text)
     }
 
     fn finish(self) -> ChatResponse {
@@ -536,7 +545,11 @@ impl ChatModel for OpenAiModel {
                         return Some((Err(error), (events, None)));
                     }
                 };
-                if let Some(text) = building.add(chunk) {
+                let text = match building.add(chunk) {
+                    Ok(text) => text,
+                    Err(error) => return Some((Err(error), (events, None))),
+                };
+                if let Some(text) = text {
                     return Some((
                         Ok(ModelEvent::Token { text, meta: None }),
                         (events, assembly),

@@ -166,7 +166,9 @@ impl From<wit::Usage> for Usage {
 
 fn error_kind(k: ErrorKind) -> wit::ErrorKind {
     match k {
-        ErrorKind::Transient => wit::ErrorKind::Transient,
+        // The contract has no word for it yet: to a filter, overload is a
+        // transient failure worth retrying later.
+        ErrorKind::Transient | ErrorKind::Overloaded => wit::ErrorKind::Transient,
         ErrorKind::Timeout => wit::ErrorKind::Timeout,
         ErrorKind::ContentFiltered => wit::ErrorKind::ContentFiltered,
         ErrorKind::InvalidRequest => wit::ErrorKind::InvalidRequest,

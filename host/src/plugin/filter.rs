@@ -1,20 +1,20 @@
 //! A configured wasm filter: a plugin, its name, configuration, limits,
 //! grants and isolation mode, and the instances it runs in.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 use wasmtime::component::ResourceAny;
 
 use super::Plugin;
-use super::host::{Continuation, Scope};
+use super::host::Scope;
 use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
-use super::pool::Leased;
+use crate::admission::Leased;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind, Hook};
 use crate::invoke::Invoke;
-use crate::kernel::CallKind;
 use crate::onion::{Fctx, Next};
 use crate::sandbox::{self, Grants, Limits};
 use crate::types::TokenBatch;
@@ -52,7 +52,15 @@ pub struct WasmFilter {
     isolation: Isolation,
     engine: Engine,
     spares: Mutex<Spares>,
+    /// Instances of this filter in use at once, at most `Limits::instances`.
+    quota: Arc<Semaphore>,
+    /// Orders filters for admission, so every invoke takes quotas in the
+    /// same order.
+    ordinal: u64,
 }
+
+/// The next filter's ordinal.
+static ORDINAL: AtomicU64 = AtomicU64::new(0);
 
 /// Instances not in use: idle `warm` ones or prepared fresh ones, and the
 /// used ones of `invoke` filters waiting to be dropped.
@@ -79,6 +87,8 @@ impl WasmFilter {
         WasmFilter {
             name,
             plugin,
+            quota: Arc::new(Semaphore::new(blueprint.limits.instances as usize)),
+            ordinal: ORDINAL.fetch_add(1, Ordering::Relaxed),
             blueprint,
             description,
             isolation,
@@ -131,24 +141,13 @@ impl WasmFilter {
         &self.engine
     }
 
-    fn has(&self, hook: Hook) -> usize {
-        self.description.hooks.contains(&hook) as usize
+    /// The semaphore of this filter's instance quota.
+    pub(crate) fn quota(&self) -> &Arc<Semaphore> {
+        &self.quota
     }
 
-    /// Instances one invoke of `call` may need at once: one per level at
-    /// which this filter can be on the stack.
-    pub(crate) fn need(&self, call: CallKind, stream: bool) -> usize {
-        let token = if stream {
-            self.has(Hook::TokenTransform)
-        } else {
-            0
-        };
-        let chat = self.has(Hook::AroundChat) + token;
-        match call {
-            CallKind::Chat => chat,
-            CallKind::Tool => self.has(Hook::AroundTool),
-            CallKind::Turn => self.has(Hook::AroundTurn) + chat.max(self.has(Hook::AroundTool)),
-        }
+    pub(crate) fn ordinal(&self) -> u64 {
+        self.ordinal
     }
 
     /// A ready instance. A `warm` filter reuses an idle one; an `invoke`
@@ -260,21 +259,13 @@ impl WasmFilter {
             Ok(leased) => leased,
             Err(error) => return K::fail(error),
         };
-        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
         // The call's future is built in place in each branch: held in a
         // local and handed on, it would be stored twice in this future,
         // which every layer moves into its box.
-        let result = match limits.timeout() {
-            None => {
-                leased
-                    .instance()
-                    .around::<K>(id, request, next, limits, budget)
-                    .await
-            }
+        let result = match self.blueprint.limits.timeout() {
+            None => leased.instance().around::<K>(id, request, next).await,
             Some(timeout) => {
-                let call = leased
-                    .instance()
-                    .around::<K>(id, request, next, limits, budget);
+                let call = leased.instance().around::<K>(id, request, next);
                 self.bounded(
                     Box::pin(tokio::time::timeout(timeout, call)),
                     K::HOOK.as_str(),
@@ -300,12 +291,8 @@ impl WasmFilter {
         prompt: &str,
     ) -> Result<String, ChainError> {
         let mut leased = Leased::take(invoke, id, self).await?;
-        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
         let instance = leased.instance();
-        match instance
-            .system_prompt(invoke.clone(), id, prompt, limits, budget)
-            .await
-        {
+        match instance.system_prompt(invoke.clone(), id, prompt).await {
             Ok(output) => {
                 leased.release();
                 output
@@ -321,11 +308,7 @@ impl WasmFilter {
         invoke: &Arc<Invoke>,
     ) -> Result<WasmTransformer, ChainError> {
         let mut leased = Leased::take(invoke, id, self).await?;
-        let (limits, budget) = (&self.blueprint.limits, self.blueprint.budget);
-        let resource = leased
-            .instance()
-            .transformer(invoke.clone(), id, limits, budget)
-            .await?;
+        let resource = leased.instance().transformer(invoke.clone(), id).await?;
         Ok(WasmTransformer {
             filter: self.clone(),
             id,
@@ -356,25 +339,19 @@ pub(crate) struct WasmTransformer {
 }
 
 impl WasmTransformer {
-    /// A token step, or with `None` the flush. A transform never waits, so
-    /// the wall-clock bound does not apply; the CPU budget does.
+    /// A token step, or with `None` the flush. A transform has no inner
+    /// layers, so `timeout_ms` does not apply; its own budgets do.
     async fn call(&mut self, tokens: Option<TokenBatch>) -> Result<TokenBatch, ChainError> {
         let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
             return Err(error.at(blueprint.identity.origin("step")));
         }
-        let scope = Scope {
-            invoke: self.leased.invoke().clone(),
-            id: self.id,
-            branch: None,
-            next: Continuation::None,
-        };
-        let (limits, budget) = (&blueprint.limits, blueprint.budget);
+        let scope = Scope::outside_chains(self.leased.invoke().clone(), self.id);
         match self
             .leased
             .instance()
-            .transform(scope, self.resource, tokens, limits, budget)
+            .transform(scope, self.resource, tokens)
             .await
         {
             Ok(output) => output,
@@ -400,11 +377,7 @@ impl WasmTransformer {
         if self.leased.is_poisoned() {
             return;
         }
-        let blueprint = &self.filter.blueprint;
-        let instance = self.leased.instance();
-        let dropped = instance
-            .drop_transformer(self.resource, &blueprint.limits, blueprint.budget)
-            .await;
+        let dropped = self.leased.instance().drop_transformer(self.resource).await;
         if dropped.is_ok() {
             self.leased.release();
         }

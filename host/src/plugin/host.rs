@@ -7,7 +7,15 @@
 //! clone: its big parts are shared), runs the inner layers, and hands the
 //! response back as a new handle; a pass-through layer never copies a
 //! message.
+//!
+//! Everything a filter makes the host hold is charged to it: each value it
+//! creates or changes in its table (and each response `next` hands it) by
+//! its weight until it is dropped, its FCtx and its writes to the shared
+//! context until the invoke ends. Past `Limits::host_mib` the call faults.
+//! Its calls through `next` are counted per hook call, its log lines per
+//! call, and what it logs is made printable.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,11 +30,14 @@ use super::instance::WasmChain;
 use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::{Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
-use crate::sandbox::Confinement;
+use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
 use crate::types::{
     ChatRequest, ChatResponse, Content, FinishReason, ToolRequest, ToolResponse, TurnDone,
-    TurnInterrupt, TurnRequest, TurnResult,
+    TurnInterrupt, TurnRequest, TurnResult, Weigh,
 };
+
+/// Log lines one call may write; later ones are dropped.
+const LOG_LINES_PER_CALL: u32 = 256;
 
 /// Which filter an instance belongs to, for logs and error attribution.
 #[derive(Debug)]
@@ -63,26 +74,133 @@ pub(crate) struct Scope {
     pub next: Continuation,
 }
 
+impl Scope {
+    /// A scope for a call outside the chains (system prompt, tokens).
+    pub(crate) fn outside_chains(invoke: Arc<Invoke>, id: usize) -> Self {
+        Scope {
+            invoke,
+            id,
+            branch: None,
+            next: Continuation::None,
+        }
+    }
+}
+
 /// The data of a filter instance's store.
 pub struct HostState {
     pub(crate) table: ResourceTable,
     pub(crate) confinement: Confinement,
     pub(crate) identity: Arc<Identity>,
+    pub(crate) limits: Limits,
     pub(crate) scope: Option<Scope>,
     /// The last failure `next` handed to the guest, so that a filter which
     /// passes it on does not get the blame for it.
     pub(crate) inner_error: Option<ChainError>,
+    /// The weight charged for each value in the table, by handle.
+    charges: HashMap<u32, usize>,
+    /// Their sum.
+    held: usize,
+    /// Calls through `next` in the current hook call.
+    next_calls: u32,
+    /// Log lines written in the current call.
+    log_lines: u32,
+    /// Shared-context keys the current call wrote, with the values they had
+    /// before, to undo if the call faults.
+    journal: Vec<(String, Option<serde_json::Value>)>,
+}
+
+impl Sandboxed for HostState {
+    fn confinement(&mut self) -> &mut Confinement {
+        &mut self.confinement
+    }
 }
 
 impl HostState {
-    pub(crate) fn new(identity: Arc<Identity>, confinement: Confinement) -> Self {
+    pub(crate) fn new(identity: Arc<Identity>, limits: Limits, confinement: Confinement) -> Self {
         HostState {
             table: ResourceTable::new(),
             confinement,
             identity,
+            limits,
             scope: None,
             inner_error: None,
+            charges: HashMap::new(),
+            held: 0,
+            next_calls: 0,
+            log_lines: 0,
+            journal: Vec::new(),
         }
+    }
+
+    /// Starts a call within `scope` (none for configure and describe).
+    pub(crate) fn enter(&mut self, scope: Option<Scope>) {
+        self.scope = scope;
+        self.inner_error = None;
+        self.next_calls = 0;
+        self.log_lines = 0;
+        self.journal.clear();
+    }
+
+    /// Ends a call. A call that faulted loses its writes to the shared
+    /// context: each key it wrote gets back the value it had before.
+    pub(crate) fn leave(&mut self, faulted: bool) {
+        if faulted && let Some(scope) = &self.scope {
+            for (key, value) in self.journal.drain(..).rev() {
+                scope.invoke.restore_context(&key, value);
+            }
+        }
+        self.journal.clear();
+        self.scope = None;
+    }
+
+    /// Host memory this filter holds: its table, and in the current invoke
+    /// its FCtx and context writes.
+    fn holding(&self) -> usize {
+        self.held
+            + self
+                .scope
+                .as_ref()
+                .map_or(0, |scope| scope.invoke.held(scope.id))
+    }
+
+    /// Fails (a fault) if `more` bytes would take the filter past its cap.
+    fn afford(&self, more: usize) -> wasmtime::Result<()> {
+        if self.holding() + more > self.limits.host_bytes() {
+            return Err(wasmtime::Error::new(HostMemoryExceeded));
+        }
+        Ok(())
+    }
+
+    /// Puts a value the filter caused into its table, charged to it.
+    fn keep<T: Weigh + Send + 'static>(&mut self, value: T) -> wasmtime::Result<Resource<T>> {
+        let weight = value.weight();
+        self.afford(weight)?;
+        let handle = self.table.push(value)?;
+        self.charges.insert(handle.rep(), weight);
+        self.held += weight;
+        Ok(handle)
+    }
+
+    /// Takes a value out of the table, crediting its charge.
+    pub(crate) fn take<T: 'static>(&mut self, handle: Resource<T>) -> wasmtime::Result<T> {
+        let rep = handle.rep();
+        let value = self.table.delete(handle)?;
+        if let Some(weight) = self.charges.remove(&rep) {
+            self.held -= weight;
+        }
+        Ok(value)
+    }
+
+    /// Charges a value the filter changed in place at its new weight.
+    fn recharge<T: Weigh + 'static>(&mut self, handle: &Resource<T>) -> wasmtime::Result<()> {
+        let weight = self.table.get(handle)?.weight();
+        let old = self.charges.get(&handle.rep()).copied().unwrap_or(0);
+        if weight > old {
+            self.afford(weight - old)?;
+        }
+        self.charges.insert(handle.rep(), weight);
+        self.held = self.held + weight - old;
+        Ok(())
     }
 
     /// Attributes an error the guest returned: the inner failure it passed
@@ -94,7 +212,8 @@ impl HostState {
                 return inner.clone();
             }
         }
-        ChainError::new(error.kind.into(), error.message).at(self.identity.origin(call))
+        let message = sandbox::printable(&error.message, TEXT_CAP);
+        ChainError::new(error.kind.into(), message).at(self.identity.origin(call))
     }
 
     fn inner_failed(&mut self, error: ChainError) -> wit::FilterError {
@@ -126,6 +245,18 @@ impl HostState {
             return Ok(None);
         };
         let request = self.table.get(request)?.clone();
+        self.next_calls += 1;
+        if self.next_calls > self.limits.next_calls {
+            let message = format!(
+                "called next more than {} times in one hook call",
+                self.limits.next_calls
+            );
+            let error = ChainError::new(ErrorKind::LimitExceeded, message)
+                .at(self.identity.origin(K::HOOK.as_str()));
+            return Ok(Some(K::fail(error)));
+        }
+        let meter = self.confinement.meter().clone();
+        meter.enter_next();
         let output = match within {
             Some(ms) => {
                 next.call_within(request, Duration::from_millis(ms.into()))
@@ -133,7 +264,7 @@ impl HostState {
             }
             None => next.call(request).await,
         };
-        self.confinement.meter.resumed_from_next();
+        meter.leave_next();
         Ok(Some(output))
     }
 
@@ -144,7 +275,7 @@ impl HostState {
     ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
         Ok(match self.run_next::<Chat>(&request, within).await? {
             None => Err(self.misuse("chat")),
-            Some(Ok(response)) => Ok(self.table.push(response)?),
+            Some(Ok(response)) => Ok(self.keep(response)?),
             Some(Err(error)) => Err(self.inner_failed(error)),
         })
     }
@@ -156,7 +287,7 @@ impl HostState {
     ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
         Ok(match self.run_next::<Tool>(&request, within).await? {
             None => Err(self.misuse("tool")),
-            Some(Ok(response)) => Ok(self.table.push(response)?),
+            Some(Ok(response)) => Ok(self.keep(response)?),
             Some(Err(error)) => Err(self.inner_failed(error)),
         })
     }
@@ -168,9 +299,9 @@ impl HostState {
     ) -> wasmtime::Result<wit::TurnResult> {
         Ok(match self.run_next::<Turn>(&request, within).await? {
             None => wit::TurnResult::Error(self.misuse("turn")),
-            Some(TurnResult::Done(done)) => wit::TurnResult::Done(self.table.push(done)?),
+            Some(TurnResult::Done(done)) => wit::TurnResult::Done(self.keep(done)?),
             Some(TurnResult::Interrupt(interrupt)) => {
-                wit::TurnResult::Interrupt(self.table.push(interrupt)?)
+                wit::TurnResult::Interrupt(self.keep(interrupt)?)
             }
             Some(TurnResult::Error(error)) => wit::TurnResult::Error(self.inner_failed(error)),
         })
@@ -183,10 +314,8 @@ impl HostState {
         call: &'static str,
     ) -> wasmtime::Result<TurnResult> {
         Ok(match result {
-            wit::TurnResult::Done(done) => TurnResult::Done(self.table.delete(done)?),
-            wit::TurnResult::Interrupt(interrupt) => {
-                TurnResult::Interrupt(self.table.delete(interrupt)?)
-            }
+            wit::TurnResult::Done(done) => TurnResult::Done(self.take(done)?),
+            wit::TurnResult::Interrupt(interrupt) => TurnResult::Interrupt(self.take(interrupt)?),
             wit::TurnResult::Error(error) => TurnResult::Error(self.attribute(error, call)),
         })
     }
@@ -201,9 +330,13 @@ impl WasiView for HostState {
     }
 }
 
-/// Adds the `shallot:filter` imports to `linker`.
-pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    FilterWorld::add_to_linker::<HostState, HasSelf<HostState>>(linker, |state| state)
+/// The linker of filter instances: WASI 0.2 (with nothing granted unless
+/// the filter's grants say so) and the `shallot:filter` imports.
+pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    FilterWorld::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)?;
+    Ok(linker)
 }
 
 /// Parses JSON text that must be an object.
@@ -229,9 +362,7 @@ impl wit::Host for HostState {}
 
 impl wit::HostChatRequest for HostState {
     fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<ChatRequest>> {
-        Ok(self
-            .table
-            .push(ChatRequest::new(convert::from_messages(messages)))?)
+        self.keep(ChatRequest::new(convert::from_messages(messages)))
     }
 
     fn messages(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::Message>> {
@@ -261,6 +392,7 @@ impl wit::HostChatRequest for HostState {
         messages: Vec<wit::Message>,
     ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -273,6 +405,7 @@ impl wit::HostChatRequest for HostState {
             .get_mut(&this)?
             .messages_mut()
             .push(message.into());
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -285,6 +418,7 @@ impl wit::HostChatRequest for HostState {
         let messages = self.table.get_mut(&this)?.messages_mut();
         let index = (index as usize).min(messages.len());
         messages.insert(index, message.into());
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -312,6 +446,7 @@ impl wit::HostChatRequest for HostState {
             Err(e) => return Ok(Err(e)),
         };
         self.table.get_mut(&this)?.tools = Arc::new(tools);
+        self.recharge(&this)?;
         Ok(Ok(()))
     }
 
@@ -327,6 +462,7 @@ impl wit::HostChatRequest for HostState {
         match json_object(&options, "options") {
             Ok(map) => {
                 self.table.get_mut(&this)?.options = Arc::new(map);
+                self.recharge(&this)?;
                 Ok(Ok(()))
             }
             Err(e) => Ok(Err(e)),
@@ -334,7 +470,7 @@ impl wit::HostChatRequest for HostState {
     }
 
     fn drop(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -345,9 +481,7 @@ impl wit::HostChatResponse for HostState {
         message: wit::Message,
         finish_reason: wit::FinishReason,
     ) -> wasmtime::Result<Resource<ChatResponse>> {
-        Ok(self
-            .table
-            .push(ChatResponse::new(message.into(), finish_reason.into()))?)
+        self.keep(ChatResponse::new(message.into(), finish_reason.into()))
     }
 
     fn message(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<wit::Message> {
@@ -360,6 +494,7 @@ impl wit::HostChatResponse for HostState {
         message: wit::Message,
     ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.message = message.into();
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -369,6 +504,7 @@ impl wit::HostChatResponse for HostState {
 
     fn set_text(&mut self, this: Resource<ChatResponse>, text: String) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.message.content = Some(Content::Text(text));
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -417,6 +553,7 @@ impl wit::HostChatResponse for HostState {
         match json_object(&metadata, "metadata") {
             Ok(map) => {
                 self.table.get_mut(&this)?.metadata = map;
+                self.recharge(&this)?;
                 Ok(Ok(()))
             }
             Err(e) => Ok(Err(e)),
@@ -424,7 +561,7 @@ impl wit::HostChatResponse for HostState {
     }
 
     fn drop(&mut self, this: Resource<ChatResponse>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -455,11 +592,12 @@ impl wit::HostToolRequest for HostState {
             return Ok(Err(e));
         }
         self.table.get_mut(&this)?.arguments = Arc::from(arguments);
+        self.recharge(&this)?;
         Ok(Ok(()))
     }
 
     fn drop(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -467,7 +605,7 @@ impl wit::HostToolRequest for HostState {
 impl wit::HostToolResponse for HostState {
     fn new(&mut self, output: String) -> wasmtime::Result<Resource<ToolResponse>> {
         json_text(&output, "tool-response output").map_err(wasmtime::Error::msg)?;
-        Ok(self.table.push(ToolResponse { output })?)
+        self.keep(ToolResponse { output })
     }
 
     fn output(&mut self, this: Resource<ToolResponse>) -> wasmtime::Result<String> {
@@ -483,20 +621,19 @@ impl wit::HostToolResponse for HostState {
             return Ok(Err(e));
         }
         self.table.get_mut(&this)?.output = output;
+        self.recharge(&this)?;
         Ok(Ok(()))
     }
 
     fn drop(&mut self, this: Resource<ToolResponse>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
 
 impl wit::HostTurnRequest for HostState {
     fn new(&mut self, messages: Vec<wit::Message>) -> wasmtime::Result<Resource<TurnRequest>> {
-        Ok(self
-            .table
-            .push(TurnRequest::new(convert::from_messages(messages)))?)
+        self.keep(TurnRequest::new(convert::from_messages(messages)))
     }
 
     fn messages(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<Vec<wit::Message>> {
@@ -513,6 +650,7 @@ impl wit::HostTurnRequest for HostState {
         messages: Vec<wit::Message>,
     ) -> wasmtime::Result<()> {
         self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -522,6 +660,7 @@ impl wit::HostTurnRequest for HostState {
         message: wit::Message,
     ) -> wasmtime::Result<()> {
         Arc::make_mut(&mut self.table.get_mut(&this)?.messages).push(message.into());
+        self.recharge(&this)?;
         Ok(())
     }
 
@@ -548,7 +687,7 @@ impl wit::HostTurnRequest for HostState {
     }
 
     fn drop(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -559,19 +698,19 @@ impl wit::HostTurnDone for HostState {
         response: Resource<ChatResponse>,
         messages: Vec<wit::Message>,
     ) -> wasmtime::Result<Resource<TurnDone>> {
-        let response = self.table.delete(response)?;
+        let response = self.take(response)?;
         let done = TurnDone {
             response,
             tool_calls: Vec::new(),
             iterations: 0,
             messages: Arc::new(convert::from_messages(messages)),
         };
-        Ok(self.table.push(done)?)
+        self.keep(done)
     }
 
     fn response(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<Resource<ChatResponse>> {
         let response = self.table.get(&this)?.response.clone();
-        Ok(self.table.push(response)?)
+        self.keep(response)
     }
 
     fn tool_calls(
@@ -600,7 +739,7 @@ impl wit::HostTurnDone for HostState {
     }
 
     fn drop(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -623,7 +762,7 @@ impl wit::HostTurnInterrupt for HostState {
     }
 
     fn drop(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
+        self.take(this)?;
         Ok(())
     }
 }
@@ -687,15 +826,17 @@ impl fctx::Host for HostState {
         if let Err(e) = json_text(&state, "the FCtx state") {
             return Ok(Err(e));
         }
-        match &self.scope {
-            Some(scope) => {
-                scope
-                    .invoke
-                    .set_fctx(scope.branch.as_deref(), scope.id, state.into());
-                Ok(Ok(()))
-            }
-            None => Err(wasmtime::Error::msg("fctx.set called outside a hook")),
+        let Some(scope) = &self.scope else {
+            return Err(wasmtime::Error::msg("fctx.set called outside a hook"));
+        };
+        let room = self.limits.host_bytes().saturating_sub(self.held);
+        if !scope
+            .invoke
+            .set_fctx_within(scope.branch.as_deref(), scope.id, state.into(), room)
+        {
+            return Err(wasmtime::Error::new(HostMemoryExceeded));
         }
+        Ok(Ok(()))
     }
 }
 
@@ -712,18 +853,27 @@ impl context::Host for HostState {
             Ok(value) => value,
             Err(e) => return Ok(Err(format!("context value is not JSON: {e}"))),
         };
-        match &self.scope {
-            Some(scope) => {
-                scope.invoke.context().set(&key, value);
+        let Some(scope) = &self.scope else {
+            return Ok(Err("no invoke is in progress".to_owned()));
+        };
+        let room = self.limits.host_bytes().saturating_sub(self.held);
+        match scope
+            .invoke
+            .write_context(scope.id, &key, Some(value), room)
+        {
+            Some(before) => {
+                self.journal.push((key, before));
                 Ok(Ok(()))
             }
-            None => Ok(Err("no invoke is in progress".to_owned())),
+            None => Err(wasmtime::Error::new(HostMemoryExceeded)),
         }
     }
 
     fn remove(&mut self, key: String) -> wasmtime::Result<()> {
-        if let Some(scope) = &self.scope {
-            scope.invoke.context().remove(&key);
+        if let Some(scope) = &self.scope
+            && let Some(before) = scope.invoke.write_context(scope.id, &key, None, usize::MAX)
+        {
+            self.journal.push((key, before));
         }
         Ok(())
     }
@@ -739,7 +889,19 @@ impl context::Host for HostState {
 
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        self.log_lines += 1;
         let filter = &*self.identity.name;
+        if self.log_lines > LOG_LINES_PER_CALL {
+            if self.log_lines == LOG_LINES_PER_CALL + 1 {
+                tracing::warn!(
+                    target: "shallot::filter",
+                    filter,
+                    "more than {LOG_LINES_PER_CALL} log lines in one call; the rest of this call's are dropped"
+                );
+            }
+            return Ok(());
+        }
+        let message = sandbox::printable(&message, TEXT_CAP);
         match level {
             log::Level::Trace => tracing::trace!(target: "shallot::filter", filter, "{message}"),
             log::Level::Debug => tracing::debug!(target: "shallot::filter", filter, "{message}"),

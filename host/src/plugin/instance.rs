@@ -19,8 +19,8 @@ use super::host::{Continuation, HostState, Identity, Scope, internal};
 use crate::error::{ChainError, ErrorKind, Hook};
 use crate::invoke::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Next, Tool, Turn};
-use crate::sandbox::{self, Confinement, Grants, Limits};
-use crate::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest};
+use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits, TEXT_CAP};
+use crate::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
 /// Everything needed to make a fresh instance of a configured filter.
 pub(crate) struct Blueprint {
@@ -30,8 +30,6 @@ pub(crate) struct Blueprint {
     pub grants: Grants,
     /// The operator's configuration, JSON text.
     pub config: Arc<str>,
-    /// The CPU budget in epoch ticks.
-    pub budget: u32,
 }
 
 /// A live, configured filter instance.
@@ -49,52 +47,56 @@ pub(crate) struct Description {
     pub hooks: Vec<Hook>,
 }
 
+/// The longest name or version a filter may give itself.
+const NAME_CAP: usize = 128;
+
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
         let confinement = Confinement::new(&blueprint.limits, &blueprint.grants);
-        let state = HostState::new(blueprint.identity.clone(), confinement);
+        let state = HostState::new(blueprint.identity.clone(), blueprint.limits, confinement);
         let mut store = Store::new(blueprint.pre.engine(), state);
-        sandbox::prepare_store(&mut store, blueprint.budget);
-        let exports = match blueprint.pre.instantiate_async(&mut store).await {
+        sandbox::prepare_store(&mut store, &blueprint.limits);
+        let meter = store.data().confinement.meter().clone();
+        let made = sandbox::metered(meter, blueprint.pre.instantiate_async(&mut store)).await;
+        let exports = match made {
             Ok(exports) => exports,
             Err(e) => {
                 let origin = blueprint.identity.origin("instantiate");
-                return Err(sandbox::fault(e, store.data(), &blueprint.limits, origin));
+                let state = store.data();
+                return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
             }
         };
         let mut instance = FilterInstance {
             store,
             exports: Box::new(exports),
         };
-        sandbox::arm(&mut instance.store, blueprint.budget);
+        instance.begin(None);
         let plugin = instance.exports.shallot_filter_plugin();
-        match plugin
-            .call_configure(&mut instance.store, &blueprint.config)
-            .await
-        {
-            Ok(Ok(())) => Ok(instance),
-            Ok(Err(message)) => Err(ChainError::new(
+        let meter = instance.meter();
+        let configured = plugin.call_configure(&mut instance.store, &blueprint.config);
+        let configured = sandbox::metered(meter, configured).await;
+        match instance.end(configured, "configure")? {
+            Ok(()) => Ok(instance),
+            Err(message) => Err(ChainError::new(
                 ErrorKind::InvalidRequest,
-                format!("rejected its configuration: {message}"),
+                format!(
+                    "rejected its configuration: {}",
+                    sandbox::printable(&message, TEXT_CAP)
+                ),
             )
             .at(blueprint.identity.origin("configure"))),
-            Err(e) => Err(instance.fault(e, &blueprint.limits, "configure")),
         }
     }
 
     /// The filter's own description of itself.
-    pub(crate) async fn describe(
-        &mut self,
-        limits: &Limits,
-        budget: u32,
-    ) -> Result<Description, ChainError> {
-        sandbox::arm(&mut self.store, budget);
+    pub(crate) async fn describe(&mut self) -> Result<Description, ChainError> {
+        self.begin(None);
         let plugin = self.exports.shallot_filter_plugin();
-        let d = plugin
-            .call_describe(&mut self.store)
-            .await
-            .map_err(|e| self.fault(e, limits, "describe"))?;
+        let meter = self.meter();
+        let described = plugin.call_describe(&mut self.store);
+        let described = sandbox::metered(meter, described).await;
+        let d = self.end(described, "describe")?;
         let init: serde_json::Value = serde_json::from_str(&d.init_fctx).map_err(|e| {
             ChainError::new(
                 ErrorKind::PluginFault,
@@ -114,35 +116,36 @@ impl FilterInstance {
             })
             .collect();
         Ok(Description {
-            name: d.name,
-            version: d.version,
+            name: sandbox::printable(&d.name, NAME_CAP),
+            version: sandbox::printable(&d.version, NAME_CAP),
             init: Fctx::from(init.to_string()),
             hooks,
         })
     }
 
-    fn fault(&self, error: wasmtime::Error, limits: &Limits, call: &'static str) -> ChainError {
-        let state = self.store.data();
-        sandbox::fault(error, state, limits, state.identity.origin(call))
+    fn meter(&self) -> sandbox::Meter {
+        self.store.data().confinement.meter().clone()
     }
 
-    fn enter(&mut self, scope: Scope, budget: u32) {
-        let state = self.store.data_mut();
-        state.scope = Some(scope);
-        state.inner_error = None;
-        sandbox::arm(&mut self.store, budget);
+    fn fault(&self, error: wasmtime::Error, call: &'static str) -> ChainError {
+        let state = self.store.data();
+        let origin = state.identity.origin(call);
+        sandbox::fault(error, &state.confinement, &state.limits, origin)
+    }
+
+    /// Starts a call: its scope, its clocks, its captured stderr.
+    fn begin(&mut self, scope: Option<Scope>) {
+        self.store.data_mut().enter(scope);
+        let limits = self.store.data().limits;
+        sandbox::arm(&mut self.store, &limits);
     }
 
     /// Ends a call: drops the scope (it holds the invoke, which holds this
-    /// instance's lease) and turns a wasmtime error into a fault.
-    fn leave<T>(
-        &mut self,
-        result: wasmtime::Result<T>,
-        limits: &Limits,
-        call: &'static str,
-    ) -> Result<T, ChainError> {
-        self.store.data_mut().scope = None;
-        result.map_err(|e| self.fault(e, limits, call))
+    /// instance's lease), undoes a faulted call's context writes, and turns
+    /// a wasmtime error into a fault.
+    fn end<T>(&mut self, result: wasmtime::Result<T>, call: &'static str) -> Result<T, ChainError> {
+        self.store.data_mut().leave(result.is_err());
+        result.map_err(|e| self.fault(e, call))
     }
 
     /// Runs the system-prompt hook for `invoke`, as filter `id`.
@@ -152,21 +155,15 @@ impl FilterInstance {
         invoke: Arc<Invoke>,
         id: usize,
         prompt: &str,
-        limits: &Limits,
-        budget: u32,
     ) -> Result<Result<String, ChainError>, ChainError> {
         const CALL: &str = "system-prompt";
-        let scope = Scope {
-            invoke,
-            id,
-            branch: None,
-            next: Continuation::None,
-        };
-        self.enter(scope, budget);
+        self.begin(Some(Scope::outside_chains(invoke, id)));
         let api = self.exports.shallot_filter_system_prompt_filter();
-        let result = api.call_system_prompt(&mut self.store, prompt).await;
+        let meter = self.meter();
+        let shaped = api.call_system_prompt(&mut self.store, prompt);
+        let shaped = sandbox::metered(meter, shaped).await;
         Ok(self
-            .leave(result, limits, CALL)?
+            .end(shaped, CALL)?
             .map_err(|error| self.store.data().attribute(error, CALL)))
     }
 
@@ -175,22 +172,14 @@ impl FilterInstance {
         &mut self,
         invoke: Arc<Invoke>,
         id: usize,
-        limits: &Limits,
-        budget: u32,
     ) -> Result<ResourceAny, ChainError> {
-        let scope = Scope {
-            invoke,
-            id,
-            branch: None,
-            next: Continuation::None,
-        };
-        self.enter(scope, budget);
+        self.begin(Some(Scope::outside_chains(invoke, id)));
         let api = self.exports.shallot_filter_token_filter();
-        let made = api
-            .token_transformer()
-            .call_constructor(&mut self.store)
-            .await;
-        self.leave(made, limits, "token-transform")
+        let meter = self.meter();
+        let api = api.token_transformer();
+        let made = api.call_constructor(&mut self.store);
+        let made = sandbox::metered(meter, made).await;
+        self.end(made, "token-transform")
     }
 
     /// Steps (or, with `tokens == None`, flushes) a token transformer.
@@ -200,25 +189,28 @@ impl FilterInstance {
         scope: Scope,
         transformer: ResourceAny,
         tokens: Option<TokenBatch>,
-        limits: &Limits,
-        budget: u32,
     ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
-        self.enter(scope, budget);
+        self.begin(Some(scope));
+        let meter = self.meter();
         let api = self.exports.shallot_filter_token_filter();
         let api = api.token_transformer();
         let (call, result) = match tokens {
             Some(tokens) => {
                 let batch = convert::token_batch(tokens);
-                (
-                    "step",
-                    api.call_step(&mut self.store, transformer, &batch).await,
-                )
+                let stepped = api.call_step(&mut self.store, transformer, &batch);
+                ("step", sandbox::metered(meter, stepped).await)
             }
-            None => ("flush", api.call_flush(&mut self.store, transformer).await),
+            None => {
+                let flushed = api.call_flush(&mut self.store, transformer);
+                ("flush", sandbox::metered(meter, flushed).await)
+            }
         };
-        match self.leave(result, limits, call)? {
+        match self.end(result, call)? {
             Ok(batch) => {
                 let batch = TokenBatch::from(batch);
+                if batch.weight() > self.store.data().limits.host_bytes() {
+                    return Err(self.fault(wasmtime::Error::new(HostMemoryExceeded), call));
+                }
                 batch.validate().map_err(|problem| {
                     let message = format!("returned a malformed token batch: {problem}");
                     ChainError::new(ErrorKind::PluginFault, message).at(self
@@ -233,16 +225,16 @@ impl FilterInstance {
         }
     }
 
-    /// Drops a token transformer in the guest.
+    /// Drops a token transformer in the guest (its destructor runs).
     pub(crate) async fn drop_transformer(
         &mut self,
         transformer: ResourceAny,
-        limits: &Limits,
-        budget: u32,
     ) -> Result<(), ChainError> {
-        sandbox::arm(&mut self.store, budget);
-        let dropped = transformer.resource_drop_async(&mut self.store).await;
-        self.leave(dropped, limits, "token-transform")
+        self.begin(None);
+        let meter = self.meter();
+        let dropped = transformer.resource_drop_async(&mut self.store);
+        let dropped = sandbox::metered(meter, dropped).await;
+        self.end(dropped, "token-transform")
     }
 
     /// Runs one hook call of filter `id`, the chain continuing in `next`.
@@ -251,8 +243,6 @@ impl FilterInstance {
         id: usize,
         request: K::Request,
         next: Next<K>,
-        limits: &Limits,
-        budget: u32,
     ) -> Result<K::Output, ChainError> {
         let invoke = next.invoke().clone();
         let branch = next.branch().cloned();
@@ -262,8 +252,8 @@ impl FilterInstance {
             branch,
             next: K::continuation(next),
         };
-        self.enter(scope, budget);
-        K::call(self, request, limits).await
+        self.begin(Some(scope));
+        K::call(self, request).await
     }
 
     /// Puts a request into the table for the length of a call; the guest
@@ -289,17 +279,11 @@ impl FilterInstance {
         result: wasmtime::Result<
             Result<Resource<R>, super::bindings::shallot::filter::types::FilterError>,
         >,
-        limits: &Limits,
         call: &'static str,
     ) -> Result<Result<R, ChainError>, ChainError> {
-        let _ = self.store.data_mut().table.delete(lent);
-        Ok(match self.leave(result, limits, call)? {
-            Ok(response) => Ok(self
-                .store
-                .data_mut()
-                .table
-                .delete(response)
-                .map_err(internal)?),
+        let _ = self.store.data_mut().take(lent);
+        Ok(match self.end(result, call)? {
+            Ok(response) => Ok(self.store.data_mut().take(response).map_err(internal)?),
             Err(error) => Err(self.store.data().attribute(error, call)),
         })
     }
@@ -315,7 +299,6 @@ pub(crate) trait WasmChain: ChainKind {
     fn call(
         instance: &mut FilterInstance,
         request: Self::Request,
-        limits: &Limits,
     ) -> impl Future<Output = Result<Self::Output, ChainError>> + Send;
 }
 
@@ -334,12 +317,13 @@ impl WasmChain for Chat {
     async fn call(
         instance: &mut FilterInstance,
         request: ChatRequest,
-        limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
         let (lent, borrowed) = instance.lend(request)?;
         let api = instance.exports.shallot_filter_chat_filter();
-        let result = api.call_around_chat(&mut instance.store, borrowed).await;
-        instance.settle(lent, result, limits, "around-chat")
+        let meter = instance.meter();
+        let result = api.call_around_chat(&mut instance.store, borrowed);
+        let result = sandbox::metered(meter, result).await;
+        instance.settle(lent, result, "around-chat")
     }
 }
 
@@ -358,12 +342,13 @@ impl WasmChain for Tool {
     async fn call(
         instance: &mut FilterInstance,
         request: ToolRequest,
-        limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
         let (lent, borrowed) = instance.lend(request)?;
         let api = instance.exports.shallot_filter_tool_filter();
-        let result = api.call_around_tool(&mut instance.store, borrowed).await;
-        instance.settle(lent, result, limits, "around-tool")
+        let meter = instance.meter();
+        let result = api.call_around_tool(&mut instance.store, borrowed);
+        let result = sandbox::metered(meter, result).await;
+        instance.settle(lent, result, "around-tool")
     }
 }
 
@@ -382,14 +367,15 @@ impl WasmChain for Turn {
     async fn call(
         instance: &mut FilterInstance,
         request: TurnRequest,
-        limits: &Limits,
     ) -> Result<Self::Output, ChainError> {
         const CALL: &str = "around-turn";
         let (lent, borrowed) = instance.lend(request)?;
         let api = instance.exports.shallot_filter_turn_filter();
-        let result = api.call_around_turn(&mut instance.store, borrowed).await;
-        let _ = instance.store.data_mut().table.delete(lent);
-        let result = instance.leave(result, limits, CALL)?;
+        let meter = instance.meter();
+        let result = api.call_around_turn(&mut instance.store, borrowed);
+        let result = sandbox::metered(meter, result).await;
+        let _ = instance.store.data_mut().take(lent);
+        let result = instance.end(result, CALL)?;
         let state = instance.store.data_mut();
         state.take_turn_result(result, CALL).map_err(internal)
     }

@@ -14,7 +14,7 @@ use super::instance::{Blueprint, FilterInstance};
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
 use crate::error::ChainError;
-use crate::sandbox::{self, Grants, Limits};
+use crate::sandbox::{Grants, Limits};
 
 /// The WIT package filters are built against.
 pub const WIT_PACKAGE: &str = "shallot:filter";
@@ -53,6 +53,8 @@ pub enum LoadError {
         "{path}: needs an import shallot does not provide (filters get no filesystem, network or other host APIs): {message}"
     )]
     UnknownImport { path: PathBuf, message: String },
+    #[error("{path}: refused before compiling: {message}")]
+    TooLarge { path: PathBuf, message: String },
     #[error("{path}: {error}")]
     Filter { path: PathBuf, error: ChainError },
     #[error("{path}: invalid limits: {message}")]
@@ -115,13 +117,107 @@ pub fn cache_state(engine: &Engine, bytes: &[u8]) -> CacheState {
     }
 }
 
+/// What a component may hold before it is compiled: compile time and
+/// memory grow with these, so a file past them is refused unread by the
+/// compiler (the Python and JavaScript runtimes stay well inside).
+const MAX_BYTES: usize = 64 << 20;
+const MAX_FUNCTIONS: usize = 150_000;
+const MAX_FUNCTION_BYTES: usize = 1 << 20;
+const MAX_LOCALS: u32 = 50_000;
+const MAX_NESTING: u32 = 1_000;
+
+/// Checks the bounds above without compiling anything.
+fn check_size(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    match bounds(bytes) {
+        Ok(()) => Ok(()),
+        Err(Bound::Invalid(e)) => Err(LoadError::Invalid {
+            path: path.into(),
+            message: e.to_string(),
+        }),
+        Err(Bound::Over(message)) => Err(LoadError::TooLarge {
+            path: path.into(),
+            message,
+        }),
+    }
+}
+
+/// Why [`bounds`] refused a file.
+enum Bound {
+    Invalid(wasmparser::BinaryReaderError),
+    Over(String),
+}
+
+impl From<wasmparser::BinaryReaderError> for Bound {
+    fn from(e: wasmparser::BinaryReaderError) -> Self {
+        Bound::Invalid(e)
+    }
+}
+
+fn bounds(bytes: &[u8]) -> Result<(), Bound> {
+    let over = |message: String| Err(Bound::Over(message));
+    if bytes.len() > MAX_BYTES {
+        return over(format!(
+            "it has {} bytes; a filter may have at most {MAX_BYTES}",
+            bytes.len()
+        ));
+    }
+    let mut functions = 0;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        let wasmparser::Payload::CodeSectionEntry(body) = payload? else {
+            continue;
+        };
+        functions += 1;
+        if functions > MAX_FUNCTIONS {
+            return over(format!("it has more than {MAX_FUNCTIONS} functions"));
+        }
+        let size = body.range().len();
+        if size > MAX_FUNCTION_BYTES {
+            return over(format!(
+                "function {functions} has {size} bytes of code; the most is {MAX_FUNCTION_BYTES}"
+            ));
+        }
+        let mut locals = 0u32;
+        for group in body.get_locals_reader()? {
+            let (count, _) = group?;
+            locals = locals.saturating_add(count);
+        }
+        if locals > MAX_LOCALS {
+            return over(format!(
+                "function {functions} has {locals} locals; the most is {MAX_LOCALS}"
+            ));
+        }
+        let mut depth = 0u32;
+        let mut operators = body.get_operators_reader()?;
+        while !operators.eof() {
+            use wasmparser::Operator as Op;
+            match operators.read()? {
+                Op::Block { .. } | Op::Loop { .. } | Op::If { .. } | Op::TryTable { .. } => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        return over(format!(
+                            "function {functions} nests blocks deeper than {MAX_NESTING}"
+                        ));
+                    }
+                }
+                Op::End => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Compiles (or loads from the cache) and links a plugin. Blocking and, on
-/// a cache miss, slow for big guests: run it off the async executor.
+/// a cache miss, slow for big guests: run it off the async executor. A
+/// file not in the cache is first checked against the size bounds.
 pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
     let invalid = |e: wasmtime::Error| LoadError::Invalid {
         path: path.into(),
         message: format!("{e:#}"),
     };
+    if cache_state(engine, bytes) != CacheState::Cached {
+        check_size(path, bytes)?;
+    }
     let (component, compiled) = match engine.cache() {
         Some(cache) => cache.load(engine.wasmtime(), bytes).map_err(invalid)?,
         None => (
@@ -130,9 +226,8 @@ pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, Loa
         ),
     };
     check_contract(engine, path, &component)?;
-    let pre = engine
-        .inner
-        .linker
+    let linker = super::host::linker(engine.wasmtime()).map_err(invalid)?;
+    let pre = linker
         .instantiate_pre(&component)
         .map_err(|e| LoadError::UnknownImport {
             path: path.into(),
@@ -231,19 +326,9 @@ pub async fn configure(
 ) -> Result<Arc<WasmFilter>, LoadError> {
     let path = plugin.path.to_path_buf();
     let limits = spec.limits;
-    if limits.memory_mib == 0 || limits.memory_mib > MAX_MEMORY_MIB {
-        return Err(LoadError::Limits {
-            path,
-            message: format!("memory_mib must be 1..={MAX_MEMORY_MIB}"),
-        });
+    if let Err(message) = limits.check(MAX_MEMORY_MIB) {
+        return Err(LoadError::Limits { path, message });
     }
-    if limits.cpu_ms == 0 {
-        return Err(LoadError::Limits {
-            path,
-            message: "cpu_ms must be at least 1".to_owned(),
-        });
-    }
-    let budget = sandbox::budget_ticks(&limits, engine.inner.tick);
     let config: Arc<str> = spec
         .config
         .as_ref()
@@ -259,7 +344,6 @@ pub async fn configure(
         limits,
         grants: spec.grants,
         config,
-        budget,
     };
     let description = {
         let _slot = engine
@@ -279,7 +363,7 @@ pub async fn configure(
                     error,
                 })?;
         instance
-            .describe(&limits, budget)
+            .describe()
             .await
             .map_err(|error| LoadError::Filter {
                 path: path.clone(),

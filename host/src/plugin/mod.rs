@@ -3,8 +3,9 @@
 //!
 //! `loader` reads and compiles one file; `set` loads a whole plugins
 //! directory or `shallot.toml`; `filter` is a configured filter and
-//! `instance` one of its instances; `pool` hands instances to invokes;
-//! `host` is what an instance imports; `convert` maps WIT types to ours.
+//! `instance` one of its instances (`crate::admission` hands them to
+//! invokes); `host` is what an instance imports; `convert` maps WIT types
+//! to ours.
 
 pub(crate) mod bindings;
 mod config;
@@ -13,12 +14,12 @@ mod filter;
 pub(crate) mod host;
 mod instance;
 mod loader;
-pub(crate) mod pool;
 mod set;
 
 pub use config::{read_config, read_dir, read_model};
 pub(crate) use filter::WasmTransformer;
 pub use filter::{Isolation, WasmFilter};
+pub(crate) use instance::FilterInstance;
 pub use loader::{
     FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
 };

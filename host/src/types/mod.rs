@@ -12,12 +12,14 @@ mod message;
 mod token;
 mod tool;
 mod turn;
+mod weight;
 
 pub use chat::{ChatRequest, ChatResponse, FinishReason, Usage};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};
 pub use turn::{ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
+pub(crate) use weight::Weigh;
 
 /// A JSON object, for options and metadata.
 pub type JsonMap = serde_json::Map<String, serde_json::Value>;

@@ -1,0 +1,322 @@
+//! Admission: how many filter instances an invoke may need, how it
+//! reserves them before it starts, and how it takes them during its calls,
+//! without deadlock, without starving other requests and without waiting
+//! forever.
+//!
+//! A component instance must not be re-entered while it is on the stack,
+//! and a filter's around-turn is on the stack while the tool loop runs that
+//! same filter's around-chat. So an invoke holds one instance per nesting
+//! level of each filter ([`need`]; the system-prompt hook runs before the
+//! chains and needs one instance too). On admission it reserves them all:
+//! first from each filter's own quota (`Limits::instances`), in one global
+//! order of filters, then from the engine's slots, each in one step.
+//! Holding everything it needs up front, an admitted invoke can always
+//! finish, so invokes never wait for each other in a circle; a slow filter
+//! can hold no more than its quota, so requests that do not use it still
+//! find slots. Every wait is bounded by the engine's `queue_timeout`, after
+//! which the invoke fails with an `overloaded` error.
+//!
+//! Beyond its reservation (concurrent tool calls through the same filter) a
+//! lease borrows a spare slot if there is one, and otherwise waits for one
+//! of its own instances to come back. An instance is taken for one call
+//! and returned after it; a faulted or cancelled one is dropped and its
+//! slot reused by the next take.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{ChainError, ErrorKind, Hook};
+use crate::invoke::Invoke;
+use crate::plugin::{FilterInstance, WasmFilter};
+
+/// What an invoke starts with; decides how many instances it reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    Chat,
+    Tool,
+    Turn,
+}
+
+impl CallKind {
+    pub(crate) const ALL: [CallKind; 3] = [CallKind::Chat, CallKind::Tool, CallKind::Turn];
+}
+
+/// Instances a filter with `hooks` may need at once in one invoke of
+/// `call`: one per level at which it can be on the stack.
+pub(crate) fn need(hooks: &[Hook], call: CallKind, stream: bool) -> usize {
+    let has = |hook| hooks.contains(&hook) as usize;
+    let token = if stream { has(Hook::TokenTransform) } else { 0 };
+    let chat = has(Hook::AroundChat) + token;
+    let chains = match call {
+        CallKind::Chat => chat,
+        CallKind::Tool => return has(Hook::AroundTool),
+        CallKind::Turn => has(Hook::AroundTurn) + chat.max(has(Hook::AroundTool)),
+    };
+    // The system prompt is shaped before the chains run, and its instance
+    // is back before they start.
+    chains.max(has(Hook::SystemPrompt))
+}
+
+/// The error for a wait that outlived the engine's queue timeout.
+fn overloaded(what: &str, timeout: Duration) -> ChainError {
+    ChainError::new(
+        ErrorKind::Overloaded,
+        format!(
+            "overloaded: {what} did not become free within {} ms",
+            timeout.as_millis()
+        ),
+    )
+}
+
+/// Waits for `count` permits of `semaphore`, at most `timeout`.
+async fn acquire(
+    semaphore: &Arc<Semaphore>,
+    count: usize,
+    timeout: Duration,
+    what: impl FnOnce() -> String,
+) -> Result<OwnedSemaphorePermit, ChainError> {
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    match tokio::time::timeout(timeout, semaphore.clone().acquire_many_owned(count)).await {
+        Ok(Ok(permit)) => Ok(permit),
+        Ok(Err(closed)) => Err(ChainError::new(ErrorKind::Internal, closed.to_string())),
+        Err(_) => Err(overloaded(&what(), timeout)),
+    }
+}
+
+/// What an admitted invoke holds: its instance reservations, released when
+/// the invoke ends.
+pub(crate) struct Admission {
+    pub leases: Box<[Lease]>,
+    _permits: Vec<OwnedSemaphorePermit>,
+}
+
+/// Reserves what an invoke of `call` through `filters` (by position, `None`
+/// for a native filter) may need, waiting at most the engine's queue
+/// timeout for each quota and for the engine's slots.
+pub(crate) async fn admit(
+    filters: &[Option<&Arc<WasmFilter>>],
+    call: CallKind,
+    stream: bool,
+) -> Result<Admission, ChainError> {
+    let needs: Vec<usize> = filters
+        .iter()
+        .map(|filter| filter.map_or(0, |f| need(f.hooks(), call, stream)))
+        .collect();
+    let mut order: Vec<(&Arc<WasmFilter>, usize)> = filters
+        .iter()
+        .zip(&needs)
+        .filter_map(|(filter, &n)| filter.map(|filter| (filter, n)))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    let mut permits = Vec::with_capacity(order.len() + 1);
+    if let Some((first, _)) = order.first() {
+        let engine = first.engine().clone();
+        let timeout = engine.queue_timeout();
+        order.sort_by_key(|(filter, _)| filter.ordinal());
+        for (filter, n) in &order {
+            let what = || format!("an instance of filter '{}'", filter.name());
+            permits.push(acquire(filter.quota(), *n, timeout, what).await?);
+        }
+        let total = order.iter().map(|(_, n)| n).sum();
+        let what = || "an instance slot of the engine".to_owned();
+        permits.push(acquire(engine.slots(), total, timeout, what).await?);
+    }
+    Ok(Admission {
+        leases: needs.into_iter().map(Lease::new).collect(),
+        _permits: permits,
+    })
+}
+
+/// One invoke's instances of one filter.
+#[derive(Default)]
+pub(crate) struct Lease {
+    /// Instances this invoke may create under its admission reservation.
+    reserved: usize,
+    state: Mutex<LeaseState>,
+    returned: Notify,
+}
+
+#[derive(Default)]
+struct LeaseState {
+    idle: Vec<FilterInstance>,
+    /// Instances in existence: idle or in a call.
+    live: usize,
+    /// Spare slots (a quota permit and an engine slot) borrowed beyond the
+    /// reservation.
+    extra: Vec<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
+}
+
+enum Take {
+    Idle(FilterInstance),
+    Create,
+    Wait,
+    Queue,
+}
+
+impl Lease {
+    fn new(reserved: usize) -> Self {
+        Lease {
+            reserved,
+            ..Default::default()
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The idle instances, for the filter to reclaim when the invoke ends.
+    pub(crate) fn drain(&mut self) -> Vec<FilterInstance> {
+        std::mem::take(&mut self.lock().idle)
+    }
+
+    async fn take(&self, filter: &Arc<WasmFilter>) -> Result<FilterInstance, ChainError> {
+        loop {
+            let returned = self.returned.notified();
+            match self.try_take(filter) {
+                Take::Idle(instance) => return Ok(instance),
+                Take::Create => break,
+                Take::Wait => returned.await,
+                Take::Queue => {
+                    // Nothing reserved and nothing of ours will come back
+                    // (a call the reservation did not foresee): wait, as a
+                    // new invoke would, for a bounded time.
+                    let timeout = filter.engine().queue_timeout();
+                    let what = || format!("an instance of filter '{}'", filter.name());
+                    let quota = acquire(filter.quota(), 1, timeout, what).await?;
+                    let what = || "an instance slot of the engine".to_owned();
+                    let slot = acquire(filter.engine().slots(), 1, timeout, what).await?;
+                    let mut state = self.lock();
+                    state.extra.push((quota, slot));
+                    state.live += 1;
+                    break;
+                }
+            }
+        }
+        // Boxed: instantiation is the cold path and its future is large;
+        // inline, it would be moved through every hook call's future.
+        Box::pin(filter.instantiate())
+            .await
+            .inspect_err(|_| self.lost())
+    }
+
+    fn try_take(&self, filter: &Arc<WasmFilter>) -> Take {
+        let mut state = self.lock();
+        if let Some(instance) = state.idle.pop() {
+            return Take::Idle(instance);
+        }
+        if state.live < self.reserved + state.extra.len() {
+            state.live += 1;
+            return Take::Create;
+        }
+        if let Ok(quota) = filter.quota().clone().try_acquire_owned()
+            && let Ok(slot) = filter.engine().slots().clone().try_acquire_owned()
+        {
+            state.extra.push((quota, slot));
+            state.live += 1;
+            return Take::Create;
+        }
+        if state.live == 0 {
+            Take::Queue
+        } else {
+            Take::Wait
+        }
+    }
+
+    fn give_back(&self, instance: FilterInstance) {
+        self.lock().idle.push(instance);
+        self.returned.notify_one();
+    }
+
+    fn lost(&self) {
+        self.lock().live -= 1;
+        self.returned.notify_one();
+    }
+}
+
+/// An instance taken from an invoke's lease for one call. Dropped without
+/// `release` (a fault, or the call was cancelled mid-way), the instance is
+/// discarded rather than returned.
+pub(crate) struct Leased {
+    invoke: Arc<Invoke>,
+    id: usize,
+    instance: Option<FilterInstance>,
+}
+
+impl Leased {
+    /// Takes an instance of filter `id` for `invoke`.
+    pub(crate) async fn take(
+        invoke: &Arc<Invoke>,
+        id: usize,
+        filter: &Arc<WasmFilter>,
+    ) -> Result<Self, ChainError> {
+        let instance = invoke.lease(id).take(filter).await?;
+        Ok(Leased {
+            invoke: invoke.clone(),
+            id,
+            instance: Some(instance),
+        })
+    }
+
+    pub(crate) fn invoke(&self) -> &Arc<Invoke> {
+        &self.invoke
+    }
+
+    pub(crate) fn instance(&mut self) -> &mut FilterInstance {
+        self.instance
+            .as_mut()
+            .expect("a Leased holds its instance until it is released")
+    }
+
+    /// The instance faulted: drop it now.
+    pub(crate) fn poison(&mut self) {
+        if self.instance.take().is_some() {
+            self.invoke.lease(self.id).lost();
+        }
+    }
+
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.instance.is_none()
+    }
+
+    /// The call went well: the instance goes back for reuse.
+    pub(crate) fn release(mut self) {
+        if let Some(instance) = self.instance.take() {
+            self.invoke.lease(self.id).give_back(instance);
+        }
+    }
+}
+
+impl Drop for Leased {
+    fn drop(&mut self) {
+        if self.instance.take().is_some() {
+            self.invoke.lease(self.id).lost();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CallKind, need};
+    use crate::error::Hook;
+
+    #[test]
+    fn a_system_prompt_hook_needs_an_instance_in_chats_and_turns() {
+        let hooks = [Hook::SystemPrompt];
+        assert_eq!(need(&hooks, CallKind::Chat, false), 1);
+        assert_eq!(need(&hooks, CallKind::Turn, true), 1);
+        assert_eq!(need(&hooks, CallKind::Tool, false), 0);
+    }
+
+    #[test]
+    fn a_filter_needs_one_instance_per_level_it_can_be_on_the_stack() {
+        let all = Hook::ALL;
+        assert_eq!(need(&all, CallKind::Turn, true), 3);
+        assert_eq!(need(&all, CallKind::Turn, false), 2);
+        assert_eq!(need(&all, CallKind::Chat, true), 2);
+        assert_eq!(need(&[Hook::AroundTool], CallKind::Turn, false), 1);
+        assert_eq!(need(&[Hook::TokenTransform], CallKind::Chat, false), 0);
+    }
+}
