@@ -1,38 +1,55 @@
-//! Test guest: a filter that breaks on purpose (trap, panic, endless loop,
-//! memory bomb, error) at one chosen point, and otherwise passes through.
+//! Test guest: a filter that breaks on purpose or attacks the host (trap,
+//! panic, endless loop, memory bomb, sleep, floods of host memory, context,
+//! `next` calls or log lines, hostile error text) at one chosen point, and
+//! otherwise passes through.
+
+use std::time::Duration;
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, TokenOut, TokenTransform,
-    Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, next,
+    ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, Message, TokenOut,
+    TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, context, log, next,
 };
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Misbehave {
-    /// Where: configure, chat, tool, turn, step or flush.
+    /// Where: configure, chat, tool, turn, system-prompt, step, flush,
+    /// transformer (its constructor) or drop (its destructor).
     on: String,
-    /// What: trap, panic, loop, oom or error.
+    /// What: trap, panic, loop, oom, sleep, error, evil-error, host-alloc,
+    /// hoard-next, next-and-work, flood-next, flood-context, flood-log,
+    /// write-then-trap, print (to stderr; panics on "boom").
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
     when: Option<String>,
 }
 
+/// Burns about a few milliseconds of CPU without touching memory.
+fn work(rounds: u64) {
+    let mut n = 0u64;
+    for i in 0..rounds {
+        n = std::hint::black_box(n.wrapping_mul(31).wrapping_add(i));
+    }
+    std::hint::black_box(n);
+}
+
 impl Misbehave {
+    fn armed(&self, at: &str, text: &str) -> bool {
+        self.on == at && self.when.as_deref().is_none_or(|w| text.contains(w))
+    }
+
     fn strike(&self, at: &str, text: &str) -> Result<(), FilterError> {
-        if self.on != at || self.when.as_deref().is_some_and(|w| !text.contains(w)) {
+        if !self.armed(at, text) {
             return Ok(());
         }
         match self.action.as_str() {
             "trap" => std::process::abort(),
             "panic" => panic!("misbehave: panic in {at}"),
-            "loop" => {
-                let mut n = 0u64;
-                loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
-            }
+            "loop" => loop {
+                work(1_000_000);
+            },
             "oom" => {
                 // Grow memory without touching it, so the cap trips long
                 // before the CPU budget could, however loaded the machine.
@@ -41,15 +58,91 @@ impl Misbehave {
                     hoard.push(std::hint::black_box(Vec::with_capacity(1 << 20)));
                 }
             }
+            "sleep" => {
+                std::thread::sleep(Duration::from_secs(3600));
+                Ok(())
+            }
+            "evil-error" => {
+                let mut message = String::from("evil\u{1b}[2J\u{1b}[31m\0\u{202e}txet");
+                message.push_str(&"x".repeat(1 << 20));
+                Err(FilterError::new(ErrorKind::Transient, message))
+            }
+            "host-alloc" => {
+                // Small in guest memory, big in the host's: handles to
+                // 1 MiB requests the host keeps.
+                let text = "x".repeat(1 << 20);
+                let mut hoard = Vec::new();
+                loop {
+                    hoard.push(ChatRequest::new(&[Message::user(text.as_str())]));
+                }
+            }
+            "flood-context" => {
+                let text = "x".repeat(1 << 20);
+                for i in 0.. {
+                    context::set(&format!("flood-{i}"), &text);
+                }
+                Ok(())
+            }
+            "flood-log" => {
+                let line = "y".repeat(1 << 16);
+                for _ in 0..10_000 {
+                    log::info(&line);
+                }
+                Ok(())
+            }
+            "write-then-trap" => {
+                context::set("written", "by a filter that then trapped");
+                std::process::abort()
+            }
+            "print" => {
+                eprintln!("misbehave saw: {text}");
+                assert!(!text.contains("boom"), "misbehave: asked to fail");
+                Ok(())
+            }
             _ => Err(FilterError::new(
                 ErrorKind::Transient,
                 format!("misbehave: error in {at}"),
             )),
         }
     }
+
+    /// Attacks through `next`; `None` if this is not one of those actions.
+    fn through_next(&self, request: &ChatRequest) -> Option<Result<ChatResponse, FilterError>> {
+        if !self.armed("chat", &last_text(request.messages())) {
+            return None;
+        }
+        Some(match self.action.as_str() {
+            // About 5 ms of own work after every inner call: the budget
+            // must count it however it interleaves with next.
+            "next-and-work" => {
+                let mut last = next::chat(request);
+                for _ in 0..100 {
+                    work(5_000_000);
+                    last = next::chat(request);
+                }
+                last
+            }
+            // Keeps every response next hands back.
+            "hoard-next" => {
+                let mut hoard = Vec::new();
+                for _ in 0..1000 {
+                    hoard.push(next::chat(request));
+                }
+                hoard.pop().expect("one call at least")
+            }
+            "flood-next" => {
+                let mut last = next::chat(request);
+                for _ in 0..1000 {
+                    last = next::chat(request);
+                }
+                last
+            }
+            _ => return None,
+        })
+    }
 }
 
-fn last_text(messages: Vec<shallot_guest::Message>) -> String {
+fn last_text(messages: Vec<Message>) -> String {
     messages.last().map(|m| m.text()).unwrap_or_default()
 }
 
@@ -64,6 +157,9 @@ impl Filter for Misbehave {
         request: &ChatRequest,
         _: &Fctx<()>,
     ) -> Result<ChatResponse, FilterError> {
+        if let Some(result) = self.through_next(request) {
+            return result;
+        }
         self.strike("chat", &last_text(request.messages()))?;
         next::chat(request)
     }
@@ -84,19 +180,34 @@ impl Filter for Misbehave {
         next::turn(request)
     }
 
+    fn system_prompt(&self, prompt: String) -> Result<String, FilterError> {
+        self.strike("system-prompt", &prompt)?;
+        Ok(prompt)
+    }
+
     fn token_transform(&self) -> Box<dyn TokenTransform> {
-        Box::new(self.clone())
+        let _ = self.strike("transformer", "");
+        Box::new(Transform(self.clone()))
     }
 }
 
-impl TokenTransform for Misbehave {
+/// The token transform; its destructor can strike too.
+struct Transform(Misbehave);
+
+impl TokenTransform for Transform {
     fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError> {
-        self.strike("step", tokens.text())?;
+        self.0.strike("step", tokens.text())?;
         out.push_all(tokens);
         Ok(())
     }
 
     fn flush(&mut self, _out: &mut TokenOut) -> Result<(), FilterError> {
-        self.strike("flush", "")
+        self.0.strike("flush", "")
+    }
+}
+
+impl Drop for Transform {
+    fn drop(&mut self) {
+        let _ = self.0.strike("drop", "");
     }
 }

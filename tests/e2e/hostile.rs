@@ -1,0 +1,601 @@
+//! Hostile filters: one test per way a filter has tried to get past the
+//! sandbox (budgets through `next`, host memory, the shared context, model
+//! output, stderr across invokes, sleeping, starvation, deadlock, compile
+//! bombs, floods of `next`, hostile error text). Each asserts containment:
+//! a typed error naming the filter, its plugin file and the call; the same
+//! kernel serving innocent requests afterwards; host memory bounded.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde_json::json;
+use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolSpec};
+use shallot::{
+    ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec, Kernel, Limits,
+    LoadError, ModelEvent, PluginSet,
+};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, load_in, spec, warm};
+
+fn hostile(on: &str, action: &str, limits: Limits) -> (PathBuf, FilterSpec) {
+    let (path, mut spec) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": on, "do": action, "when": "boom" }),
+    );
+    spec.limits = limits;
+    (path, spec)
+}
+
+fn kernel(plugins: &PluginSet, model: impl ChatModel) -> Kernel {
+    Kernel::builder()
+        .plugins(plugins)
+        .model(model)
+        .tool(ToolSpec::new("echo", "", json!({})), |args, _| async move {
+            Ok(args)
+        })
+        .build()
+        .unwrap()
+}
+
+/// The process's resident memory, in MiB.
+fn rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        / 1024
+}
+
+fn assert_contained(error: &ChainError, kind: ErrorKind, call: &str, says: &str) {
+    assert_eq!(error.kind, kind, "{error}");
+    let origin = error.origin.as_ref().expect("the error names its filter");
+    assert_eq!(&*origin.filter, "bad", "{error}");
+    assert_eq!(origin.call, call, "{error}");
+    assert!(
+        origin.plugin.as_ref().unwrap().ends_with("misbehave.wasm"),
+        "{error}"
+    );
+    assert!(error.message.contains(says), "{error}");
+}
+
+async fn innocent_chat_works(kernel: &Kernel) {
+    let response = kernel.chat(ask("hello"), Context::new()).await.unwrap();
+    assert!(!response.text().is_empty());
+}
+
+#[tokio::test]
+async fn the_cpu_budget_counts_own_work_between_calls_to_next() {
+    let limits = Limits {
+        next_calls: 1000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![hostile("chat", "next-and-work", limits)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::PluginFault,
+        "around-chat",
+        "exceeded its CPU budget of 100 ms",
+    );
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
+async fn host_memory_a_filter_creates_is_charged_to_it() {
+    let limits = Limits {
+        host_mib: 16,
+        ..Limits::default()
+    };
+    let plugins = load(vec![hostile("chat", "host-alloc", limits)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let before = rss_mib();
+    for _ in 0..3 {
+        let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+        assert_contained(
+            &error,
+            ErrorKind::PluginFault,
+            "around-chat",
+            "exceeded its host memory cap of 16 MiB",
+        );
+    }
+    assert!(rss_mib() < before + 512, "host memory stays bounded");
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
+async fn responses_next_hands_back_are_charged_to_the_filter_that_keeps_them() {
+    let limits = Limits {
+        host_mib: 16,
+        next_calls: 2000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![hostile("chat", "hoard-next", limits)]).await;
+    let big = "z".repeat(1 << 20);
+    let kernel = kernel(&plugins, ScriptedModel::answer(&big));
+    let before = rss_mib();
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::PluginFault,
+        "around-chat",
+        "exceeded its host memory cap of 16 MiB",
+    );
+    assert!(rss_mib() < before + 512, "host memory stays bounded");
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
+async fn the_shared_context_is_bounded_and_a_faulted_calls_writes_are_undone() {
+    let limits = Limits {
+        host_mib: 8,
+        ..Limits::default()
+    };
+    let plugins = load(vec![hostile("chat", "flood-context", limits)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let context = Context::new().with("tenant", "a");
+    let error = kernel.chat(ask("boom"), context.clone()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::PluginFault,
+        "around-chat",
+        "exceeded its host memory cap of 8 MiB",
+    );
+    assert_eq!(context.keys(), ["tenant"], "the flood was rolled back");
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
+async fn a_filter_that_traps_loses_its_context_writes() {
+    let plugins = load(vec![hostile("chat", "write-then-trap", Limits::default())]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let context = Context::new();
+    let error = kernel.chat(ask("boom"), context.clone()).await.unwrap_err();
+    assert_contained(&error, ErrorKind::PluginFault, "around-chat", "trapped");
+    assert_eq!(context.get("written"), None);
+}
+
+#[tokio::test]
+async fn next_is_bounded_per_hook_call() {
+    let plugins = load(vec![hostile("chat", "flood-next", Limits::default())]).await;
+    let model = ScriptedModel::answer("fine");
+    let kernel = kernel(&plugins, model.clone());
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::LimitExceeded,
+        "around-chat",
+        "called next more than 16 times",
+    );
+    assert_eq!(
+        model.calls(),
+        16,
+        "the model was called no more than allowed"
+    );
+}
+
+#[tokio::test]
+async fn a_log_flood_does_not_stop_the_request() {
+    let plugins = load(vec![hostile("chat", "flood-log", Limits::default())]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let response = kernel.chat(ask("boom"), Context::new()).await.unwrap();
+    assert_eq!(response.text(), "fine");
+}
+
+#[tokio::test]
+async fn hostile_error_text_is_escaped_and_capped() {
+    let plugins = load(vec![hostile("chat", "evil-error", Limits::default())]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let shown = error.to_string();
+    for bad in ['\u{1b}', '\0', '\u{202e}'] {
+        assert!(!shown.contains(bad), "{shown:?}");
+    }
+    assert!(shown.contains("evil\\u{1b}[2J"), "{shown}");
+    assert!(shown.len() < 4096, "{} bytes", shown.len());
+}
+
+/// A model whose one answer asks for a million tool calls.
+struct Flooding;
+
+#[async_trait]
+impl ChatModel for Flooding {
+    fn name(&self) -> &str {
+        "flooding"
+    }
+
+    async fn chat(&self, _: &ChatRequest, _: &Context) -> Result<ChatResponse, ChainError> {
+        let calls = (0..1_000_000)
+            .map(|i| ToolCall {
+                id: format!("c{i}"),
+                name: "echo".to_owned(),
+                arguments: "{}".to_owned(),
+            })
+            .collect();
+        let message = Message {
+            tool_calls: calls,
+            ..Message::assistant("")
+        };
+        Ok(ChatResponse::new(message, FinishReason::ToolUse))
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        let done = self.chat(request, context).await?;
+        Ok(Box::pin(futures::stream::iter([Ok(ModelEvent::Done(
+            done,
+        ))])))
+    }
+}
+
+#[tokio::test]
+async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model() {
+    let kernel = Kernel::builder()
+        .model(Flooding)
+        .tool(ToolSpec::new("echo", "", json!({})), |args, _| async move {
+            Ok(args)
+        })
+        .build()
+        .unwrap();
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    let shallot::types::TurnResult::Error(error) = kernel.turn(request, Context::new()).await
+    else {
+        panic!("the turn fails");
+    };
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    let origin = error.origin.expect("the error names the model");
+    assert_eq!(&*origin.filter, "model");
+    assert!(
+        error.message.contains("more than 128 tool calls"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn stderr_is_captured_per_call_and_never_reaches_another_invoke() {
+    let (path, spec) = warm("misbehave", "bad", json!({ "on": "chat", "do": "print" }));
+    let plugins = load(vec![(path, spec)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    for i in 0..200 {
+        let text = format!("tenant-a secret {i} {}", "-".repeat(100));
+        kernel.chat(ask(&text), Context::new()).await.unwrap();
+    }
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert!(error.message.contains("misbehave saw: boom"), "{error}");
+    assert!(!error.message.contains("tenant-a"), "{error}");
+}
+
+/// Limits with a short own wall-clock bound, so sleeping tests end fast.
+fn drowsy() -> Limits {
+    Limits {
+        wall_ms: 200,
+        ..Limits::default()
+    }
+}
+
+async fn sleeps_in(on: &str, call: &str) {
+    let (path, mut spec) = spec("misbehave", "bad", json!({ "on": on, "do": "sleep" }));
+    spec.limits = drowsy();
+    let plugins = load(vec![(path, spec)]).await;
+    let model = ScriptedModel::replies(vec![Reply::tokens(&["a", "b"])]);
+    let kernel = kernel(&plugins, model);
+    let error = match on {
+        "tool" => kernel
+            .tool("echo", json!({}), Context::new())
+            .await
+            .unwrap_err(),
+        "turn" => match kernel
+            .turn(
+                shallot::types::TurnRequest::new(vec![Message::user("hi")]),
+                Context::new(),
+            )
+            .await
+        {
+            shallot::types::TurnResult::Error(error) => error,
+            other => panic!("the turn fails, not {other:?}"),
+        },
+        _ => kernel
+            .chat_stream(ask("hi"), Context::new(), Collector::default())
+            .await
+            .unwrap_err(),
+    };
+    assert_contained(
+        &error,
+        ErrorKind::Timeout,
+        call,
+        "wall-clock bound of 200 ms",
+    );
+}
+
+#[tokio::test]
+async fn a_filter_that_sleeps_is_stopped_in_every_kind_of_call() {
+    for (on, call) in [
+        ("chat", "around-chat"),
+        ("tool", "around-tool"),
+        ("turn", "around-turn"),
+        ("system-prompt", "system-prompt"),
+        ("transformer", "token-transform"),
+        ("step", "step"),
+        ("flush", "flush"),
+    ] {
+        sleeps_in(on, call).await;
+    }
+}
+
+#[tokio::test]
+async fn a_destructor_that_sleeps_does_not_hang_the_stream() {
+    let (path, mut spec) = spec("misbehave", "bad", json!({ "on": "drop", "do": "sleep" }));
+    spec.limits = drowsy();
+    let plugins = load(vec![(path, spec)]).await;
+    let kernel = kernel(
+        &plugins,
+        ScriptedModel::replies(vec![Reply::tokens(&["a"])]),
+    );
+    let sink = Collector::default();
+    kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(sink.tokens(), ["a"]);
+}
+
+#[tokio::test]
+async fn the_own_wall_clock_bound_is_on_by_default() {
+    let plugins = load(vec![hostile("chat", "sleep", Limits::default())]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(&error, ErrorKind::Timeout, "around-chat", "1000 ms");
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
+async fn a_configure_that_sleeps_fails_the_load() {
+    let (path, mut spec) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "configure", "do": "sleep" }),
+    );
+    spec.limits = drowsy();
+    let error = PluginSet::from_specs(&shallot_tests::engine(), vec![(path, spec)], &mut |_| {})
+        .await
+        .err()
+        .expect("refused");
+    let shown = error.to_string();
+    assert!(shown.contains("configure"), "{shown}");
+    assert!(shown.contains("wall-clock bound"), "{shown}");
+}
+
+/// An engine with very few slots and a short queue, for admission tests.
+fn small_engine(slots: u32, queue: Duration) -> Engine {
+    Engine::new(EngineConfig {
+        instance_slots: slots,
+        idle_instances: slots,
+        prepared_instances: 1,
+        cache_dir: Some(shallot_tests::target_dir().join("shallot-test-cache")),
+        queue_timeout: queue,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_sleeping_filter_cannot_starve_requests_that_do_not_use_it() {
+    let engine = small_engine(8, Duration::from_secs(30));
+    let (path, mut sleeper) = spec(
+        "misbehave",
+        "sleeper",
+        json!({ "on": "chat", "do": "sleep" }),
+    );
+    sleeper.limits = Limits {
+        instances: 3,
+        wall_ms: 2000,
+        ..Limits::default()
+    };
+    let slow = load_in(&engine, vec![(path, sleeper)]).await;
+    let fast = load_in(&engine, vec![spec("probe", "innocent", json!({}))]).await;
+    let slow = kernel(&slow, ScriptedModel::answer("late"));
+    let fast = kernel(&fast, ScriptedModel::answer("fine"));
+    let sleepers: Vec<_> = (0..50)
+        .map(|_| {
+            let slow = slow.clone();
+            tokio::spawn(async move { slow.chat(ask("zzz"), Context::new()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        assert_eq!(
+            fast.chat(ask("hi"), Context::new()).await.unwrap().text(),
+            "fine",
+            "served while the sleeper holds its quota"
+        );
+    }
+    for sleeper in sleepers {
+        sleeper.abort();
+    }
+}
+
+#[tokio::test]
+async fn an_invoke_that_waits_too_long_for_instances_is_overloaded() {
+    let engine = small_engine(3, Duration::from_millis(200));
+    let (path, mut sleeper) = spec(
+        "misbehave",
+        "sleeper",
+        json!({ "on": "chat", "do": "sleep" }),
+    );
+    sleeper.limits = Limits {
+        wall_ms: 3000,
+        ..Limits::default()
+    };
+    let plugins = load_in(&engine, vec![(path, sleeper)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("late"));
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let kernel = kernel.clone();
+            tokio::spawn(async move { kernel.chat(ask("zzz"), Context::new()).await })
+        })
+        .collect();
+    let mut overloaded = 0;
+    for call in calls {
+        if let Err(error) = call.await.unwrap()
+            && error.kind == ErrorKind::Overloaded
+        {
+            overloaded += 1;
+        }
+    }
+    assert!(overloaded >= 3, "{overloaded} of 6 were turned away");
+}
+
+/// Every combination of hooks, isolation and chain, with far more
+/// concurrent invokes than instance slots: all finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_far_above_the_slot_count_never_deadlocks() {
+    let engine = small_engine(6, Duration::from_secs(60));
+    let hook_sets = [
+        vec!["system-prompt"],
+        vec!["chat"],
+        vec!["chat", "system-prompt"],
+        vec!["turn", "chat", "tool", "tokens", "system-prompt"],
+        vec!["tool", "tokens"],
+    ];
+    for hooks in hook_sets {
+        for isolation in ["invoke", "warm"] {
+            let config = json!({ "hooks": hooks });
+            let filter = if isolation == "warm" {
+                warm("probe", "p", config)
+            } else {
+                spec("probe", "p", config)
+            };
+            let plugins = load_in(&engine, vec![filter]).await;
+            let model =
+                ScriptedModel::replies(vec![Reply::Slow(Duration::from_millis(20), "ok".into())]);
+            let kernel = Kernel::builder()
+                .plugins(&plugins)
+                .model(model)
+                .builtin_tools()
+                .build()
+                .unwrap();
+            let kernel = Arc::new(kernel);
+            let calls: Vec<_> = (0..120)
+                .map(|i| {
+                    let kernel = kernel.clone();
+                    tokio::spawn(async move {
+                        match i % 4 {
+                            0 => kernel.chat(ask("hi"), Context::new()).await.map(|_| ()),
+                            1 => kernel
+                                .chat_stream(ask("hi"), Context::new(), Collector::default())
+                                .await
+                                .map(|_| ()),
+                            2 => kernel
+                                .tool("echo", json!({"text": "x"}), Context::new())
+                                .await
+                                .map(|_| ()),
+                            _ => match kernel
+                                .turn(
+                                    shallot::types::TurnRequest::new(vec![Message::user("hi")]),
+                                    Context::new(),
+                                )
+                                .await
+                            {
+                                shallot::types::TurnResult::Error(e) => Err(e),
+                                _ => Ok(()),
+                            },
+                        }
+                    })
+                })
+                .collect();
+            for call in calls {
+                call.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{hooks:?} {isolation}: {e}"));
+            }
+        }
+    }
+}
+
+/// A component holding one core module with `functions` functions whose
+/// bodies are `body`.
+fn component(functions: usize, body: &[u8]) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, content: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(content.len(), out);
+        out.extend_from_slice(content);
+    }
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module);
+    let mut funcs = Vec::new();
+    leb(functions, &mut funcs);
+    funcs.extend(std::iter::repeat_n(0u8, functions));
+    section(3, &funcs, &mut module);
+    let mut code = Vec::new();
+    leb(functions, &mut code);
+    for _ in 0..functions {
+        leb(body.len() + 1, &mut code);
+        code.push(0);
+        code.extend_from_slice(body);
+    }
+    section(10, &code, &mut module);
+    let mut out = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &module, &mut out);
+    out
+}
+
+fn refused(name: &str, bytes: Vec<u8>) -> String {
+    let dir = std::env::temp_dir().join(format!("shallot-bomb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let error: LoadError = shallot::plugin::compile(
+        &Engine::new(EngineConfig {
+            cache_dir: None,
+            instance_slots: 1,
+            idle_instances: 0,
+            ..EngineConfig::default()
+        })
+        .unwrap(),
+        &path,
+        &std::fs::read(&path).unwrap(),
+    )
+    .err()
+    .expect("refused");
+    let shown = error.to_string();
+    assert!(shown.contains(name), "names the file: {shown}");
+    assert!(shown.contains("refused before compiling"), "{shown}");
+    shown
+}
+
+#[test]
+fn compile_bombs_are_refused_before_compiling() {
+    let mut huge = vec![0x01; 1_100_000];
+    huge.push(0x0b);
+    assert!(refused("huge.wasm", component(1, &huge)).contains("bytes of code"));
+    let mut nested = vec![];
+    for _ in 0..2000 {
+        nested.extend_from_slice(&[0x02, 0x40]);
+    }
+    nested.extend(std::iter::repeat_n(0x0b, 2001));
+    assert!(refused("nested.wasm", component(1, &nested)).contains("nests blocks deeper"));
+    assert!(
+        refused("many.wasm", component(200_000, &[0x0b])).contains("more than 150000 functions")
+    );
+}
