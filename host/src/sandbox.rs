@@ -19,7 +19,8 @@
 //! so the CPU budget holds to within one tick however a filter interleaves
 //! its own work with `next`, and time the host spends in calls the filter
 //! makes counts as the filter's. The wall clock runs whenever the guest is
-//! outside `next`, suspended or not, so a filter that sleeps or waits on a
+//! outside `next`, suspended or not (except while it waits to run again
+//! after the host made it yield), so a filter that sleeps or waits on a
 //! WASI pollable is bounded too.
 
 use std::future::Future;
@@ -186,6 +187,9 @@ struct Clock {
     running: Option<Instant>,
     /// Start of the segment outside `next`; `None` while in `next`.
     outside: Option<Instant>,
+    /// When the host made the guest yield (every epoch tick, for
+    /// fairness): time until it is polled again is not the filter's.
+    yielded: Option<Instant>,
     cpu_budget: Duration,
     wall_budget: Duration,
 }
@@ -219,6 +223,7 @@ impl Meter {
             wall: Duration::ZERO,
             running: None,
             outside: None,
+            yielded: None,
             cpu_budget: Duration::ZERO,
             wall_budget: Duration::ZERO,
         })))
@@ -235,6 +240,7 @@ impl Meter {
             wall: Duration::ZERO,
             running: None,
             outside: Some(Instant::now()),
+            yielded: None,
             cpu_budget: Duration::from_millis(limits.cpu_ms.into()),
             wall_budget: Duration::from_millis(limits.wall_ms.into()),
         };
@@ -258,17 +264,34 @@ impl Meter {
         clock.running = Some(now);
     }
 
-    /// The epoch callback's check, at every tick the guest runs through.
+    /// The epoch callback's check, at every tick the guest runs through;
+    /// the guest yields after it.
     fn check(&self) -> wasmtime::Result<()> {
         let now = Instant::now();
-        let clock = self.lock();
+        let mut clock = self.lock();
         if clock.cpu_at(now) > clock.cpu_budget {
             return Err(wasmtime::Error::new(CpuExceeded));
         }
         if clock.wall_left(now) == Some(Duration::ZERO) {
             return Err(wasmtime::Error::new(WallExceeded));
         }
+        clock.yielded = Some(now);
         Ok(())
+    }
+
+    /// A poll of the call starts: the guest's clocks run again, and the
+    /// time it waited to be polled after a forced yield is not its own.
+    fn resume(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        if let Some(yielded) = clock.yielded.take()
+            && let Some(outside) = clock.outside
+        {
+            clock.outside = Some(outside + (now - yielded));
+        }
+        if clock.outside.is_some() {
+            clock.running = Some(now);
+        }
     }
 }
 
@@ -293,12 +316,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        {
-            let mut clock = this.meter.lock();
-            if clock.outside.is_some() {
-                clock.running = Some(Instant::now());
-            }
-        }
+        this.meter.resume();
         let polled = this.call.poll(cx);
         let now = Instant::now();
         let left = {
