@@ -10,6 +10,7 @@ mod chain;
 mod concurrency;
 mod context;
 mod fctx;
+mod fuzz;
 mod hostile;
 mod loading;
 mod polyglot;

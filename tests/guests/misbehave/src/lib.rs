@@ -84,8 +84,8 @@ impl Misbehave {
                 Ok(())
             }
             "flood-log" => {
-                let line = "y".repeat(1 << 16);
-                for _ in 0..10_000 {
+                let line = "y".repeat(1 << 10);
+                for _ in 0..2_000 {
                     log::info(&line);
                 }
                 Ok(())
