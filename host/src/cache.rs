@@ -91,13 +91,15 @@ impl Cache {
         }
     }
 
-    /// Loads the compiled component for `bytes`, compiling and storing it
-    /// first if needed. Returns whether it was compiled now.
-    pub fn load(
+    /// Loads the compiled component for `bytes`, compiling it with
+    /// `compile` and storing it first if needed. Returns whether it was
+    /// compiled now.
+    pub fn load<E>(
         &self,
         engine: &wasmtime::Engine,
         bytes: &[u8],
-    ) -> wasmtime::Result<(Component, bool)> {
+        compile: impl FnOnce() -> Result<Component, E>,
+    ) -> Result<(Component, bool), E> {
         let path = self.path(engine, bytes);
         let entry = self
             .compiling
@@ -116,7 +118,7 @@ impl Cache {
             }
             tracing::warn!(path = %path.display(), "discarding unreadable compile-cache entry");
         }
-        let component = Component::new(engine, bytes)?;
+        let component = compile()?;
         if let Err(e) = self.store(&path, &component) {
             tracing::warn!(path = %path.display(), "could not write the compile cache: {e:#}");
         }

@@ -22,6 +22,8 @@ use tokio::sync::Semaphore;
 use wasmtime::{Enabled, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::cache::Cache;
+use crate::compile::CompileError;
+use wasmtime::component::Component;
 
 /// Settings of the engine. The defaults suit a server handling thousands of
 /// concurrent streams on a small machine.
@@ -45,6 +47,11 @@ pub struct EngineConfig {
     /// How long an invoke may wait for the instances it needs (a filter's
     /// quota, the engine's slots) before it fails as `overloaded`.
     pub queue_timeout: Duration,
+    /// Address space a plugin's compile may use, in MiB: compiles run in a
+    /// child process under this cap (Linux).
+    pub compile_memory_mib: u32,
+    /// How long a plugin's compile may take before it is killed.
+    pub compile_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +63,8 @@ impl Default for EngineConfig {
             cache_dir: Cache::default_dir(),
             tick: Duration::from_millis(10),
             queue_timeout: Duration::from_secs(10),
+            compile_memory_mib: 4096,
+            compile_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -90,6 +99,8 @@ pub(crate) struct EngineInner {
     pub idle_cap: usize,
     pub prepared: usize,
     pub queue_timeout: Duration,
+    compile_memory_mib: u32,
+    compile_timeout: Duration,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -122,11 +133,8 @@ impl Engine {
             .table_keep_resident(KEEP_RESIDENT)
             .async_stack_keep_resident(KEEP_RESIDENT);
 
-        let mut wasm = wasmtime::Config::new();
-        wasm.wasm_component_model(true)
-            .epoch_interruption(true)
-            .concurrency_support(false)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let mut wasm = crate::compile::config();
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let wasmtime = wasmtime::Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
@@ -141,6 +149,8 @@ impl Engine {
                 idle_cap: config.idle_instances as usize,
                 prepared: config.prepared_instances as usize,
                 queue_timeout: config.queue_timeout,
+                compile_memory_mib: config.compile_memory_mib,
+                compile_timeout: config.compile_timeout,
                 wasmtime,
                 stop_ticker,
             }),
@@ -160,6 +170,18 @@ impl Engine {
     /// The instance slots invokes reserve from.
     pub(crate) fn slots(&self) -> &Arc<Semaphore> {
         &self.inner.slots
+    }
+
+    /// Compiles a component in a child process under the engine's compile
+    /// limits.
+    pub(crate) fn compile(&self, bytes: &[u8]) -> Result<Component, CompileError> {
+        let inner = &self.inner;
+        crate::compile::compile(
+            &inner.wasmtime,
+            bytes,
+            inner.compile_memory_mib,
+            inner.compile_timeout,
+        )
     }
 
     /// How long an invoke may wait for instances.

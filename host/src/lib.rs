@@ -28,6 +28,7 @@
 mod admission;
 pub mod agent;
 pub mod cache;
+mod compile;
 pub mod context;
 pub mod engine;
 pub mod error;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use wasmtime::component::Component;
 
+use crate::compile::CompileError;
+
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
 use super::host::{HostState, Identity};
@@ -55,6 +57,8 @@ pub enum LoadError {
     UnknownImport { path: PathBuf, message: String },
     #[error("{path}: refused before compiling: {message}")]
     TooLarge { path: PathBuf, message: String },
+    #[error("{path}: refused while compiling: {message}")]
+    CompileLimit { path: PathBuf, message: String },
     #[error("{path}: {error}")]
     Filter { path: PathBuf, error: ChainError },
     #[error("{path}: invalid limits: {message}")]
@@ -218,13 +222,21 @@ pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, Loa
     if cache_state(engine, bytes) != CacheState::Cached {
         check_size(path, bytes)?;
     }
+    let compile = || engine.compile(bytes);
     let (component, compiled) = match engine.cache() {
-        Some(cache) => cache.load(engine.wasmtime(), bytes).map_err(invalid)?,
-        None => (
-            Component::new(engine.wasmtime(), bytes).map_err(invalid)?,
-            true,
-        ),
-    };
+        Some(cache) => cache.load(engine.wasmtime(), bytes, compile),
+        None => compile().map(|component| (component, true)),
+    }
+    .map_err(|e| match e {
+        CompileError::Invalid(message) => LoadError::Invalid {
+            path: path.into(),
+            message,
+        },
+        CompileError::Limit(message) => LoadError::CompileLimit {
+            path: path.into(),
+            message,
+        },
+    })?;
     check_contract(engine, path, &component)?;
     let linker = super::host::linker(engine.wasmtime()).map_err(invalid)?;
     let pre = linker
