@@ -145,10 +145,6 @@ pub(crate) struct CpuExceeded;
 #[derive(Debug)]
 pub(crate) struct WallExceeded;
 
-/// The filter tried to grow its linear memory past its cap.
-#[derive(Debug)]
-pub(crate) struct MemoryExceeded;
-
 /// The filter's tables grew past their cap.
 #[derive(Debug)]
 pub(crate) struct TablesExceeded;
@@ -171,7 +167,6 @@ macro_rules! signals {
 signals! {
     CpuExceeded => "CPU budget exceeded",
     WallExceeded => "wall-clock bound exceeded",
-    MemoryExceeded => "memory cap exceeded",
     TablesExceeded => "table cap exceeded",
     HostMemoryExceeded => "host memory cap exceeded",
 }
@@ -346,11 +341,17 @@ where
     }
 }
 
-/// Linear memory and table caps of one instance, as typed faults.
+/// Linear memory and table caps of one instance. Growing memory past the
+/// cap fails the way wasm says it may (`memory.grow` returns -1), so a
+/// runtime with a garbage collector (JavaScript's) collects and goes on;
+/// a guest that cannot go on traps, and `denied` makes that trap a
+/// memory-cap fault.
 struct Limiter {
     memory_cap: usize,
     memory: usize,
     table_elements: usize,
+    /// A growth was refused during the current call.
+    denied: bool,
 }
 
 impl ResourceLimiter for Limiter {
@@ -362,7 +363,8 @@ impl ResourceLimiter for Limiter {
     ) -> wasmtime::Result<bool> {
         let total = self.memory - current.min(self.memory) + desired;
         if total > self.memory_cap {
-            return Err(wasmtime::Error::new(MemoryExceeded));
+            self.denied = true;
+            return Ok(false);
         }
         self.memory = total;
         Ok(true)
@@ -490,6 +492,7 @@ impl Confinement {
                 memory_cap: (limits.memory_mib as usize) << 20,
                 memory: 0,
                 table_elements: 0,
+                denied: false,
             },
             meter: Meter::new(),
             stderr,
@@ -499,6 +502,11 @@ impl Confinement {
     /// The meter of the instance's calls.
     pub(crate) fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    /// Bytes of linear memory the instance has.
+    pub(crate) fn memory(&self) -> usize {
+        self.limiter.memory
     }
 }
 
@@ -541,6 +549,7 @@ pub(crate) fn arm<T: Sandboxed>(store: &mut Store<T>, limits: &Limits) {
     let confinement = store.data_mut().confinement();
     confinement.meter.start(limits);
     confinement.stderr.clear();
+    confinement.limiter.denied = false;
     store.set_epoch_deadline(1);
 }
 
@@ -572,7 +581,7 @@ pub(crate) fn fault(
             limits.wall_ms
         );
         (ErrorKind::Timeout, message)
-    } else if error.is::<MemoryExceeded>() {
+    } else if confinement.limiter.denied {
         let message = format!("exceeded its memory cap of {} MiB", limits.memory_mib);
         (ErrorKind::PluginFault, message)
     } else if error.is::<HostMemoryExceeded>() {

@@ -591,3 +591,59 @@ fn compile_bombs_are_refused_before_compiling() {
         refused("many.wasm", component(200_000, &[0x0b])).contains("more than 150000 functions")
     );
 }
+
+/// Compiles the probe guest with an engine whose compiles get `memory_mib`
+/// and `timeout`.
+fn compile_probe(memory_mib: u32, timeout: Duration) -> Result<(), LoadError> {
+    let engine = Engine::new(EngineConfig {
+        cache_dir: None,
+        instance_slots: 1,
+        idle_instances: 0,
+        compile_memory_mib: memory_mib,
+        compile_timeout: timeout,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let path = shallot_tests::guest("probe");
+    shallot::plugin::compile(&engine, &path, &std::fs::read(&path).unwrap()).map(|_| ())
+}
+
+#[test]
+fn a_compile_runs_in_a_worker_bounded_in_memory_and_time() {
+    compile_probe(4096, Duration::from_secs(120)).expect("compiles within the defaults");
+    let error = compile_probe(64, Duration::from_secs(120)).unwrap_err();
+    let shown = error.to_string();
+    assert!(matches!(error, LoadError::CompileLimit { .. }), "{shown}");
+    assert!(
+        shown.contains("probe.wasm") && shown.contains("64 MiB"),
+        "{shown}"
+    );
+    let error = compile_probe(4096, Duration::from_millis(1)).unwrap_err();
+    assert!(
+        error.to_string().contains("did not compile within"),
+        "{error}"
+    );
+}
+
+/// componentize-js's heap only grows (about a KiB a call) and its runtime
+/// crashes when memory runs out during a collection; a warm instance is
+/// replaced once it passes half its cap, so the filter runs on.
+#[tokio::test]
+async fn a_warm_javascript_filter_runs_on_past_its_memory_cap() {
+    let (path, mut spec) = warm("js_probe", "js", json!({ "hooks": ["chat"] }));
+    spec.limits.memory_mib = 32;
+    let plugins = load(vec![(path, spec)]).await;
+    let filter = plugins.filters()[0].clone();
+    let kernel = Kernel::builder().plugins(&plugins).build().unwrap();
+    for i in 0..20_000 {
+        kernel
+            .chat(ask("hi"), Context::new())
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+    }
+    assert!(
+        filter.guest_memory() <= 17 << 20,
+        "{}",
+        filter.guest_memory()
+    );
+}

@@ -16,6 +16,7 @@ mod loading;
 mod polyglot;
 mod provider;
 mod sandbox;
+mod soak;
 mod tokens;
 mod tools;
 mod turn;

@@ -141,6 +141,13 @@ impl WasmFilter {
         &self.engine
     }
 
+    /// Linear memory of the instances it keeps ready (idle `warm` ones,
+    /// prepared fresh ones), in bytes: what its guest code holds between
+    /// invokes.
+    pub fn guest_memory(&self) -> usize {
+        self.spares().ready.iter().map(FilterInstance::memory).sum()
+    }
+
     /// The semaphore of this filter's instance quota.
     pub(crate) fn quota(&self) -> &Arc<Semaphore> {
         &self.quota
@@ -183,17 +190,20 @@ impl WasmFilter {
     }
 
     /// Takes back an ended invoke's instances: a `warm` filter keeps them
-    /// for reuse while the engine's idle budget allows; an `invoke` filter
-    /// retires them (they saw request data) and drops them in the
-    /// background.
+    /// for reuse while the engine's idle budget allows, unless one has
+    /// grown past half its memory cap (a runtime whose heap only grows,
+    /// like componentize-js's, would otherwise reach the cap and crash: it
+    /// is replaced by a fresh one instead); an `invoke` filter retires them
+    /// (they saw request data) and drops them in the background.
     pub(crate) fn reclaim(self: &Arc<Self>, instances: Vec<FilterInstance>) {
         if instances.is_empty() {
             return;
         }
         if self.isolation == Isolation::Warm {
+            let grown = (self.blueprint.limits.memory_mib as usize) << 19;
             for instance in instances {
-                if !self.reserve_idle() {
-                    break;
+                if instance.memory() > grown || !self.reserve_idle() {
+                    continue;
                 }
                 self.spares().ready.push(instance);
             }

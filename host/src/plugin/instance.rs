@@ -123,6 +123,11 @@ impl FilterInstance {
         })
     }
 
+    /// Bytes of linear memory the instance has.
+    pub(crate) fn memory(&self) -> usize {
+        self.store.data().confinement.memory()
+    }
+
     fn meter(&self) -> sandbox::Meter {
         self.store.data().confinement.meter().clone()
     }
