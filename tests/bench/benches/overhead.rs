@@ -14,11 +14,14 @@
 //!   warm and with a fresh instance made per invoke.
 //!
 //! After criterion's own report the bench prints the derived table that
-//! docs/PERFORMANCE.md records. Run with `just bench` (or
+//! docs/PERFORMANCE.md records, and any calls that failed while measured
+//! (a faulting filter is reported, not a reason to stop). Run with `just bench` (or
 //! `cargo bench -p shallot-bench` after `cargo build-guests` and
 //! `scripts/build-polyglot`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -35,6 +38,21 @@ use tokio::runtime::Runtime;
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
+
+/// Calls that failed while being measured, by bench: how many, and the
+/// first error. A faulting filter is reported, not a reason to stop.
+static FAILED: Mutex<BTreeMap<String, (u64, String)>> = Mutex::new(BTreeMap::new());
+
+/// Records `result` of a call measured by `bench` if it failed.
+fn survive<T, E: std::fmt::Display>(bench: &str, result: Result<T, E>) {
+    if let Err(e) = result {
+        let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+        failed
+            .entry(bench.to_owned())
+            .or_insert((0, e.to_string()))
+            .0 += 1;
+    }
+}
 
 const LAYERS: [usize; 4] = [0, 1, 4, 16];
 const SIZES: [(&str, usize); 2] = [("1KiB", 1024), ("64KiB", 64 * 1024)];
@@ -182,11 +200,17 @@ fn bench_bare_call(c: &mut Criterion, rt: &Runtime) {
     });
 }
 
-fn time_chats(rt: &Runtime, kernel: &Kernel, request: &ChatRequest, iters: u64) -> Duration {
+fn time_chats(
+    rt: &Runtime,
+    bench: &str,
+    kernel: &Kernel,
+    request: &ChatRequest,
+    iters: u64,
+) -> Duration {
     rt.block_on(async {
         let start = Instant::now();
         for _ in 0..iters {
-            kernel.chat(request.clone(), Context::new()).await.unwrap();
+            survive(bench, kernel.chat(request.clone(), Context::new()).await);
         }
         start.elapsed()
     })
@@ -198,13 +222,15 @@ fn bench_chat(c: &mut Criterion, rt: &Runtime) {
         let mut group = c.benchmark_group(format!("chat/{label}"));
         for layers in LAYERS {
             let kernel = passthrough_kernel(rt, layers);
+            let bench = format!("chat/{label}/wasm/{layers}");
             group.bench_with_input(BenchmarkId::new("wasm", layers), &layers, |b, _| {
-                b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+                b.iter_custom(|iters| time_chats(rt, &bench, &kernel, &request, iters))
             });
             if layers > 0 {
                 let kernel = native_kernel(layers);
+                let bench = format!("chat/{label}/native/{layers}");
                 group.bench_with_input(BenchmarkId::new("native", layers), &layers, |b, _| {
-                    b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+                    b.iter_custom(|iters| time_chats(rt, &bench, &kernel, &request, iters))
                 });
             }
         }
@@ -267,14 +293,14 @@ fn bench_ready(c: &mut Criterion, rt: &Runtime) {
                     let mut timed = Duration::ZERO;
                     for _ in 0..iters {
                         let start = Instant::now();
-                        kernel
+                        let streamed = kernel
                             .chat_stream(
                                 request.clone(),
                                 Context::new(),
                                 |_: shallot::types::Token<'_>| {},
                             )
-                            .await
-                            .unwrap();
+                            .await;
+                        survive(id, streamed);
                         timed += start.elapsed();
                         if id == "invoke" {
                             // Untimed: the background refill runs here.
@@ -310,7 +336,7 @@ fn bench_languages(c: &mut Criterion, rt: &Runtime) {
     let mut group = c.benchmark_group("lang");
     group.bench_function("none", |b| {
         let kernel = Kernel::builder().model(model()).build().unwrap();
-        b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+        b.iter_custom(|iters| time_chats(rt, "lang/none", &kernel, &request, iters))
     });
     for (language, plugin) in LANGUAGES {
         let config = json!({ "hooks": ["chat"] });
@@ -325,8 +351,9 @@ fn bench_languages(c: &mut Criterion, rt: &Runtime) {
                 .model(model())
                 .build()
                 .unwrap();
+            let bench = format!("lang/{language}/{mode}");
             group.bench_function(BenchmarkId::new(language, mode), |b| {
-                b.iter_custom(|iters| time_chats(rt, &kernel, &request, iters))
+                b.iter_custom(|iters| time_chats(rt, &bench, &kernel, &request, iters))
             });
         }
     }
@@ -356,19 +383,27 @@ fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
                 kernels.push(("native", native_kernel(layers)));
             }
             for (kind, kernel) in kernels {
+                let bench = format!("tokens/{batch}/{kind}/{layers}");
+                let bench = bench.as_str();
                 group.bench_with_input(BenchmarkId::new(kind, layers), &layers, |b, _| {
                     b.iter_custom(|iters| {
                         rt.block_on(async {
                             let start = Instant::now();
                             for _ in 0..iters {
-                                let mut stream = kernel
+                                let opened = kernel
                                     .token_stream(Context::new(), |_: shallot::types::Token<'_>| {})
-                                    .await
-                                    .unwrap();
+                                    .await;
+                                let mut stream = match opened {
+                                    Ok(stream) => stream,
+                                    Err(e) => {
+                                        survive(bench, Err::<(), _>(e));
+                                        continue;
+                                    }
+                                };
                                 for tokens in &batches {
-                                    stream.push(tokens.clone()).await.unwrap();
+                                    survive(bench, stream.push(tokens.clone()).await);
                                 }
-                                stream.finish().await.unwrap();
+                                survive(bench, stream.finish().await);
                             }
                             start.elapsed()
                         })
@@ -381,20 +416,19 @@ fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
 }
 
 /// Criterion's median estimate for `id`, in nanoseconds (the median: this
-/// machine is a noisy VM).
+/// machine is a noisy VM); NaN for a bench this run did not measure (a
+/// filter on the command line).
 fn median(id: &str) -> f64 {
     let path: PathBuf = target_dir()
         .join("criterion")
         .join(id)
         .join("new")
         .join("estimates.json");
-    let json: Value = serde_json::from_slice(
-        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap();
-    json["median"]["point_estimate"]
-        .as_f64()
-        .expect("a median estimate")
+    std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .and_then(|json| json["median"]["point_estimate"].as_f64())
+        .unwrap_or(f64::NAN)
 }
 
 fn report() {
@@ -473,6 +507,15 @@ fn report() {
                 "| {batch} | {layers} | {wasm:.0} | {native:.1} | {rate:.1} | {:.0}x |",
                 wasm / native.max(0.1)
             );
+        }
+    }
+    let failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+    if !failed.is_empty() {
+        println!("\n## Calls that failed while measured (their times are not a layer's cost)\n");
+        println!("| bench | failed calls | first error |");
+        println!("|---|---|---|");
+        for (bench, (count, error)) in failed.iter() {
+            println!("| {bench} | {count} | {error} |");
         }
     }
 }
