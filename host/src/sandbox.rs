@@ -129,6 +129,9 @@ pub struct Grants {
 const STDERR_CAPACITY: usize = 4096;
 /// Elements all tables of an instance may hold together.
 const TABLE_ELEMENTS: usize = 1 << 20;
+/// Handles (host resources, WASI streams and pollables) an instance may
+/// hold at once.
+pub(crate) const HANDLES: usize = 1 << 16;
 /// The longest text from a guest that the host prints or logs.
 pub(crate) const TEXT_CAP: usize = 2048;
 
@@ -589,6 +592,12 @@ pub(crate) fn fault(
         (ErrorKind::PluginFault, message)
     } else if error.is::<TablesExceeded>() {
         let message = format!("grew its tables past {TABLE_ELEMENTS} elements");
+        (ErrorKind::PluginFault, message)
+    } else if matches!(
+        error.downcast_ref::<wasmtime::component::ResourceTableError>(),
+        Some(wasmtime::component::ResourceTableError::Full)
+    ) {
+        let message = format!("held more than {HANDLES} handles at once");
         (ErrorKind::PluginFault, message)
     } else if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
         (ErrorKind::PluginFault, format!("trapped: {trap}"))

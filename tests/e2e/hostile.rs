@@ -124,6 +124,26 @@ async fn responses_next_hands_back_are_charged_to_the_filter_that_keeps_them() {
 }
 
 #[tokio::test]
+async fn the_handles_a_filter_holds_are_capped() {
+    // Time enough to make 65536 handles with the debug host.
+    let limits = Limits {
+        cpu_ms: 10_000,
+        wall_ms: 20_000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![hostile("chat", "hoard-handles", limits)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::PluginFault,
+        "around-chat",
+        "held more than 65536 handles",
+    );
+    innocent_chat_works(&kernel).await;
+}
+
+#[tokio::test]
 async fn the_shared_context_is_bounded_and_a_faulted_calls_writes_are_undone() {
     let limits = Limits {
         host_mib: 8,

@@ -117,8 +117,10 @@ impl Sandboxed for HostState {
 
 impl HostState {
     pub(crate) fn new(identity: Arc<Identity>, limits: Limits, confinement: Confinement) -> Self {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(sandbox::HANDLES);
         HostState {
-            table: ResourceTable::new(),
+            table,
             confinement,
             identity,
             limits,

@@ -262,17 +262,14 @@ impl FilterInstance {
     }
 
     /// Puts a request into the table for the length of a call; the guest
-    /// gets a borrow of it.
+    /// gets a borrow of it. A table the guest has filled is its fault.
     fn lend<T: Send + 'static>(
         &mut self,
         request: T,
+        call: &'static str,
     ) -> Result<(Resource<T>, Resource<T>), ChainError> {
-        let handle = self
-            .store
-            .data_mut()
-            .table
-            .push(request)
-            .map_err(internal)?;
+        let pushed = self.store.data_mut().table.push(request);
+        let handle = pushed.map_err(|e| self.fault(e.into(), call))?;
         let borrowed = Resource::new_borrow(handle.rep());
         Ok((handle, borrowed))
     }
@@ -323,7 +320,7 @@ impl WasmChain for Chat {
         instance: &mut FilterInstance,
         request: ChatRequest,
     ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request)?;
+        let (lent, borrowed) = instance.lend(request, "around-chat")?;
         let api = instance.exports.shallot_filter_chat_filter();
         let meter = instance.meter();
         let result = api.call_around_chat(&mut instance.store, borrowed);
@@ -348,7 +345,7 @@ impl WasmChain for Tool {
         instance: &mut FilterInstance,
         request: ToolRequest,
     ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request)?;
+        let (lent, borrowed) = instance.lend(request, "around-tool")?;
         let api = instance.exports.shallot_filter_tool_filter();
         let meter = instance.meter();
         let result = api.call_around_tool(&mut instance.store, borrowed);
@@ -374,7 +371,7 @@ impl WasmChain for Turn {
         request: TurnRequest,
     ) -> Result<Self::Output, ChainError> {
         const CALL: &str = "around-turn";
-        let (lent, borrowed) = instance.lend(request)?;
+        let (lent, borrowed) = instance.lend(request, CALL)?;
         let api = instance.exports.shallot_filter_turn_filter();
         let meter = instance.meter();
         let result = api.call_around_turn(&mut instance.store, borrowed);

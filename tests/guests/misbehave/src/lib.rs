@@ -18,6 +18,7 @@ struct Misbehave {
     /// transformer (its constructor) or drop (its destructor).
     on: String,
     /// What: trap, panic, loop, oom, sleep, error, evil-error, host-alloc,
+    /// hoard-handles,
     /// hoard-next, next-and-work, flood-next, flood-context, flood-log,
     /// write-then-trap, print (to stderr; panics on "boom").
     #[serde(rename = "do")]
@@ -74,6 +75,17 @@ impl Misbehave {
                 let mut hoard = Vec::new();
                 loop {
                     hoard.push(ChatRequest::new(&[Message::user(text.as_str())]));
+                }
+            }
+            "hoard-handles" => {
+                // Tiny values, so the handle cap trips before the host
+                // memory cap.
+                let mut hoard = Vec::new();
+                loop {
+                    hoard.push(ChatResponse::new(
+                        &Message::assistant(""),
+                        shallot_guest::FinishReason::Complete,
+                    ));
                 }
             }
             "flood-context" => {
