@@ -258,13 +258,17 @@ async fn next_within_keeps_an_inner_failure_that_came_before_the_deadline() {
 }
 
 async fn instance_calls(isolation: &str) -> Vec<Value> {
+    instance_calls_in(&shallot_tests::engine(), isolation).await
+}
+
+async fn instance_calls_in(engine: &shallot::Engine, isolation: &str) -> Vec<Value> {
     let config = json!({ "instance_counter": true, "hooks": ["chat"] });
     let filter = if isolation == "warm" {
         shallot_tests::warm("probe", "p", config)
     } else {
         spec("probe", "p", config)
     };
-    let plugins = load(vec![filter]).await;
+    let plugins = shallot_tests::load_in(engine, vec![filter]).await;
     let kernel = kernel(&plugins);
     let mut seen = Vec::new();
     for _ in 0..3 {
@@ -292,6 +296,27 @@ async fn invoke_isolation_gives_every_invoke_a_fresh_instance() {
 #[tokio::test]
 async fn warm_isolation_reuses_instances_across_invokes() {
     assert_eq!(instance_calls("warm").await, [json!(1), json!(2), json!(3)]);
+}
+
+#[tokio::test]
+async fn dropped_filters_give_back_their_room_for_idle_instances() {
+    let engine = shallot::Engine::new(shallot::EngineConfig {
+        instance_slots: 8,
+        idle_instances: 4,
+        cache_dir: Some(shallot_tests::target_dir().join("shallot-test-cache")),
+        ..shallot::EngineConfig::default()
+    })
+    .unwrap();
+    // Each set keeps an idle instance until it is dropped, as a reloaded
+    // gateway's old sets do: ten sets through a budget of four.
+    for _ in 0..10 {
+        instance_calls_in(&engine, "warm").await;
+    }
+    assert_eq!(
+        instance_calls_in(&engine, "warm").await,
+        [json!(1), json!(2), json!(3)],
+        "warm instances are still reused"
+    );
 }
 
 #[tokio::test]

@@ -340,6 +340,15 @@ impl WasmFilter {
     }
 }
 
+impl Drop for WasmFilter {
+    /// Its ready instances go with it: their room in the engine's idle
+    /// budget goes back (a set reloaded over and over must not use it up).
+    fn drop(&mut self) {
+        let ready = self.spares().ready.len();
+        self.engine.inner.idle.fetch_sub(ready, Ordering::Relaxed);
+    }
+}
+
 /// A wasm filter's token transformer for one stream, holding its instance.
 pub(crate) struct WasmTransformer {
     filter: Arc<WasmFilter>,
