@@ -8,7 +8,7 @@
 //! the engine is busy, for a bounded time.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::admission::{self, CallKind};
 use crate::agent::{Decision, ToolLoop};
@@ -24,8 +24,8 @@ use crate::plugin::{PluginSet, WasmFilter};
 use crate::stream::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatRequest, ChatResponse, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest,
-    TurnResult,
+    ChatRequest, ChatResponse, Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec,
+    TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// A filter of the kernel, native or wasm.
@@ -356,6 +356,34 @@ impl Kernel {
             .admit(CallKind::Chat, context.into(), Some(sink.clone()))
             .await?;
         TokenStream::open(&invoke, sink).await
+    }
+
+    /// What a streaming caller is shown of `text`: the text through the
+    /// token transforms as one stream, their output joined. The results of
+    /// [`Kernel::chat`] and [`Kernel::turn`] (and history) keep the model's
+    /// original text; show a person or a client this instead, and a
+    /// redaction filter holds whether you stream or not.
+    pub async fn delivered_text(&self, text: &str, context: Context) -> Result<String, ChainError> {
+        if self.core.token_layers.is_empty() {
+            return Ok(text.to_owned());
+        }
+        let shown = Arc::new(Mutex::new(String::new()));
+        let sink = {
+            let shown = shown.clone();
+            move |token: Token<'_>| {
+                shown
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push_str(token.text)
+            }
+        };
+        let mut stream = self.token_stream(context, sink).await?;
+        let mut tokens = TokenBatch::default();
+        tokens.push(text, None);
+        stream.push(tokens).await?;
+        stream.finish().await?;
+        let shown = shown.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        Ok(shown)
     }
 
     /// Continues a turn the tool loop paused (a `sensitive` tool waiting

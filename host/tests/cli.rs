@@ -126,9 +126,86 @@ fn plugins_list_shows_the_layer_order() {
     let rows: Vec<&str> = stdout
         .lines()
         .skip(1)
+        .take_while(|l| !l.is_empty())
         .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
         .collect();
     assert_eq!(rows, ["logging", "safeguard", "token-redact"]);
+    for chain in [
+        "chat           logging -> safeguard -> model",
+        "tool           logging -> tools",
+        "turn           logging -> tool loop",
+        "token          model -> token-redact -> caller",
+    ] {
+        assert!(stdout.contains(chain), "{stdout}");
+    }
+}
+
+#[test]
+fn a_redaction_filter_holds_in_every_output_mode() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+    let config = config.to_str().unwrap();
+    for mode in [&[][..], &["--stream"], &["--json"], &["--stream", "--json"]] {
+        let mut args = vec!["chat", "--config", config];
+        args.extend_from_slice(mode);
+        args.push("My deploy key is sk-live4f9a2b7c, keep it safe");
+        let out = shallot(&args);
+        assert!(out.status.success(), "{mode:?}: {}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        assert!(!stdout.contains("sk-live4f9a2b7c"), "{mode:?}: {stdout}");
+        assert!(stdout.contains("[KEY]"), "{mode:?}: {stdout}");
+    }
+}
+
+#[test]
+fn a_failed_turn_fails_the_command_with_json_too() {
+    let out = shallot(&["chat", "--json", "--max-iterations", "0", "hi"]);
+    assert!(!out.status.success());
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["error"]["kind"], "limit_exceeded");
+}
+
+#[test]
+fn filters_never_go_missing_silently() {
+    let dir = std::env::temp_dir().join(format!("shallot-cli-{}", std::process::id()));
+    let (empty, orphan) = (dir.join("empty"), dir.join("orphan"));
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("20-guard.json"), "{}").unwrap();
+
+    let out = shallot(&["chat", "--plugins", empty.to_str().unwrap(), "hi"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("warning: no filters to load"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = shallot(&["chat", "--plugins", orphan.to_str().unwrap(), "hi"]);
+    assert!(!out.status.success(), "a configuration without its plugin");
+    assert!(
+        text(&out.stderr).contains("20-guard.json: configures a plugin that is not here"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = shallot(&["chat", "hi"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("the prompts go to the model unfiltered"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let probe = guest("probe");
+    let out = shallot(&[
+        "plugins",
+        "check",
+        probe.to_str().unwrap(),
+        "--with-config",
+        r#"{"hooks": []}"#,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("none (passes everything through)"));
 }
 
 #[test]

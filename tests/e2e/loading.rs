@@ -222,3 +222,49 @@ async fn filter_names_must_be_unique_in_a_kernel() {
         .unwrap();
     assert!(error.to_string().contains("'same'"), "{error}");
 }
+
+#[tokio::test]
+async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
+    let mut warnings = Vec::new();
+    let specs = vec![shallot_tests::spec("probe", "idle", json!({ "hooks": [] }))];
+    let set = PluginSet::from_specs(&engine(), specs, &mut |event| {
+        if let plugin::LoadEvent::Warning { message } = event {
+            warnings.push(message.to_owned());
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(set.filters().len(), 1);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("filter 'idle'") && warnings[0].contains("joins no chain"));
+
+    warnings.clear();
+    let dir = scratch("empty-plugins");
+    PluginSet::from_dir(&engine(), &dir, &mut |event| {
+        if let plugin::LoadEvent::Warning { message } = event {
+            warnings.push(message.to_owned());
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        warnings,
+        ["no filters to load: requests pass through unfiltered"]
+    );
+}
+
+#[tokio::test]
+async fn a_sidecar_without_its_plugin_is_an_error() {
+    let dir = scratch("orphan-sidecar");
+    std::fs::write(dir.join("20-guard.json"), "{}").unwrap();
+    let error = PluginSet::from_dir(&engine(), &dir, &mut |_| {})
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("20-guard.json: configures a plugin that is not here"),
+        "{error}"
+    );
+}

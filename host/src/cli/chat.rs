@@ -12,7 +12,8 @@ use clap::Args;
 use serde_json::{Value, json};
 use shallot::plugin::read_model;
 use shallot::types::{
-    FinishReason, Message, Token, ToolRequest, ToolResponse, TurnDone, TurnRequest, TurnResult,
+    Content, ContentPart, FinishReason, Message, Token, ToolRequest, ToolResponse, TurnDone,
+    TurnRequest, TurnResult,
 };
 use shallot::{
     ChainError, Context, EmbeddedModel, Engine, Filter, Hook, InvokeOptions, Kernel, LoopConfig,
@@ -28,7 +29,9 @@ pub(crate) struct ChatArgs {
     /// Stream each answer token by token, through the filters' token transforms.
     #[arg(long)]
     stream: bool,
-    /// Print each turn's result as a JSON object instead of its text.
+    /// Print each turn's result as a JSON object instead of its text (its
+    /// texts as the token transforms show them; a failed turn fails the
+    /// command).
     #[arg(long)]
     json: bool,
     /// Keep the prompts' history under this conversation id (the prompts of
@@ -85,6 +88,7 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
     }
     let kernel = builder.build()?;
     let several = args.prompts.len() > 1;
+    let mut failed = false;
     for prompt in &args.prompts {
         if several && !args.json {
             println!("> {prompt}");
@@ -93,7 +97,7 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
         let options = args
             .system
             .iter()
-            .fold(InvokeOptions::from(context), |options, prompt| {
+            .fold(InvokeOptions::from(context.clone()), |options, prompt| {
                 options.system_prompt(prompt.as_str())
             });
         let request = TurnRequest::new(vec![Message::user(prompt.as_str())]);
@@ -109,15 +113,23 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
         } else {
             kernel.turn(request, options).await
         };
+        // What is shown goes through the token transforms, streamed or not,
+        // so a redaction filter holds in every output mode.
+        let shown = Shown {
+            kernel: &kernel,
+            context,
+        };
         if args.json {
-            println!("{}", to_json(&result));
+            failed |= matches!(result, TurnResult::Error(_));
+            println!("{}", to_json(&result, &shown).await?);
             continue;
         }
         match result {
             TurnResult::Done(done) => {
-                // A filter that answered itself (a safeguard block) streamed nothing.
+                // Not streamed, or a filter answered itself (a safeguard
+                // block) and nothing was.
                 if !printed.load(Ordering::Relaxed) {
-                    print!("{}", done.response.text());
+                    print!("{}", shown.text(&done.response.text()).await?);
                 }
                 println!();
                 if done.response.finish_reason != FinishReason::Complete {
@@ -128,7 +140,40 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
             TurnResult::Error(error) => return Err(anyhow::anyhow!("{error}")),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Text as the person running the command is shown it: through the
+/// kernel's token transforms, in the turn's context.
+struct Shown<'a> {
+    kernel: &'a Kernel,
+    context: Context,
+}
+
+impl Shown<'_> {
+    async fn text(&self, text: &str) -> Result<String, ChainError> {
+        self.kernel.delivered_text(text, self.context.clone()).await
+    }
+
+    async fn message(&self, message: &Message) -> Result<Message, ChainError> {
+        let mut shown = message.clone();
+        match &mut shown.content {
+            Some(Content::Text(text)) => *text = self.text(text).await?,
+            Some(Content::Parts(parts)) => {
+                for part in parts {
+                    if let ContentPart::Text { text } = part {
+                        *text = self.text(text).await?;
+                    }
+                }
+            }
+            None => {}
+        }
+        Ok(shown)
+    }
 }
 
 /// The model server the flags, the config file or the environment name, in
@@ -171,36 +216,51 @@ fn error_json(error: &ChainError) -> Value {
     json!({ "kind": error.kind, "message": error.message, "origin": origin })
 }
 
-fn done_json(done: &TurnDone) -> Value {
-    let calls: Vec<Value> = done
-        .tool_calls
-        .iter()
-        .map(|r| {
-            let arguments: Value = serde_json::from_str(&r.call.arguments).unwrap_or(Value::Null);
-            let output = r.output.as_deref().map(|o| serde_json::from_str(o).unwrap_or(Value::Null));
-            json!({ "name": r.call.name, "arguments": arguments, "output": output, "error": r.error.as_ref().map(error_json) })
-        })
-        .collect();
-    json!({
-        "text": done.response.text(),
+/// JSON text as shown: through the token transforms, then parsed again
+/// (as a string if a transform left it no longer JSON).
+async fn shown_json(shown: &Shown<'_>, text: &str) -> Result<Value, ChainError> {
+    let text = shown.text(text).await?;
+    Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+async fn done_json(done: &TurnDone, shown: &Shown<'_>) -> Result<Value, ChainError> {
+    let mut calls = Vec::with_capacity(done.tool_calls.len());
+    for record in &done.tool_calls {
+        let output = match record.output.as_deref() {
+            Some(output) => Some(shown_json(shown, output).await?),
+            None => None,
+        };
+        calls.push(json!({
+            "name": record.call.name,
+            "arguments": shown_json(shown, &record.call.arguments).await?,
+            "output": output,
+            "error": record.error.as_ref().map(error_json),
+        }));
+    }
+    let mut messages = Vec::with_capacity(done.messages.len());
+    for message in done.messages.iter() {
+        messages.push(shown.message(message).await?);
+    }
+    Ok(json!({
+        "text": shown.text(&done.response.text()).await?,
         "finish_reason": done.response.finish_reason,
         "usage": done.response.usage,
         "metadata": done.response.metadata,
         "tool_calls": calls,
         "iterations": done.iterations,
-        "messages": *done.messages,
-    })
+        "messages": messages,
+    }))
 }
 
-/// A turn result as JSON, for `--json`.
-fn to_json(result: &TurnResult) -> Value {
-    match result {
-        TurnResult::Done(done) => json!({ "done": done_json(done) }),
+/// A turn result as JSON, for `--json`, its texts as shown.
+async fn to_json(result: &TurnResult, shown: &Shown<'_>) -> Result<Value, ChainError> {
+    Ok(match result {
+        TurnResult::Done(done) => json!({ "done": done_json(done, shown).await? }),
         TurnResult::Interrupt(interrupt) => {
             json!({ "interrupt": { "reason": interrupt.reason, "pending": interrupt.pending } })
         }
         TurnResult::Error(error) => json!({ "error": error_json(error) }),
-    }
+    })
 }
 
 /// The innermost filter of `shallot chat`: shows each tool call as it

@@ -61,7 +61,10 @@ impl Source {
         let set = match (&self.plugins, &self.config) {
             (Some(dir), _) => PluginSet::from_dir(engine, dir, &mut progress).await?,
             (_, Some(file)) => PluginSet::from_config(engine, file, &mut progress).await?,
-            (None, None) => PluginSet::default(),
+            (None, None) => {
+                eprintln!("note: no --plugins or --config: the prompts go to the model unfiltered");
+                PluginSet::default()
+            }
         };
         Ok(set)
     }
@@ -69,8 +72,12 @@ impl Source {
 
 /// Shows a compile as it starts, so a slow one is never a silent pause.
 fn report(event: &LoadEvent<'_>) {
-    if let LoadEvent::Compiling { path, size } = event {
-        eprintln!("compiling {} ({})...", path.display(), human_size(*size));
+    match event {
+        LoadEvent::Compiling { path, size } => {
+            eprintln!("compiling {} ({})...", path.display(), human_size(*size));
+        }
+        LoadEvent::Warning { message } => eprintln!("warning: {message}"),
+        LoadEvent::Loaded { .. } => {}
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use shallot::cache::CacheState;
 use shallot::plugin::{self, FilterSpec, WIT_PACKAGE, WIT_VERSION};
-use shallot::{Engine, PluginSet};
+use shallot::{Engine, Hook, PluginSet};
 
 use super::{Source, human_size, report};
 
@@ -91,7 +91,38 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
             path.display(),
         );
     }
+    print_chains(&set);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The resolved order of every chain, so nobody has to work it out.
+fn print_chains(set: &PluginSet) {
+    let with = |hook: Hook| -> Vec<&str> {
+        set.filters()
+            .iter()
+            .filter(|filter| filter.hooks().contains(&hook))
+            .map(|filter| filter.name())
+            .collect()
+    };
+    let path = |mut names: Vec<&str>, first: Option<&'static str>, last: &'static str| {
+        names.insert(0, first.unwrap_or_default());
+        names.push(last);
+        names.retain(|name| !name.is_empty());
+        names.join(" -> ")
+    };
+    println!(
+        "\nchains (the onions outermost first; tokens in list order, the first filter seeing the model's raw tokens):"
+    );
+    for (label, hook, last) in [
+        ("system-prompt", Hook::SystemPrompt, "model"),
+        ("turn", Hook::AroundTurn, "tool loop"),
+        ("chat", Hook::AroundChat, "model"),
+        ("tool", Hook::AroundTool, "tools"),
+    ] {
+        println!("  {label:<14} {}", path(with(hook), None, last));
+    }
+    let tokens = path(with(Hook::TokenTransform), Some("model"), "caller");
+    println!("  {:<14} {tokens}", "token");
 }
 
 async fn check(

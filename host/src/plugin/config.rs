@@ -125,10 +125,27 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
         path: dir.into(),
         source,
     })?;
-    let mut wasm: Vec<PathBuf> = entries
+    let files: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
+        .filter(|path| path.is_file())
         .collect();
+    let with = |ext: &'static str| {
+        files
+            .iter()
+            .filter(move |path| path.extension().is_some_and(|e| e == ext))
+    };
+    // A configuration whose plugin is missing is an error, not a filter
+    // that silently vanishes (it may be the safeguard).
+    if let Some(sidecar) = with("json").find(|json| !json.with_extension("wasm").is_file()) {
+        return Err(LoadError::Config {
+            path: sidecar.clone(),
+            message: format!(
+                "configures a plugin that is not here: there is no {} beside it",
+                sidecar.with_extension("wasm").display()
+            ),
+        });
+    }
+    let mut wasm: Vec<PathBuf> = with("wasm").cloned().collect();
     wasm.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
     wasm.into_iter()
         .map(|path| {

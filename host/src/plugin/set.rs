@@ -23,6 +23,9 @@ pub enum LoadEvent<'a> {
         filter: &'a WasmFilter,
         compile_time: Option<Duration>,
     },
+    /// Something the operator should know that does not stop the load:
+    /// no filters at all, a filter that joins no chain.
+    Warning { message: &'a str },
 }
 
 /// Configured wasm filters, outermost first.
@@ -58,6 +61,11 @@ impl PluginSet {
         specs: Vec<(PathBuf, FilterSpec)>,
         progress: &mut dyn FnMut(LoadEvent<'_>),
     ) -> Result<Self, LoadError> {
+        if specs.is_empty() {
+            progress(LoadEvent::Warning {
+                message: "no filters to load: requests pass through unfiltered",
+            });
+        }
         let mut plugins: HashMap<PathBuf, (Arc<Plugin>, Option<Duration>)> = HashMap::new();
         let mut names = HashSet::new();
         let mut filters = Vec::with_capacity(specs.len());
@@ -80,6 +88,14 @@ impl PluginSet {
                 filter: &filter,
                 compile_time,
             });
+            if filter.hooks().is_empty() {
+                let message = format!(
+                    "filter '{}' ({}) has no live hook with this configuration: it joins no chain",
+                    filter.name(),
+                    path.display()
+                );
+                progress(LoadEvent::Warning { message: &message });
+            }
             filters.push(filter);
         }
         Ok(PluginSet { filters })
