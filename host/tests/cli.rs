@@ -7,12 +7,18 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
+/// The target directory this build uses (`CARGO_TARGET_DIR`, relative or
+/// not, or the workspace's `target/`): the one the binary under test is in.
+fn target_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_shallot"));
+    exe.ancestors()
+        .nth(2)
+        .expect("<target>/<profile>/shallot")
+        .into()
+}
+
 fn guest(name: &str) -> PathBuf {
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"),
-    };
-    let path = target
+    let path = target_dir()
         .join("wasm32-wasip2/guest")
         .join(format!("{name}.wasm"));
     assert!(
@@ -24,10 +30,11 @@ fn guest(name: &str) -> PathBuf {
 }
 
 fn shallot(args: &[&str]) -> Output {
-    let cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shallot-test-cache");
+    let cache = target_dir().join("shallot-test-cache");
     Command::new(env!("CARGO_BIN_EXE_shallot"))
         .args(args)
         .env("SHALLOT_CACHE_DIR", cache)
+        .env("CARGO_TARGET_DIR", target_dir())
         .env_remove("OPENAI_BASE_URL")
         .env_remove("OPENAI_API_KEY")
         .env_remove("SHALLOT_MODEL")

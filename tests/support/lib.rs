@@ -18,14 +18,15 @@ use shallot::{
     TokenSink,
 };
 
-/// The workspace's target directory (honours `CARGO_TARGET_DIR`).
+/// The target directory this build uses (`CARGO_TARGET_DIR`, relative or
+/// not, or the workspace's `target/`): the one the running test or bench
+/// binary is in (`<target>/<profile>/deps/<binary>`).
 pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target"),
-    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .nth(3)
+        .expect("<target>/<profile>/deps/<binary>")
+        .into()
 }
 
 /// The built guest component `name` (a plugin or a test guest).

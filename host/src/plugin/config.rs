@@ -1,8 +1,11 @@
 //! `shallot.toml`: an explicit, ordered list of filters.
 //!
 //! ```toml
-//! # Plugin paths are relative to this directory, itself relative to this file.
-//! plugin_dir = "../target/wasm32-wasip2/guest"
+//! # Plugin paths are relative to this directory, itself relative to this
+//! # file. `${NAME}` and `${NAME:-default}` take environment variables (a
+//! # relative value is relative to the working directory, as cargo reads
+//! # CARGO_TARGET_DIR).
+//! plugin_dir = "${CARGO_TARGET_DIR:-../target}/wasm32-wasip2/guest"
 //!
 //! [[filter]]
 //! plugin = "logging.wasm"
@@ -42,7 +45,7 @@ use crate::sandbox::{Grants, Limits};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
-    plugin_dir: Option<PathBuf>,
+    plugin_dir: Option<String>,
     #[serde(default, rename = "filter")]
     filters: Vec<FilterEntry>,
     model: Option<OpenAiConfig>,
@@ -93,7 +96,7 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
     let parsed = parse(file)?;
     let base = file.parent().unwrap_or(Path::new("."));
     let dir = match parsed.plugin_dir {
-        Some(dir) => base.join(dir),
+        Some(dir) => base.join(expand(&dir).map_err(bad)?),
         None => base.to_path_buf(),
     };
     parsed
@@ -116,6 +119,42 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
             Ok((dir.join(entry.plugin), spec))
         })
         .collect()
+}
+
+/// Expands `${NAME}` and `${NAME:-default}` in a path from the environment.
+/// A path that starts with a variable's (relative) value is made absolute
+/// from the working directory, as cargo reads CARGO_TARGET_DIR; one that
+/// starts with a default stays relative to the file.
+fn expand(text: &str) -> Result<PathBuf, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    let mut from_env_at_start = false;
+    while let Some(start) = rest.find("${") {
+        let Some(len) = rest[start..].find('}') else {
+            return Err(format!("'{text}': an unclosed ${{"));
+        };
+        out.push_str(&rest[..start]);
+        let inner = &rest[start + 2..start + len];
+        let (name, default) = match inner.split_once(":-") {
+            Some((name, default)) => (name, Some(default)),
+            None => (inner, None),
+        };
+        match (std::env::var(name).ok().filter(|v| !v.is_empty()), default) {
+            (Some(value), _) => {
+                from_env_at_start |= out.is_empty();
+                out.push_str(&value);
+            }
+            (None, Some(default)) => out.push_str(default),
+            (None, None) => return Err(format!("'{text}': {name} is not set")),
+        }
+        rest = &rest[start + len + 1..];
+    }
+    out.push_str(rest);
+    let path = PathBuf::from(out);
+    if from_env_at_start && path.is_relative() {
+        return std::path::absolute(&path).map_err(|e| format!("'{text}': {e}"));
+    }
+    Ok(path)
 }
 
 /// Lists a plugins directory: every `*.wasm` in file-name order, each with
@@ -172,4 +211,32 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    #[test]
+    fn plugin_dirs_take_environment_variables_with_defaults() {
+        assert_eq!(
+            expand("${SHALLOT_TEST_UNSET:-../target}/guest").unwrap(),
+            std::path::Path::new("../target/guest")
+        );
+        assert_eq!(
+            expand("plain/dir").unwrap(),
+            std::path::Path::new("plain/dir")
+        );
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(
+            expand("${HOME:-x}/guest").unwrap(),
+            std::path::Path::new(&home).join("guest")
+        );
+        assert!(
+            expand("${SHALLOT_TEST_UNSET}/x")
+                .unwrap_err()
+                .contains("is not set")
+        );
+        assert!(expand("${OPEN").is_err());
+    }
 }
