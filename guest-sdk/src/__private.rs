@@ -45,8 +45,26 @@ fn parse_config<F: Export>(config: &str) -> Result<F, String> {
     }
 }
 
+/// A panic, said the way the host reports it: where and what, without
+/// advice about environment variables a sandboxed filter cannot set.
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        match info.location() {
+            Some(at) => eprintln!("panicked at {}:{}: {message}", at.file(), at.line()),
+            None => eprintln!("panicked: {message}"),
+        }
+    }));
+}
+
 impl<F: Export> plugin::Guest for Adapter<F> {
     fn configure(config: String) -> Result<(), String> {
+        quiet_panics();
         let mut filter = parse_config::<F>(&config)?;
         filter.configure()?;
         F::slot()

@@ -351,3 +351,60 @@ fn chat_runs_the_python_and_javascript_examples() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "You said: Write to [EMAIL], **** it\n");
 }
+
+#[test]
+fn a_rejected_configuration_says_where_it_came_from() {
+    let dir = std::env::temp_dir().join(format!("shallot-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let guests = guest("safeguard");
+    let guests = guests.parent().unwrap().to_str().unwrap();
+    let toml = dir.join("shallot.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "plugin_dir = \"{guests}\"\n\n[[filter]]\nplugin = \"logging.wasm\"\n\n[[filter]]\nname = \"guard\"\nplugin = \"safeguard.wasm\"\nconfig = {{ wrods = [\"x\"] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = shallot(&["chat", "--config", toml.to_str().unwrap(), "hi"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("filter 'guard'"), "{stderr}");
+    assert!(stderr.contains("unknown field `wrods`"), "{stderr}");
+    assert!(
+        stderr.contains("shallot.toml, the [[filter]] at line 6"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("os error").count(), 0, "{stderr}");
+
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(guest("safeguard"), plugins.join("20-guard.wasm")).unwrap();
+    std::fs::write(plugins.join("20-guard.json"), r#"{"wrods": 1}"#).unwrap();
+    let out = shallot(&["chat", "--plugins", plugins.to_str().unwrap(), "hi"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("configured in "), "{stderr}");
+    assert!(stderr.contains("20-guard.json"), "{stderr}");
+}
+
+#[test]
+fn a_missing_guest_says_once_what_is_wrong_and_how_to_build_it() {
+    let dir = std::env::temp_dir().join(format!("shallot-cli-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("shallot.toml");
+    std::fs::write(
+        &toml,
+        "plugin_dir = \"nowhere/wasm32-wasip2/guest\"\n[[filter]]\nplugin = \"logging.wasm\"\n",
+    )
+    .unwrap();
+    let out = shallot(&["chat", "--config", toml.to_str().unwrap(), "hi"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("cargo build-guests"), "{stderr}");
+}

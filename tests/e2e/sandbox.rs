@@ -60,6 +60,16 @@ async fn a_trap_in_a_hook_is_a_plugin_fault_and_the_next_request_works() {
 #[tokio::test]
 async fn a_panic_is_reported_with_the_guests_own_message() {
     chat_fault("panic", "misbehave: panic in chat").await;
+    let plugins = load(vec![misbehave("chat", "panic")]).await;
+    let error = kernel(&plugins)
+        .chat(ask("boom"), Context::new())
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("it wrote: panicked at "), "{error}");
+    assert!(
+        !error.message.contains("RUST_BACKTRACE"),
+        "no advice a sandboxed filter cannot follow: {error}"
+    );
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 mod chat;
 mod plugins;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -77,7 +78,16 @@ fn report(event: &LoadEvent<'_>) {
             eprintln!("compiling {} ({})...", path.display(), human_size(*size));
         }
         LoadEvent::Warning { message } => eprintln!("warning: {message}"),
-        LoadEvent::Loaded { .. } => {}
+        LoadEvent::Loaded { filter, .. } => {
+            let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
+            tracing::info!(
+                "loaded filter '{}' from {} ({}; {})",
+                filter.name(),
+                filter.plugin().path().display(),
+                hooks.join(", "),
+                filter.isolation().as_str()
+            );
+        }
     }
 }
 
@@ -133,6 +143,7 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }

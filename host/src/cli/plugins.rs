@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Subcommand;
 use shallot::cache::CacheState;
@@ -136,28 +135,17 @@ async fn check(
                 .map_err(|e| anyhow::anyhow!("--with-config is not JSON: {e}"))
         })
         .transpose()?;
-    let bytes = plugin::read(&file)?;
-    let state = plugin::cache_state(engine, &bytes);
-    if state != CacheState::Cached {
-        eprintln!(
-            "compiling {} ({})...",
-            file.display(),
-            human_size(bytes.len() as u64)
-        );
-    }
-    let compiled = {
-        let (engine, file) = (engine.clone(), file.clone());
-        tokio::task::spawn_blocking(move || plugin::compile(&engine, &file, &bytes)).await??
+    let spec = FilterSpec {
+        config,
+        ..FilterSpec::default()
     };
-    let filter = plugin::configure(
-        engine,
-        Arc::new(compiled),
-        FilterSpec {
-            config,
-            ..FilterSpec::default()
-        },
-    )
+    let set = PluginSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
+        if let plugin::LoadEvent::Compiling { .. } = event {
+            report(&event);
+        }
+    })
     .await?;
+    let filter = &set.filters()[0];
     let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
     println!(
         "ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter",

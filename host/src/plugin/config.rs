@@ -47,7 +47,7 @@ use crate::sandbox::{Grants, Limits};
 struct ConfigFile {
     plugin_dir: Option<String>,
     #[serde(default, rename = "filter")]
-    filters: Vec<FilterEntry>,
+    filters: Vec<toml::Spanned<FilterEntry>>,
     model: Option<OpenAiConfig>,
 }
 
@@ -65,21 +65,22 @@ struct FilterEntry {
     isolation: Isolation,
 }
 
-fn parse(file: &Path) -> Result<ConfigFile, LoadError> {
-    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
+fn parse(file: &Path) -> Result<(ConfigFile, String), LoadError> {
+    let text = std::fs::read_to_string(file).map_err(|error| LoadError::Read {
         path: file.into(),
-        source,
+        error,
     })?;
-    toml::from_str(&text).map_err(|e| LoadError::Config {
+    let parsed = toml::from_str(&text).map_err(|e| LoadError::Config {
         path: file.into(),
         message: e.to_string(),
-    })
+    })?;
+    Ok((parsed, text))
 }
 
 /// Reads a `shallot.toml`'s `[model]` table, if it has one, filling a
 /// missing `api_key` from `OPENAI_API_KEY`.
 pub fn read_model(file: &Path) -> Result<Option<OpenAiConfig>, LoadError> {
-    Ok(parse(file)?.model.map(|mut model| {
+    Ok(parse(file)?.0.model.map(|mut model| {
         if model.api_key.is_none() {
             model.api_key = std::env::var("OPENAI_API_KEY").ok();
         }
@@ -93,7 +94,7 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
         path: file.into(),
         message,
     };
-    let parsed = parse(file)?;
+    let (parsed, text) = parse(file)?;
     let base = file.parent().unwrap_or(Path::new("."));
     let dir = match parsed.plugin_dir {
         Some(dir) => base.join(expand(&dir).map_err(bad)?),
@@ -103,6 +104,9 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
         .filters
         .into_iter()
         .map(|entry| {
+            let line = text[..entry.span().start].matches('\n').count() + 1;
+            let source = format!("{}, the [[filter]] at line {line}", file.display());
+            let entry = entry.into_inner();
             let config = entry
                 .config
                 .map(|value| {
@@ -115,6 +119,7 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
                 limits: entry.limits,
                 grants: entry.grants,
                 isolation: entry.isolation,
+                source: Some(source),
             };
             Ok((dir.join(entry.plugin), spec))
         })
@@ -160,9 +165,9 @@ fn expand(text: &str) -> Result<PathBuf, String> {
 /// Lists a plugins directory: every `*.wasm` in file-name order, each with
 /// the configuration in its sidecar `<stem>.json`, if there is one.
 pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Read {
+    let entries = std::fs::read_dir(dir).map_err(|error| LoadError::Read {
         path: dir.into(),
-        source,
+        error,
     })?;
     let files: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -195,17 +200,19 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
                     message: format!("not JSON: {e}"),
                 })?),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(source) => {
+                Err(error) => {
                     return Err(LoadError::Read {
                         path: sidecar,
-                        source,
+                        error,
                     });
                 }
             };
+            let source = config.is_some().then(|| sidecar.display().to_string());
             Ok((
                 path,
                 FilterSpec {
                     config,
+                    source,
                     ..FilterSpec::default()
                 },
             ))

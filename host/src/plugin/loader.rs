@@ -27,10 +27,10 @@ pub const WIT_VERSION: &str = "0.1.0";
 /// Why a plugin could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path}: cannot read it: {source}")]
+    #[error("{path}: cannot read it: {error}{}", missing_guest_hint(path, error))]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: the file is empty")]
     Empty { path: PathBuf },
@@ -59,14 +59,29 @@ pub enum LoadError {
     TooLarge { path: PathBuf, message: String },
     #[error("{path}: refused while compiling: {message}")]
     CompileLimit { path: PathBuf, message: String },
-    #[error("{path}: {error}")]
-    Filter { path: PathBuf, error: ChainError },
+    #[error("{path}: {error}{}", configured_in.as_ref().map(|at| format!(" (configured in {at})")).unwrap_or_default())]
+    Filter {
+        path: PathBuf,
+        error: Box<ChainError>,
+        /// Where its configuration came from, if it came from a file.
+        configured_in: Option<String>,
+    },
     #[error("{path}: invalid limits: {message}")]
     Limits { path: PathBuf, message: String },
     #[error("two filters are named '{name}'; give one a different `name` in shallot.toml")]
     DuplicateName { name: String },
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
+}
+
+/// For a missing file where guests are built: how to build them.
+fn missing_guest_hint(path: &Path, error: &std::io::Error) -> &'static str {
+    let in_guests = path.components().any(|c| c.as_os_str() == "wasm32-wasip2");
+    if error.kind() == std::io::ErrorKind::NotFound && in_guests {
+        " (build the guests first: `rustup target add wasm32-wasip2 && cargo build-guests`, and `scripts/build-polyglot` for the Python and JavaScript ones)"
+    } else {
+        ""
+    }
 }
 
 /// A compiled and linked plugin file.
@@ -96,9 +111,9 @@ impl Plugin {
 
 /// Reads a plugin file and checks that it is a component, without compiling.
 pub fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+    let bytes = std::fs::read(path).map_err(|error| LoadError::Read {
         path: path.into(),
-        source,
+        error,
     })?;
     if bytes.is_empty() {
         return Err(LoadError::Empty { path: path.into() });
@@ -326,6 +341,9 @@ pub struct FilterSpec {
     pub limits: Limits,
     pub grants: Grants,
     pub isolation: Isolation,
+    /// Where this configuration comes from, for errors: a sidecar file, or a
+    /// `shallot.toml` and the line of its `[[filter]]`.
+    pub source: Option<String>,
 }
 
 /// Configures a filter from a compiled plugin: instantiates it once to run
@@ -372,14 +390,16 @@ pub async fn configure(
                 .await
                 .map_err(|error| LoadError::Filter {
                     path: path.clone(),
-                    error,
+                    error: Box::new(error),
+                    configured_in: spec.source.clone(),
                 })?;
         instance
             .describe()
             .await
             .map_err(|error| LoadError::Filter {
                 path: path.clone(),
-                error,
+                error: Box::new(error),
+                configured_in: spec.source.clone(),
             })?
     };
     let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use super::config::{read_config, read_dir};
 use super::filter::WasmFilter;
 use super::loader::{self, FilterSpec, LoadError, Plugin};
-use crate::cache::CacheState;
 use crate::engine::Engine;
 
 /// Progress of a load, for a CLI to show on slow steps.
 pub enum LoadEvent<'a> {
-    /// A plugin is being compiled (not in the cache yet): this can take
-    /// seconds for a big guest.
+    /// A plugin has been compiling for a while (it was not in the cache):
+    /// a big guest takes seconds. Quick compiles and cache hits are not
+    /// announced.
     Compiling { path: &'a Path, size: u64 },
     /// A filter is configured and ready.
     Loaded {
@@ -112,26 +112,30 @@ impl PluginSet {
     }
 }
 
+/// How long a compile runs before it is announced (`LoadEvent::Compiling`).
+const SLOW_COMPILE: Duration = Duration::from_millis(500);
+
 async fn compile(
     engine: &Engine,
     path: &Path,
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<(Arc<Plugin>, Option<Duration>), LoadError> {
     let bytes = loader::read(path)?;
-    if loader::cache_state(engine, &bytes) != CacheState::Cached {
-        progress(LoadEvent::Compiling {
-            path,
-            size: bytes.len() as u64,
-        });
-    }
+    let size = bytes.len() as u64;
     let started = Instant::now();
     let (engine, owned) = (engine.clone(), path.to_path_buf());
-    let plugin = tokio::task::spawn_blocking(move || loader::compile(&engine, &owned, &bytes))
-        .await
-        .map_err(|e| LoadError::Invalid {
-            path: path.into(),
-            message: format!("compilation panicked: {e}"),
-        })??;
+    let mut task = tokio::task::spawn_blocking(move || loader::compile(&engine, &owned, &bytes));
+    let joined = match tokio::time::timeout(SLOW_COMPILE, &mut task).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            progress(LoadEvent::Compiling { path, size });
+            task.await
+        }
+    };
+    let plugin = joined.map_err(|e| LoadError::Invalid {
+        path: path.into(),
+        message: format!("compilation panicked: {e}"),
+    })??;
     let compile_time = plugin.was_compiled().then(|| started.elapsed());
     Ok((Arc::new(plugin), compile_time))
 }
