@@ -42,6 +42,26 @@ fn shallot(args: &[&str]) -> Output {
         .expect("shallot runs")
 }
 
+/// Runs `shallot` with `input` on its stdin (a pipe, not a terminal).
+fn shallot_with_input(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
+        .args(args)
+        .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
+        .env("CARGO_TARGET_DIR", target_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("shallot runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -407,4 +427,23 @@ fn a_missing_guest_says_once_what_is_wrong_and_how_to_build_it() {
         "{stderr}"
     );
     assert!(stderr.contains("cargo build-guests"), "{stderr}");
+}
+
+#[test]
+fn chat_without_prompts_reads_them_from_stdin_as_one_conversation() {
+    let out = shallot_with_input(&["chat", "--json"], "What is (2 + 3) * 4?\n\nthanks\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let turns: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(turns.len(), 2, "one turn per non-blank line");
+    assert_eq!(turns[0]["done"]["text"], "calculator says 20.");
+    let history = turns[1]["done"]["messages"].as_array().unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|m| m["content"] == "What is (2 + 3) * 4?"),
+        "the second turn sees the first: {history:?}"
+    );
 }

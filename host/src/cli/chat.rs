@@ -1,7 +1,7 @@
 //! `shallot chat`: prompts through the filters to the model, each a whole
 //! agent turn with the built-in tools.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,11 +63,55 @@ pub(crate) struct ChatArgs {
     #[arg(long, value_name = "NAME")]
     model: Option<String>,
     /// The prompts, sent one after another as turns of one conversation.
-    #[arg(required = true, value_name = "PROMPT")]
+    /// Without any, prompts are read from stdin, one per line: a REPL on a
+    /// terminal (Ctrl-D ends it), or a script from a pipe.
+    #[arg(value_name = "PROMPT")]
     prompts: Vec<String>,
 }
 
-pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitCode> {
+/// Where the prompts come from: the command line, or stdin line by line.
+enum Prompts {
+    Given(std::vec::IntoIter<String>),
+    Stdin { interactive: bool },
+}
+
+impl Prompts {
+    fn new(given: Vec<String>) -> Self {
+        if given.is_empty() {
+            let interactive = std::io::stdin().is_terminal();
+            if interactive {
+                eprintln!("shallot chat: one prompt per line; Ctrl-D ends the conversation");
+            }
+            Prompts::Stdin { interactive }
+        } else {
+            Prompts::Given(given.into_iter())
+        }
+    }
+
+    /// The next prompt; blank lines are skipped.
+    async fn next(&mut self) -> anyhow::Result<Option<String>> {
+        match self {
+            Prompts::Given(prompts) => Ok(prompts.next()),
+            Prompts::Stdin { interactive } => loop {
+                if *interactive {
+                    eprint!("> ");
+                }
+                let line = tokio::task::spawn_blocking(|| {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line).map(|n| (n, line))
+                })
+                .await??;
+                match line {
+                    (0, _) => return Ok(None),
+                    (_, line) if line.trim().is_empty() => continue,
+                    (_, line) => return Ok(Some(line.trim_end_matches(['\r', '\n']).to_owned())),
+                }
+            },
+        }
+    }
+}
+
+pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<ExitCode> {
     let plugins = args.source.load(engine).await?;
     let config = LoopConfig {
         max_iterations: args.max_iterations,
@@ -89,7 +133,9 @@ pub(crate) async fn run(engine: &Engine, args: ChatArgs) -> anyhow::Result<ExitC
     let kernel = builder.build()?;
     let several = args.prompts.len() > 1;
     let mut failed = false;
-    for prompt in &args.prompts {
+    let mut prompts = Prompts::new(std::mem::take(&mut args.prompts));
+    while let Some(prompt) = prompts.next().await? {
+        let prompt = &prompt;
         if several && !args.json {
             println!("> {prompt}");
         }
