@@ -1,5 +1,6 @@
 //! The built-in plugins: safeguard (PEER-CASES I8-I13), logging (I1) and
-//! token-redact (G1, and DESIGN decision 7: secrets split across tokens).
+//! token-redact (G1, and beyond the peer: secrets split across tokens are
+//! caught within the declared look-back window).
 
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, ToolSpec};

@@ -1,4 +1,5 @@
-//! Private filter context, FCtx (PEER-CASES C, and DESIGN decision 1).
+//! Private filter context, FCtx (PEER-CASES C; unlike the peer, one state
+//! per filter per invoke, shared by its turn, chat and tool hooks).
 
 use serde_json::json;
 use shallot::types::ToolSpec;

@@ -1,6 +1,6 @@
 //! End-to-end tests: real `.wasm` guests (the built-in plugins and the test
 //! guests under tests/guests) through the real host. Cases named `b1_...`,
-//! `i8_...` port the peer's behaviour catalogue (shared/PEER-CASES.md).
+//! `i8_...` port the peer's behaviour catalogue (docs/PEER-CASES.md).
 //!
 //! Build the guests first: `cargo build-guests`.
 
