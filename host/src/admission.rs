@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::error::{ChainError, ErrorKind, Hook};
+use crate::error::{ChainError, ErrorKind};
 use crate::invoke::Invoke;
+use crate::onion::Hook;
 use crate::plugin::{FilterInstance, WasmFilter};
 
 /// What an invoke starts with; decides how many instances it reserves.
@@ -300,7 +301,7 @@ impl Drop for Leased {
 #[cfg(test)]
 mod tests {
     use super::{CallKind, need};
-    use crate::error::Hook;
+    use crate::onion::Hook;
 
     #[test]
     fn a_system_prompt_hook_needs_an_instance_in_chats_and_turns() {

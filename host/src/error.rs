@@ -10,8 +10,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 /// The class of a failure, which decides what a caller may do about it.
+/// Printed and serialized in kebab-case (`limit-exceeded`), as the WIT
+/// contract names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// Worth retrying: overload, a dropped connection, a 5xx.
     Transient,
@@ -54,71 +56,93 @@ impl ErrorKind {
     }
 }
 
-/// A filter hook: what a filter may implement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Hook {
+/// The call into a filter (or the terminal) that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
     AroundChat,
     AroundTool,
     AroundTurn,
-    TokenTransform,
     SystemPrompt,
+    /// A token transformer's constructor or destructor.
+    TokenTransform,
+    /// A token transformer's step.
+    Step,
+    /// A token transformer's flush.
+    Flush,
+    Configure,
+    Describe,
+    Instantiate,
+    /// A terminal's own work: the model's answer, the tool loop's limits.
+    Terminal,
 }
 
-impl Hook {
-    /// Every hook, in contract order.
-    pub const ALL: [Hook; 5] = [
-        Hook::AroundChat,
-        Hook::AroundTool,
-        Hook::AroundTurn,
-        Hook::TokenTransform,
-        Hook::SystemPrompt,
-    ];
-
-    /// The kebab-case name used in the WIT contract.
+impl Call {
+    /// The kebab-case name, as the WIT contract names the hooks.
     pub fn as_str(self) -> &'static str {
         match self {
-            Hook::AroundChat => "around-chat",
-            Hook::AroundTool => "around-tool",
-            Hook::AroundTurn => "around-turn",
-            Hook::TokenTransform => "token-transform",
-            Hook::SystemPrompt => "system-prompt",
+            Call::AroundChat => "around-chat",
+            Call::AroundTool => "around-tool",
+            Call::AroundTurn => "around-turn",
+            Call::SystemPrompt => "system-prompt",
+            Call::TokenTransform => "token-transform",
+            Call::Step => "step",
+            Call::Flush => "flush",
+            Call::Configure => "configure",
+            Call::Describe => "describe",
+            Call::Instantiate => "instantiate",
+            Call::Terminal => "terminal",
         }
     }
 }
 
-impl fmt::Display for Hook {
+impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
+impl PartialEq<&str> for Call {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<str> for Call {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
 /// Where an error came from: the filter, its plugin file, and the call.
 /// For a terminal's error (the model's, the tool loop's) `filter` names the
-/// terminal (`model`, `tool-loop`) and `plugin` is `None`.
+/// terminal (`model`, `tool-loop`), `plugin` is `None` and `call` is
+/// [`Call::Terminal`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
     pub filter: Arc<str>,
     /// `None` for a native (Rust) filter or a terminal.
     pub plugin: Option<Arc<Path>>,
-    /// The call that failed: a hook name, or `configure`, `step`, `flush`.
-    pub call: &'static str,
+    /// The call that failed.
+    pub call: Call,
 }
 
 impl Origin {
     /// The origin of a terminal's error: `terminal` names it (`model`,
-    /// `tool-loop`), `call` what it was doing.
-    pub fn terminal(terminal: &str, call: &'static str) -> Self {
+    /// `tool-loop`).
+    pub fn terminal(terminal: &str) -> Self {
         Origin {
             filter: terminal.into(),
             plugin: None,
-            call,
+            call: Call::Terminal,
         }
     }
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.call == Call::Terminal {
+            return write!(f, "the {}", self.filter);
+        }
         write!(f, "filter '{}'", self.filter)?;
         if let Some(plugin) = &self.plugin {
             write!(f, " ({})", plugin.display())?;

@@ -14,11 +14,11 @@ use crate::admission::{self, CallKind};
 use crate::agent::{Decision, ToolLoop};
 use crate::context::Context;
 use crate::engine::Engine;
-use crate::error::{ChainError, ErrorKind, Hook};
+use crate::error::{ChainError, ErrorKind};
 use crate::invoke::{Invoke, InvokeOptions};
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Chain, ChainKind, Chat, Fctx, Filter, Layer, LayerFilter, Next, Terminal, Tool, Turn,
+    Chain, ChainKind, Chat, Fctx, Filter, Hook, Layer, LayerFilter, Next, Terminal, Tool, Turn,
 };
 use crate::plugin::{PluginSet, WasmFilter};
 use crate::stream::{TokenSink, TokenStream};

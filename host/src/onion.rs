@@ -12,18 +12,71 @@
 //! This module owns composition. It knows nothing of wasm: wasm layers are
 //! dispatched to `plugin::WasmFilter`.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
-use crate::error::{ChainError, ErrorKind, Hook};
+use crate::error::{Call, ChainError, ErrorKind};
 use crate::invoke::{Branch, Invoke};
 use crate::plugin::WasmFilter;
 use crate::stream::TokenTransform;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
+
+/// A filter hook: what a filter may implement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hook {
+    AroundChat,
+    AroundTool,
+    AroundTurn,
+    TokenTransform,
+    SystemPrompt,
+}
+
+impl Hook {
+    /// Every hook, in contract order.
+    pub const ALL: [Hook; 5] = [
+        Hook::AroundChat,
+        Hook::AroundTool,
+        Hook::AroundTurn,
+        Hook::TokenTransform,
+        Hook::SystemPrompt,
+    ];
+
+    /// The kebab-case name used in the WIT contract.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::AroundChat => "around-chat",
+            Hook::AroundTool => "around-tool",
+            Hook::AroundTurn => "around-turn",
+            Hook::TokenTransform => "token-transform",
+            Hook::SystemPrompt => "system-prompt",
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<Hook> for Call {
+    fn from(hook: Hook) -> Self {
+        match hook {
+            Hook::AroundChat => Call::AroundChat,
+            Hook::AroundTool => Call::AroundTool,
+            Hook::AroundTurn => Call::AroundTurn,
+            Hook::TokenTransform => Call::TokenTransform,
+            Hook::SystemPrompt => Call::SystemPrompt,
+        }
+    }
+}
 
 /// A filter's private context for one invoke, as JSON text.
 pub type Fctx = Arc<str>;

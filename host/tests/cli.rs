@@ -129,7 +129,7 @@ fn chat_streams_through_the_built_in_filters() {
         "the key never reaches the terminal: {stdout}"
     );
     assert!(stdout.contains("I can't help with that."), "{stdout}");
-    assert!(text(&out.stderr).contains("[finish reason: content_filtered]"));
+    assert!(text(&out.stderr).contains("[finish reason: content-filtered]"));
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn a_failed_turn_fails_the_command_with_json_too() {
     let out = shallot(&["chat", "--json", "--max-iterations", "0", "hi"]);
     assert!(!out.status.success());
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(result["error"]["kind"], "limit_exceeded");
+    assert_eq!(result["error"]["kind"], "limit-exceeded");
 }
 
 #[test]

@@ -261,8 +261,8 @@ impl<'a> Run<'a> {
             .last
             .clone()
             .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
-        let mut error = ChainError::new(ErrorKind::LimitExceeded, message)
-            .at(Origin::terminal("tool-loop", "around-turn"));
+        let mut error =
+            ChainError::new(ErrorKind::LimitExceeded, message).at(Origin::terminal("tool-loop"));
         error.ran = Some(Arc::new(self.summary(last)));
         TurnResult::Error(error)
     }

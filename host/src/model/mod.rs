@@ -57,8 +57,7 @@ impl ResponseLimits {
         } else {
             return Ok(());
         };
-        Err(ChainError::new(ErrorKind::LimitExceeded, message)
-            .at(Origin::terminal("model", "chat")))
+        Err(ChainError::new(ErrorKind::LimitExceeded, message).at(Origin::terminal("model")))
     }
 }
 

@@ -13,9 +13,9 @@ use super::host::Scope;
 use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
 use crate::admission::Leased;
 use crate::engine::Engine;
-use crate::error::{ChainError, ErrorKind, Hook};
+use crate::error::{Call, ChainError, ErrorKind};
 use crate::invoke::Invoke;
-use crate::onion::{Fctx, Next};
+use crate::onion::{Fctx, Hook, Next};
 use crate::sandbox::{self, Grants, Limits};
 use crate::types::TokenBatch;
 
@@ -278,7 +278,7 @@ impl WasmFilter {
                 let call = leased.instance().around::<K>(id, request, next);
                 self.bounded(
                     Box::pin(tokio::time::timeout(timeout, call)),
-                    K::HOOK.as_str(),
+                    K::HOOK.into(),
                 )
                 .await
             }
@@ -332,7 +332,7 @@ impl WasmFilter {
     async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<Result<T, ChainError>, tokio::time::error::Elapsed>>,
-        hook: &'static str,
+        hook: Call,
     ) -> Result<T, ChainError> {
         let origin = || self.blueprint.identity.origin(hook);
         call.await
@@ -364,7 +364,7 @@ impl WasmTransformer {
         let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
-            return Err(error.at(blueprint.identity.origin("step")));
+            return Err(error.at(blueprint.identity.origin(Call::Step)));
         }
         let scope = Scope::outside_chains(self.leased.invoke().clone(), self.id);
         match self

@@ -27,7 +27,7 @@ use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::{context, fctx, log, next, types as wit};
 use super::convert;
 use super::instance::WasmChain;
-use crate::error::{ChainError, ErrorKind, Origin};
+use crate::error::{Call, ChainError, ErrorKind, Origin};
 use crate::invoke::{Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
@@ -47,7 +47,7 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
-    pub(crate) fn origin(&self, call: &'static str) -> Origin {
+    pub(crate) fn origin(&self, call: Call) -> Origin {
         Origin {
             filter: self.name.clone(),
             plugin: Some(self.plugin.clone()),
@@ -207,7 +207,7 @@ impl HostState {
 
     /// Attributes an error the guest returned: the inner failure it passed
     /// on keeps its origin; anything else is this filter's own.
-    pub(crate) fn attribute(&self, error: wit::FilterError, call: &'static str) -> ChainError {
+    pub(crate) fn attribute(&self, error: wit::FilterError, call: Call) -> ChainError {
         if let Some(inner) = &self.inner_error {
             let seen = convert::filter_error(inner);
             if seen.kind == error.kind && seen.message == error.message {
@@ -254,7 +254,7 @@ impl HostState {
                 self.limits.next_calls
             );
             let error = ChainError::new(ErrorKind::LimitExceeded, message)
-                .at(self.identity.origin(K::HOOK.as_str()));
+                .at(self.identity.origin(K::HOOK.into()));
             return Ok(Some(K::fail(error)));
         }
         let meter = self.confinement.meter().clone();
@@ -313,7 +313,7 @@ impl HostState {
     pub(crate) fn take_turn_result(
         &mut self,
         result: wit::TurnResult,
-        call: &'static str,
+        call: Call,
     ) -> wasmtime::Result<TurnResult> {
         Ok(match result {
             wit::TurnResult::Done(done) => TurnResult::Done(self.take(done)?),

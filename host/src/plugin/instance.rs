@@ -16,9 +16,9 @@ use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
 use super::host::{Continuation, HostState, Identity, Scope, internal};
-use crate::error::{ChainError, ErrorKind, Hook};
+use crate::error::{Call, ChainError, ErrorKind};
 use crate::invoke::Invoke;
-use crate::onion::{ChainKind, Chat, Fctx, Next, Tool, Turn};
+use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits, TEXT_CAP};
 use crate::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
@@ -62,7 +62,7 @@ impl FilterInstance {
         let exports = match made {
             Ok(exports) => exports,
             Err(e) => {
-                let origin = blueprint.identity.origin("instantiate");
+                let origin = blueprint.identity.origin(Call::Instantiate);
                 let state = store.data();
                 return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
             }
@@ -76,7 +76,7 @@ impl FilterInstance {
         let meter = instance.meter();
         let configured = plugin.call_configure(&mut instance.store, &blueprint.config);
         let configured = sandbox::metered(meter, configured).await;
-        match instance.end(configured, "configure")? {
+        match instance.end(configured, Call::Configure)? {
             Ok(()) => Ok(instance),
             Err(message) => Err(ChainError::new(
                 ErrorKind::InvalidRequest,
@@ -85,7 +85,7 @@ impl FilterInstance {
                     sandbox::printable(&message, TEXT_CAP)
                 ),
             )
-            .at(blueprint.identity.origin("configure"))),
+            .at(blueprint.identity.origin(Call::Configure))),
         }
     }
 
@@ -96,13 +96,13 @@ impl FilterInstance {
         let meter = self.meter();
         let described = plugin.call_describe(&mut self.store);
         let described = sandbox::metered(meter, described).await;
-        let d = self.end(described, "describe")?;
+        let d = self.end(described, Call::Describe)?;
         let init: serde_json::Value = serde_json::from_str(&d.init_fctx).map_err(|e| {
             ChainError::new(
                 ErrorKind::PluginFault,
                 format!("its init FCtx is not JSON: {e}"),
             )
-            .at(self.store.data().identity.origin("describe"))
+            .at(self.store.data().identity.origin(Call::Describe))
         })?;
         let hooks = d
             .hooks
@@ -132,7 +132,7 @@ impl FilterInstance {
         self.store.data().confinement.meter().clone()
     }
 
-    fn fault(&self, error: wasmtime::Error, call: &'static str) -> ChainError {
+    fn fault(&self, error: wasmtime::Error, call: Call) -> ChainError {
         let state = self.store.data();
         let origin = state.identity.origin(call);
         sandbox::fault(error, &state.confinement, &state.limits, origin)
@@ -148,7 +148,7 @@ impl FilterInstance {
     /// Ends a call: drops the scope (it holds the invoke, which holds this
     /// instance's lease), undoes a faulted call's context writes, and turns
     /// a wasmtime error into a fault.
-    fn end<T>(&mut self, result: wasmtime::Result<T>, call: &'static str) -> Result<T, ChainError> {
+    fn end<T>(&mut self, result: wasmtime::Result<T>, call: Call) -> Result<T, ChainError> {
         self.store.data_mut().leave(result.is_err());
         result.map_err(|e| self.fault(e, call))
     }
@@ -161,7 +161,7 @@ impl FilterInstance {
         id: usize,
         prompt: &str,
     ) -> Result<Result<String, ChainError>, ChainError> {
-        const CALL: &str = "system-prompt";
+        const CALL: Call = Call::SystemPrompt;
         self.begin(Some(Scope::outside_chains(invoke, id)));
         let api = self.exports.shallot_filter_system_prompt_filter();
         let meter = self.meter();
@@ -184,7 +184,7 @@ impl FilterInstance {
         let api = api.token_transformer();
         let made = api.call_constructor(&mut self.store);
         let made = sandbox::metered(meter, made).await;
-        self.end(made, "token-transform")
+        self.end(made, Call::TokenTransform)
     }
 
     /// Steps (or, with `tokens == None`, flushes) a token transformer.
@@ -203,11 +203,11 @@ impl FilterInstance {
             Some(tokens) => {
                 let batch = convert::token_batch(tokens);
                 let stepped = api.call_step(&mut self.store, transformer, &batch);
-                ("step", sandbox::metered(meter, stepped).await)
+                (Call::Step, sandbox::metered(meter, stepped).await)
             }
             None => {
                 let flushed = api.call_flush(&mut self.store, transformer);
-                ("flush", sandbox::metered(meter, flushed).await)
+                (Call::Flush, sandbox::metered(meter, flushed).await)
             }
         };
         match self.end(result, call)? {
@@ -239,7 +239,7 @@ impl FilterInstance {
         let meter = self.meter();
         let dropped = transformer.resource_drop_async(&mut self.store);
         let dropped = sandbox::metered(meter, dropped).await;
-        self.end(dropped, "token-transform")
+        self.end(dropped, Call::TokenTransform)
     }
 
     /// Runs one hook call of filter `id`, the chain continuing in `next`.
@@ -266,7 +266,7 @@ impl FilterInstance {
     fn lend<T: Send + 'static>(
         &mut self,
         request: T,
-        call: &'static str,
+        call: Call,
     ) -> Result<(Resource<T>, Resource<T>), ChainError> {
         let pushed = self.store.data_mut().table.push(request);
         let handle = pushed.map_err(|e| self.fault(e.into(), call))?;
@@ -281,7 +281,7 @@ impl FilterInstance {
         result: wasmtime::Result<
             Result<Resource<R>, super::bindings::shallot::filter::types::FilterError>,
         >,
-        call: &'static str,
+        call: Call,
     ) -> Result<Result<R, ChainError>, ChainError> {
         let _ = self.store.data_mut().take(lent);
         Ok(match self.end(result, call)? {
@@ -320,12 +320,12 @@ impl WasmChain for Chat {
         instance: &mut FilterInstance,
         request: ChatRequest,
     ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request, "around-chat")?;
+        let (lent, borrowed) = instance.lend(request, Call::AroundChat)?;
         let api = instance.exports.shallot_filter_chat_filter();
         let meter = instance.meter();
         let result = api.call_around_chat(&mut instance.store, borrowed);
         let result = sandbox::metered(meter, result).await;
-        instance.settle(lent, result, "around-chat")
+        instance.settle(lent, result, Call::AroundChat)
     }
 }
 
@@ -345,12 +345,12 @@ impl WasmChain for Tool {
         instance: &mut FilterInstance,
         request: ToolRequest,
     ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request, "around-tool")?;
+        let (lent, borrowed) = instance.lend(request, Call::AroundTool)?;
         let api = instance.exports.shallot_filter_tool_filter();
         let meter = instance.meter();
         let result = api.call_around_tool(&mut instance.store, borrowed);
         let result = sandbox::metered(meter, result).await;
-        instance.settle(lent, result, "around-tool")
+        instance.settle(lent, result, Call::AroundTool)
     }
 }
 
@@ -370,7 +370,7 @@ impl WasmChain for Turn {
         instance: &mut FilterInstance,
         request: TurnRequest,
     ) -> Result<Self::Output, ChainError> {
-        const CALL: &str = "around-turn";
+        const CALL: Call = Call::AroundTurn;
         let (lent, borrowed) = instance.lend(request, CALL)?;
         let api = instance.exports.shallot_filter_turn_filter();
         let meter = instance.meter();

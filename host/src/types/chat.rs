@@ -44,7 +44,7 @@ impl ChatRequest {
 
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum FinishReason {
     /// A final answer.
     Complete,
