@@ -125,11 +125,11 @@ impl Cache {
         Ok((component, true))
     }
 
-    fn store(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
+    fn store(&self, path: &Path, component: &Component) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         let bytes = component
             .serialize()
-            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
         // Write then rename, so a reader never sees half a file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, bytes)?;

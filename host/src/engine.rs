@@ -69,6 +69,18 @@ impl Default for EngineConfig {
     }
 }
 
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// wasmtime refused the configuration (e.g. the pool does not fit the
+    /// machine's address space).
+    #[error("the wasmtime engine could not be built: {0}")]
+    Wasmtime(String),
+    /// The epoch ticker thread could not be started.
+    #[error("the epoch ticker thread could not start: {0}")]
+    Ticker(std::io::Error),
+}
+
 /// Pool slots beyond the in-use and idle budgets: for load-time instances
 /// and used ones waiting to be dropped in the background.
 const SPARE_SLOTS: u32 = 96;
@@ -112,7 +124,7 @@ impl Drop for EngineInner {
 
 impl Engine {
     /// Builds the engine and starts its epoch ticker thread.
-    pub fn new(config: EngineConfig) -> anyhow::Result<Self> {
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
         let components = config.instance_slots + config.idle_instances + SPARE_SLOTS;
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(components)
@@ -135,7 +147,8 @@ impl Engine {
 
         let mut wasm = crate::compile::config();
         wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let wasmtime = wasmtime::Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let wasmtime =
+            wasmtime::Engine::new(&wasm).map_err(|e| EngineError::Wasmtime(format!("{e:#}")))?;
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
         spawn_ticker(wasmtime.clone(), config.tick, stop_ticker.clone())?;
@@ -195,7 +208,7 @@ fn spawn_ticker(
     engine: wasmtime::Engine,
     tick: Duration,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+) -> Result<(), EngineError> {
     std::thread::Builder::new()
         .name("shallot-epoch".into())
         .spawn(move || {
@@ -203,6 +216,7 @@ fn spawn_ticker(
                 std::thread::sleep(tick);
                 engine.increment_epoch();
             }
-        })?;
+        })
+        .map_err(EngineError::Ticker)?;
     Ok(())
 }

@@ -44,7 +44,7 @@ pub mod types;
 
 pub use agent::{Decision, History, LoopConfig, MemoryHistory, ToolLoop};
 pub use context::Context;
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Engine, EngineConfig, EngineError};
 pub use error::{Call, ChainError, ErrorKind, Origin};
 pub use invoke::{Invoke, InvokeOptions};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
