@@ -59,9 +59,13 @@ impl ErrorKind {
 /// The call into a filter (or the terminal) that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Call {
+    /// The around-chat hook.
     AroundChat,
+    /// The around-tool hook.
     AroundTool,
+    /// The around-turn hook.
     AroundTurn,
+    /// The system-prompt hook.
     SystemPrompt,
     /// A token transformer's constructor or destructor.
     TokenTransform,
@@ -69,8 +73,11 @@ pub enum Call {
     Step,
     /// A token transformer's flush.
     Flush,
+    /// `configure`, with the operator's configuration.
     Configure,
+    /// `describe`.
     Describe,
+    /// Making the instance (the component's start functions).
     Instantiate,
     /// A terminal's own work: the model's answer, the tool loop's limits.
     Terminal,
@@ -119,6 +126,7 @@ impl PartialEq<str> for Call {
 /// [`Call::Terminal`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
+    /// The filter's name (or the terminal's).
     pub filter: Arc<str>,
     /// `None` for a native (Rust) filter or a terminal.
     pub plugin: Option<Arc<Path>>,
@@ -154,7 +162,9 @@ impl fmt::Display for Origin {
 /// A failure inside a chain, as a value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainError {
+    /// What class of failure it is.
     pub kind: ErrorKind,
+    /// What happened, in words (text from a filter is made printable).
     pub message: String,
     /// The filter (or terminal) it came from; `None` for the host.
     pub origin: Option<Origin>,

@@ -66,24 +66,42 @@ impl Core {
 /// Why a kernel could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// Two filters have the same name (it keys their private state).
     #[error("two filters are named '{0}'; filter names key private state and must be unique")]
     DuplicateName(String),
+    /// The wasm filters were loaded with different engines.
     #[error("the wasm filters come from different engines; load every plugin with one `Engine`")]
     MixedEngines,
+    /// One invoke could need more instances than the engine has slots.
     #[error(
         "one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`"
     )]
-    TooFewSlots { need: usize, have: u32 },
+    TooFewSlots {
+        /// Instances one invoke can need.
+        need: usize,
+        /// The engine's slots.
+        have: u32,
+    },
+    /// One invoke could need more instances of a filter than its quota.
     #[error(
         "one invoke can need {need} instances of filter '{filter}' but its limits allow {have}; raise its `instances` limit"
     )]
     TooFewInstances {
+        /// The filter.
         filter: String,
+        /// Its instances one invoke can need.
         need: usize,
+        /// Its `instances` limit.
         have: u32,
     },
+    /// A tool's parameters are not a valid JSON Schema.
     #[error("tool '{tool}': its parameters are not a valid JSON Schema: {message}")]
-    ToolSchema { tool: String, message: String },
+    ToolSchema {
+        /// The tool.
+        tool: String,
+        /// The schema compiler's words.
+        message: String,
+    },
 }
 
 /// Builds a [`Kernel`].

@@ -25,6 +25,8 @@
 //! each call is an `invoke` with its own context; `sandbox` and `engine` are
 //! the wasmtime core everything else builds on; `stream` is the token chain.
 
+#![warn(missing_docs)]
+
 mod admission;
 pub mod agent;
 pub mod cache;

@@ -31,10 +31,15 @@ use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnReq
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Hook {
+    /// Around one model call.
     AroundChat,
+    /// Around one tool execution.
     AroundTool,
+    /// Around one agent turn.
     AroundTurn,
+    /// A streaming transform of the model's tokens.
     TokenTransform,
+    /// Shapes the system prompt, once per invoke.
     SystemPrompt,
 }
 
@@ -83,6 +88,7 @@ pub type Fctx = Arc<str>;
 
 /// One of the three onions: what its requests and outputs are.
 pub trait ChainKind: Send + Sync + Sized + 'static {
+    /// What goes in: a chat, tool or turn request.
     type Request: Clone + Send + Sync + 'static;
     /// What the chain returns: a `Result` for chat and tool, the
     /// [`TurnResult`] variant (which has its own error case) for turn.

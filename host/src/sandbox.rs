@@ -8,14 +8,14 @@
 //! network, environment variables, or clock (a frozen clock reads zero),
 //! only the `shallot:filter` imports and a random source.
 //!
-//! The sandbox works on any store data that gives it its [`Confinement`]
-//! (the [`Sandboxed`] trait); it knows nothing of the filter contract.
+//! The sandbox works on any store data that gives it its `Confinement`
+//! (the `Sandboxed` trait); it knows nothing of the filter contract.
 //!
-//! How a call is timed: [`Metered`] wraps the future of every call into a
+//! How a call is timed: `Metered` wraps the future of every call into a
 //! guest. While that future is being polled and the guest is not inside
 //! `next` (the inner layers), the guest's own CPU clock runs; the host
-//! brackets every `next` with [`Meter::enter_next`] and
-//! [`Meter::leave_next`]. The epoch callback checks the clock every tick,
+//! brackets every `next` with `Meter::enter_next` and
+//! `Meter::leave_next`. The epoch callback checks the clock every tick,
 //! so the CPU budget holds to within one tick however a filter interleaves
 //! its own work with `next`, and time the host spends in calls the filter
 //! makes counts as the filter's. The wall clock runs whenever the guest is

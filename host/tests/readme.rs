@@ -110,11 +110,13 @@ fn link(from: &Path, to: &Path) {
 #[test]
 fn the_rust_filter_builds_and_checks_as_written() {
     let blocks = blocks("Writing a filter in Rust");
-    // Beside the checkout, in a directory named `shallot`, as the README says.
-    let home = scratch("rust");
-    link(&root(), &home.join("shallot"));
+    // Beside the checkout, in a directory named `shallot`, as the README
+    // says. Kept between runs, so its build is incremental.
+    let home = target_dir().join("readme-examples/rust");
     let krate = home.join("guard");
     std::fs::create_dir_all(krate.join("src")).unwrap();
+    let _ = std::fs::remove_file(home.join("shallot"));
+    link(&root(), &home.join("shallot"));
     // Its own workspace: it does not belong to the one it sits under.
     let manifest = block(&blocks, "toml") + "\n[workspace]\n";
     std::fs::write(krate.join("Cargo.toml"), manifest).unwrap();

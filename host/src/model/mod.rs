@@ -65,7 +65,12 @@ impl ResponseLimits {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {
     /// The next piece of the answer's text.
-    Token { text: String, meta: Option<String> },
+    Token {
+        /// The text.
+        text: String,
+        /// Metadata, a JSON object as text.
+        meta: Option<String>,
+    },
     /// The whole answer, as the non-streaming call would return it. Sent
     /// once, last.
     Done(ChatResponse),

@@ -17,15 +17,25 @@ pub enum LoadEvent<'a> {
     /// A plugin has been compiling for a while (it was not in the cache):
     /// a big guest takes seconds. Quick compiles and cache hits are not
     /// announced.
-    Compiling { path: &'a Path, size: u64 },
+    Compiling {
+        /// The plugin file.
+        path: &'a Path,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// A filter is configured and ready.
     Loaded {
+        /// The filter.
         filter: &'a WasmFilter,
+        /// How long its plugin took to compile, if this load compiled it.
         compile_time: Option<Duration>,
     },
     /// Something the operator should know that does not stop the load:
     /// no filters at all, a filter that joins no chain.
-    Warning { message: &'a str },
+    Warning {
+        /// What, in words.
+        message: &'a str,
+    },
 }
 
 /// Configured wasm filters, outermost first.

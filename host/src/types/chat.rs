@@ -54,10 +54,15 @@ pub enum FinishReason {
     LengthLimit,
     /// A filter or the provider blocked the content.
     ContentFiltered,
+    /// A stop sequence ended the answer.
     StopSequence,
+    /// The provider paused a long turn.
     PauseTurn,
+    /// The model refused.
     Refusal,
+    /// The answer ended in an error.
     Error,
+    /// Not said.
     #[default]
     Unknown,
 }
@@ -65,16 +70,22 @@ pub enum FinishReason {
 /// Token accounting of one model call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens of the request.
     pub input_tokens: u32,
+    /// Tokens of the answer.
     pub output_tokens: u32,
+    /// Both.
     pub total_tokens: u32,
 }
 
 /// The model's answer: what the chat chain carries outward.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatResponse {
+    /// The assistant's message: text, tool calls or both.
     pub message: Message,
+    /// Why the model stopped.
     pub finish_reason: FinishReason,
+    /// Token accounting.
     pub usage: Usage,
     /// The model that answered; empty for a response a filter built.
     pub model: String,

@@ -4,9 +4,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Instructions to the model.
     System,
+    /// The person (or the application) asking.
     User,
+    /// The model.
     Assistant,
+    /// A tool's result.
     Tool,
 }
 
@@ -14,15 +18,27 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
-    Text { text: String },
-    Image { url: String, detail: Option<String> },
+    /// A piece of text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, by URL (or data URL).
+    Image {
+        /// Where it is.
+        url: String,
+        /// The detail level the provider should use, if any.
+        detail: Option<String>,
+    },
 }
 
 /// A message body: plain text, or a list of parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
+    /// Plain text.
     Text(String),
+    /// Text and image parts, in order.
     Parts(Vec<ContentPart>),
 }
 
@@ -31,6 +47,7 @@ pub enum Content {
 pub struct ToolCall {
     /// Correlates the call with its result message.
     pub id: String,
+    /// The tool's name.
     pub name: String,
     /// The arguments, a JSON object as text (as the model produced it).
     pub arguments: String,
@@ -39,10 +56,12 @@ pub struct ToolCall {
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
+    /// Who it is from.
     pub role: Role,
     /// `None` for an assistant message that only calls tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
+    /// For an assistant message: the tools it calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// For a tool message: the id of the call it answers.

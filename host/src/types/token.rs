@@ -1,6 +1,7 @@
 /// One streamed token as the caller's sink receives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Token<'a> {
+    /// Its text.
     pub text: &'a str,
     /// Metadata, a JSON object as text.
     pub meta: Option<&'a str>,
@@ -11,8 +12,11 @@ pub struct Token<'a> {
 /// that carry any (sorted by index).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenBatch {
+    /// Every token's text, back to back.
     pub text: String,
+    /// The byte offset in `text` where each token ends.
     pub ends: Vec<u32>,
+    /// (token index, metadata JSON) for the tokens that carry metadata.
     pub metas: Vec<(u32, String)>,
 }
 

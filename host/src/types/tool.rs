@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name the model calls it by.
     pub name: String,
+    /// What it does, for the model.
     pub description: String,
     /// JSON Schema of the arguments object.
     pub parameters: serde_json::Value,
@@ -87,6 +89,7 @@ impl ToolSpec {
 /// One tool execution: what the tool chain carries inward.
 #[derive(Debug, Clone)]
 pub struct ToolRequest {
+    /// The tool called.
     pub tool: Arc<ToolSpec>,
     /// The id of the model's tool call; empty for a direct invoke.
     pub call_id: Arc<str>,

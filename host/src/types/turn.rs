@@ -28,15 +28,18 @@ impl TurnRequest {
 /// A tool call made during a turn, with how it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallRecord {
+    /// The call the model asked for.
     pub call: ToolCall,
     /// The result given back to the model, `None` if the call failed.
     pub output: Option<String>,
+    /// Why the call failed, if it did.
     pub error: Option<ChainError>,
 }
 
 /// A turn that reached a final answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnDone {
+    /// The final answer.
     pub response: ChatResponse,
     /// The tool calls made, in order.
     pub tool_calls: Vec<ToolCallRecord>,
@@ -51,6 +54,7 @@ pub struct TurnDone {
 /// `Kernel::resume` with a decision to continue the same turn.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnInterrupt {
+    /// Why the turn paused.
     pub reason: String,
     /// The tool call waiting for a decision, if any.
     pub pending: Option<ToolCall>,
@@ -72,7 +76,10 @@ impl TurnInterrupt {
 /// How a turn ended: what the turn chain carries outward.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnResult {
+    /// A final answer.
     Done(TurnDone),
+    /// Paused, waiting for a decision.
     Interrupt(TurnInterrupt),
+    /// Failed.
     Error(ChainError),
 }
