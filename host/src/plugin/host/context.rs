@@ -1,0 +1,82 @@
+//! `fctx` and `context`: the filter's private context and the invoke's
+//! shared one, both charged to the filter that writes them.
+
+use super::{HostState, json_text};
+use crate::plugin::bindings::shallot::filter::{context, fctx};
+use crate::sandbox::HostMemoryExceeded;
+
+impl fctx::Host for HostState {
+    fn get(&mut self) -> wasmtime::Result<String> {
+        match &self.scope {
+            Some(scope) => Ok(scope
+                .invoke
+                .fctx(scope.branch.as_deref(), scope.id)
+                .to_string()),
+            None => Err(wasmtime::Error::msg("fctx.get called outside a hook")),
+        }
+    }
+
+    fn set(&mut self, state: String) -> wasmtime::Result<Result<(), String>> {
+        if let Err(e) = json_text(&state, "the FCtx state") {
+            return Ok(Err(e));
+        }
+        let Some(scope) = &self.scope else {
+            return Err(wasmtime::Error::msg("fctx.set called outside a hook"));
+        };
+        let room = self.limits.host_bytes().saturating_sub(self.held);
+        if !scope
+            .invoke
+            .set_fctx_within(scope.branch.as_deref(), scope.id, state.into(), room)
+        {
+            return Err(wasmtime::Error::new(HostMemoryExceeded));
+        }
+        Ok(Ok(()))
+    }
+}
+
+impl context::Host for HostState {
+    fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        Ok(self
+            .scope
+            .as_ref()
+            .and_then(|scope| scope.invoke.context().get_json(&key)))
+    }
+
+    fn set(&mut self, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
+        let value: serde_json::Value = match serde_json::from_str(&value) {
+            Ok(value) => value,
+            Err(e) => return Ok(Err(format!("context value is not JSON: {e}"))),
+        };
+        let Some(scope) = &self.scope else {
+            return Ok(Err("no invoke is in progress".to_owned()));
+        };
+        let room = self.limits.host_bytes().saturating_sub(self.held);
+        match scope
+            .invoke
+            .write_context(scope.id, &key, Some(value), room)
+        {
+            Some(before) => {
+                self.journal.push((key, before));
+                Ok(Ok(()))
+            }
+            None => Err(wasmtime::Error::new(HostMemoryExceeded)),
+        }
+    }
+
+    fn remove(&mut self, key: String) -> wasmtime::Result<()> {
+        if let Some(scope) = &self.scope
+            && let Some(before) = scope.invoke.write_context(scope.id, &key, None, usize::MAX)
+        {
+            self.journal.push((key, before));
+        }
+        Ok(())
+    }
+
+    fn keys(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self
+            .scope
+            .as_ref()
+            .map(|scope| scope.invoke.context().keys())
+            .unwrap_or_default())
+    }
+}

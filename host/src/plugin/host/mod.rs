@@ -1,0 +1,264 @@
+//! What the host gives a filter instance: its store data, the resources
+//! behind request and response handles, and the `next`, `context` and
+//! `log` imports.
+//!
+//! Requests and responses live in the instance's resource table as the
+//! host's own values. `next` takes the request the guest holds (a cheap
+//! clone: its big parts are shared), runs the inner layers, and hands the
+//! response back as a new handle; a pass-through layer never copies a
+//! message.
+//!
+//! Everything a filter makes the host hold is charged to it: each value it
+//! creates or changes in its table (and each response `next` hands it) by
+//! its weight until it is dropped, its FCtx and its writes to the shared
+//! context until the invoke ends. Past `Limits::host_mib` the call faults.
+//! Its calls through `next` are counted per hook call, its log lines per
+//! call, and what it logs is made printable.
+//!
+//! One file per imported interface, as wasmtime-wasi's `p2/host/` does:
+//! `resources` (the request and response resources of `types`), `next`,
+//! `context` (the shared context and FCtx) and `log`; this file holds the
+//! store data and its accounting.
+
+mod context;
+mod log;
+mod next;
+mod resources;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
+use wasmtime_wasi::{WasiCtxView, WasiView};
+
+use super::bindings::Filter as FilterWorld;
+use super::bindings::shallot::filter::types as wit;
+use super::convert;
+use crate::error::{Call, ChainError, ErrorKind, Origin};
+use crate::invoke::{Branch, Invoke};
+use crate::onion::{Chat, Next, Tool, Turn};
+use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
+use crate::types::Weigh;
+
+/// Which filter an instance belongs to, for logs and error attribution.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    pub name: Arc<str>,
+    pub plugin: Arc<Path>,
+}
+
+impl Identity {
+    pub(crate) fn origin(&self, call: Call) -> Origin {
+        Origin {
+            filter: self.name.clone(),
+            plugin: Some(self.plugin.clone()),
+            call,
+        }
+    }
+}
+
+/// The inner part of the chain that the current hook may call.
+pub(crate) enum Continuation {
+    None,
+    Chat(Next<Chat>),
+    Tool(Next<Tool>),
+    Turn(Next<Turn>),
+}
+
+/// What a call into the instance runs within: its invoke, the filter's
+/// position in it (which keys its FCtx), and the rest of the chain.
+pub(crate) struct Scope {
+    pub invoke: Arc<Invoke>,
+    pub id: usize,
+    /// The batch branch of a concurrent tool call, if it is one.
+    pub branch: Option<Arc<Branch>>,
+    pub next: Continuation,
+}
+
+impl Scope {
+    /// A scope for a call outside the chains (system prompt, tokens).
+    pub(crate) fn outside_chains(invoke: Arc<Invoke>, id: usize) -> Self {
+        Scope {
+            invoke,
+            id,
+            branch: None,
+            next: Continuation::None,
+        }
+    }
+}
+
+/// The data of a filter instance's store.
+pub struct HostState {
+    pub(crate) table: ResourceTable,
+    pub(crate) confinement: Confinement,
+    pub(crate) identity: Arc<Identity>,
+    pub(crate) limits: Limits,
+    pub(crate) scope: Option<Scope>,
+    /// The last failure `next` handed to the guest, so that a filter which
+    /// passes it on does not get the blame for it.
+    pub(crate) inner_error: Option<ChainError>,
+    /// The weight charged for each value in the table, by handle.
+    charges: HashMap<u32, usize>,
+    /// Their sum.
+    held: usize,
+    /// Calls through `next` in the current hook call.
+    next_calls: u32,
+    /// Log lines written in the current call.
+    log_lines: u32,
+    /// Shared-context keys the current call wrote, with the values they had
+    /// before, to undo if the call faults.
+    journal: Vec<(String, Option<serde_json::Value>)>,
+}
+
+impl Sandboxed for HostState {
+    fn confinement(&mut self) -> &mut Confinement {
+        &mut self.confinement
+    }
+}
+
+impl HostState {
+    pub(crate) fn new(identity: Arc<Identity>, limits: Limits, confinement: Confinement) -> Self {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(sandbox::HANDLES);
+        HostState {
+            table,
+            confinement,
+            identity,
+            limits,
+            scope: None,
+            inner_error: None,
+            charges: HashMap::new(),
+            held: 0,
+            next_calls: 0,
+            log_lines: 0,
+            journal: Vec::new(),
+        }
+    }
+
+    /// Starts a call within `scope` (none for configure and describe).
+    pub(crate) fn enter(&mut self, scope: Option<Scope>) {
+        self.scope = scope;
+        self.inner_error = None;
+        self.next_calls = 0;
+        self.log_lines = 0;
+        self.journal.clear();
+    }
+
+    /// Ends a call. A call that faulted loses its writes to the shared
+    /// context: each key it wrote gets back the value it had before.
+    pub(crate) fn leave(&mut self, faulted: bool) {
+        if faulted && let Some(scope) = &self.scope {
+            for (key, value) in self.journal.drain(..).rev() {
+                scope.invoke.restore_context(&key, value);
+            }
+        }
+        self.journal.clear();
+        self.scope = None;
+    }
+
+    /// Host memory this filter holds: its table, and in the current invoke
+    /// its FCtx and context writes.
+    fn holding(&self) -> usize {
+        self.held
+            + self
+                .scope
+                .as_ref()
+                .map_or(0, |scope| scope.invoke.held(scope.id))
+    }
+
+    /// Fails (a fault) if `more` bytes would take the filter past its cap.
+    fn afford(&self, more: usize) -> wasmtime::Result<()> {
+        if self.holding() + more > self.limits.host_bytes() {
+            return Err(wasmtime::Error::new(HostMemoryExceeded));
+        }
+        Ok(())
+    }
+
+    /// Puts a value the filter caused into its table, charged to it.
+    fn keep<T: Weigh + Send + 'static>(&mut self, value: T) -> wasmtime::Result<Resource<T>> {
+        let weight = value.weight();
+        self.afford(weight)?;
+        let handle = self.table.push(value)?;
+        self.charges.insert(handle.rep(), weight);
+        self.held += weight;
+        Ok(handle)
+    }
+
+    /// Takes a value out of the table, crediting its charge.
+    pub(crate) fn take<T: 'static>(&mut self, handle: Resource<T>) -> wasmtime::Result<T> {
+        let rep = handle.rep();
+        let value = self.table.delete(handle)?;
+        if let Some(weight) = self.charges.remove(&rep) {
+            self.held -= weight;
+        }
+        Ok(value)
+    }
+
+    /// Charges a value the filter changed in place at its new weight.
+    fn recharge<T: Weigh + 'static>(&mut self, handle: &Resource<T>) -> wasmtime::Result<()> {
+        let weight = self.table.get(handle)?.weight();
+        let old = self.charges.get(&handle.rep()).copied().unwrap_or(0);
+        if weight > old {
+            self.afford(weight - old)?;
+        }
+        self.charges.insert(handle.rep(), weight);
+        self.held = self.held + weight - old;
+        Ok(())
+    }
+
+    /// Attributes an error the guest returned: the inner failure it passed
+    /// on keeps its origin; anything else is this filter's own.
+    pub(crate) fn attribute(&self, error: wit::FilterError, call: Call) -> ChainError {
+        if let Some(inner) = &self.inner_error {
+            let seen = convert::filter_error(inner);
+            if seen.kind == error.kind && seen.message == error.message {
+                return inner.clone();
+            }
+        }
+        let message = sandbox::printable(&error.message, TEXT_CAP);
+        ChainError::new(error.kind.into(), message).at(self.identity.origin(call))
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.confinement.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The linker of filter instances: WASI 0.2 (with nothing granted unless
+/// the filter's grants say so) and the `shallot:filter` imports.
+pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    FilterWorld::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)?;
+    Ok(linker)
+}
+
+/// Parses JSON text that must be an object.
+fn json_object(
+    text: &str,
+    what: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(format!("{what} must be a JSON object")),
+        Err(e) => Err(format!("{what} is not JSON: {e}")),
+    }
+}
+
+/// Checks that `text` is JSON.
+fn json_text(text: &str, what: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(|_| ())
+        .map_err(|e| format!("{what} is not JSON: {e}"))
+}
+
+/// An error for a call that could not even start (e.g. a full table).
+pub(crate) fn internal(error: impl std::fmt::Display) -> ChainError {
+    ChainError::new(ErrorKind::Internal, error.to_string())
+}

@@ -1,0 +1,163 @@
+//! `next`: the inner layers, called from a hook, bounded per hook call.
+
+use std::time::Duration;
+
+use wasmtime::component::Resource;
+
+use super::HostState;
+use crate::error::{Call, ChainError, ErrorKind};
+use crate::onion::{Chat, Tool, Turn};
+use crate::plugin::bindings::shallot::filter::{next, types as wit};
+use crate::plugin::convert;
+use crate::plugin::instance::WasmChain;
+use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
+
+impl HostState {
+    fn inner_failed(&mut self, error: ChainError) -> wit::FilterError {
+        let seen = convert::filter_error(&error);
+        self.inner_error = Some(error);
+        seen
+    }
+
+    fn misuse(&self, what: &str) -> wit::FilterError {
+        wit::FilterError {
+            kind: wit::ErrorKind::InvalidRequest,
+            message: format!("next.{what} called outside an around-{what} hook"),
+        }
+    }
+
+    /// Runs the inner layers for a `next.*` call, with the request the
+    /// guest lent; `None` when the current hook is not of chain `K`.
+    async fn run_next<K: WasmChain>(
+        &mut self,
+        request: &Resource<K::Request>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Option<K::Output>> {
+        let Some(next) = self
+            .scope
+            .as_ref()
+            .and_then(|scope| K::resume(&scope.next))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        let request = self.table.get(request)?.clone();
+        self.next_calls += 1;
+        if self.next_calls > self.limits.next_calls {
+            let message = format!(
+                "called next more than {} times in one hook call",
+                self.limits.next_calls
+            );
+            let error = ChainError::new(ErrorKind::LimitExceeded, message)
+                .at(self.identity.origin(K::HOOK.into()));
+            return Ok(Some(K::fail(error)));
+        }
+        let meter = self.confinement.meter().clone();
+        meter.enter_next();
+        let output = match within {
+            Some(ms) => {
+                next.call_within(request, Duration::from_millis(ms.into()))
+                    .await
+            }
+            None => next.call(request).await,
+        };
+        meter.leave_next();
+        Ok(Some(output))
+    }
+
+    async fn chat_inner(
+        &mut self,
+        request: Resource<ChatRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        Ok(match self.run_next::<Chat>(&request, within).await? {
+            None => Err(self.misuse("chat")),
+            Some(Ok(response)) => Ok(self.keep(response)?),
+            Some(Err(error)) => Err(self.inner_failed(error)),
+        })
+    }
+
+    async fn tool_inner(
+        &mut self,
+        request: Resource<ToolRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        Ok(match self.run_next::<Tool>(&request, within).await? {
+            None => Err(self.misuse("tool")),
+            Some(Ok(response)) => Ok(self.keep(response)?),
+            Some(Err(error)) => Err(self.inner_failed(error)),
+        })
+    }
+
+    async fn turn_inner(
+        &mut self,
+        request: Resource<TurnRequest>,
+        within: Option<u32>,
+    ) -> wasmtime::Result<wit::TurnResult> {
+        Ok(match self.run_next::<Turn>(&request, within).await? {
+            None => wit::TurnResult::Error(self.misuse("turn")),
+            Some(TurnResult::Done(done)) => wit::TurnResult::Done(self.keep(done)?),
+            Some(TurnResult::Interrupt(interrupt)) => {
+                wit::TurnResult::Interrupt(self.keep(interrupt)?)
+            }
+            Some(TurnResult::Error(error)) => wit::TurnResult::Error(self.inner_failed(error)),
+        })
+    }
+
+    /// Moves a turn result the guest returned out of its table.
+    pub(crate) fn take_turn_result(
+        &mut self,
+        result: wit::TurnResult,
+        call: Call,
+    ) -> wasmtime::Result<TurnResult> {
+        Ok(match result {
+            wit::TurnResult::Done(done) => TurnResult::Done(self.take(done)?),
+            wit::TurnResult::Interrupt(interrupt) => TurnResult::Interrupt(self.take(interrupt)?),
+            wit::TurnResult::Error(error) => TurnResult::Error(self.attribute(error, call)),
+        })
+    }
+}
+
+impl next::Host for HostState {
+    async fn chat(
+        &mut self,
+        request: Resource<ChatRequest>,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        self.chat_inner(request, None).await
+    }
+
+    async fn tool(
+        &mut self,
+        request: Resource<ToolRequest>,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        self.tool_inner(request, None).await
+    }
+
+    async fn turn(&mut self, request: Resource<TurnRequest>) -> wasmtime::Result<wit::TurnResult> {
+        self.turn_inner(request, None).await
+    }
+
+    async fn chat_within(
+        &mut self,
+        request: Resource<ChatRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
+        self.chat_inner(request, Some(timeout_ms)).await
+    }
+
+    async fn tool_within(
+        &mut self,
+        request: Resource<ToolRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
+        self.tool_inner(request, Some(timeout_ms)).await
+    }
+
+    async fn turn_within(
+        &mut self,
+        request: Resource<TurnRequest>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<wit::TurnResult> {
+        self.turn_inner(request, Some(timeout_ms)).await
+    }
+}
