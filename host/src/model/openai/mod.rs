@@ -7,8 +7,13 @@
 //! before any byte of the answer arrived, honouring `Retry-After`; once a
 //! stream has started, a break is an error: tokens already delivered cannot
 //! be taken back, and the token chain does not flush what it held.
+//!
+//! `wire` is the protocol's JSON (requests, answers, chunks) in our terms;
+//! `assembly` puts a streamed answer together chunk by chunk.
 
-use std::collections::BTreeMap;
+mod assembly;
+mod wire;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,12 +22,12 @@ use futures::stream::{self, BoxStream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ChatModel, ModelEvent, ResponseLimits};
+use self::assembly::Assembly;
+use self::wire::{Chunk, Completion, answer, finish, wire_message};
+use super::{ChatModel, ModelEvent};
 use crate::context::Context;
 use crate::error::{ChainError, ErrorKind};
-use crate::types::{
-    ChatRequest, ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, Usage,
-};
+use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
 
 /// How to reach an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -219,233 +224,6 @@ fn transport_error(error: &reqwest::Error) -> ChainError {
     }
 }
 
-fn wire_message(m: &Message) -> Value {
-    let role = match m.role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let content = match &m.content {
-        None => Value::Null,
-        Some(Content::Text(text)) => json!(text),
-        Some(Content::Parts(parts)) => Value::Array(
-            parts
-                .iter()
-                .map(|part| match part {
-                    ContentPart::Text { text } => json!({ "type": "text", "text": text }),
-                    ContentPart::Image { url, detail } => {
-                        let mut image = json!({ "url": url });
-                        if let Some(detail) = detail {
-                            image["detail"] = json!(detail);
-                        }
-                        json!({ "type": "image_url", "image_url": image })
-                    }
-                })
-                .collect(),
-        ),
-    };
-    let mut wire = json!({ "role": role, "content": content });
-    if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
-            .collect();
-        wire["tool_calls"] = Value::Array(calls);
-    }
-    if let Some(id) = &m.tool_call_id {
-        wire["tool_call_id"] = json!(id);
-    }
-    wire
-}
-
-/// The finish reason a provider reported, in our terms.
-fn finish(reason: Option<&str>, calls: bool) -> FinishReason {
-    match reason {
-        Some("stop") => FinishReason::Complete,
-        Some("tool_calls" | "function_call") => FinishReason::ToolUse,
-        Some("length") => FinishReason::LengthLimit,
-        Some("content_filter") => FinishReason::ContentFiltered,
-        _ if calls => FinishReason::ToolUse,
-        _ => FinishReason::Unknown,
-    }
-}
-
-#[derive(Deserialize, Default)]
-struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: u32,
-    #[serde(default)]
-    completion_tokens: u32,
-    #[serde(default)]
-    total_tokens: u32,
-}
-
-impl From<WireUsage> for Usage {
-    fn from(u: WireUsage) -> Self {
-        Usage {
-            input_tokens: u.prompt_tokens,
-            output_tokens: u.completion_tokens,
-            total_tokens: u.total_tokens,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct Completion {
-    #[serde(default)]
-    model: String,
-    choices: Vec<Choice>,
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    message: WireAnswer,
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct WireAnswer {
-    content: Option<String>,
-    #[serde(default)]
-    tool_calls: Vec<WireCall>,
-}
-
-#[derive(Deserialize)]
-struct WireCall {
-    id: String,
-    function: WireFunction,
-}
-
-#[derive(Deserialize)]
-struct WireFunction {
-    name: String,
-    #[serde(default)]
-    arguments: String,
-}
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    model: String,
-    #[serde(default)]
-    choices: Vec<ChunkChoice>,
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-struct ChunkChoice {
-    #[serde(default)]
-    delta: Delta,
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Delta {
-    content: Option<String>,
-    #[serde(default)]
-    tool_calls: Vec<DeltaCall>,
-}
-
-#[derive(Deserialize)]
-struct DeltaCall {
-    #[serde(default)]
-    index: usize,
-    id: Option<String>,
-    function: Option<DeltaFunction>,
-}
-
-#[derive(Deserialize)]
-struct DeltaFunction {
-    name: Option<String>,
-    arguments: Option<String>,
-}
-
-fn answer(
-    text: Option<String>,
-    calls: Vec<ToolCall>,
-    reason: FinishReason,
-    usage: Usage,
-    model: String,
-) -> ChatResponse {
-    let content = text.filter(|t| !t.is_empty()).map(Content::Text);
-    let message = Message {
-        role: Role::Assistant,
-        content,
-        tool_calls: calls,
-        tool_call_id: None,
-    };
-    let mut response = ChatResponse::new(message, reason);
-    response.usage = usage;
-    response.model = model;
-    response
-}
-
-/// A streamed answer as it is put together, chunk by chunk.
-#[derive(Default)]
-struct Assembly {
-    text: String,
-    /// Bytes of text and tool calls so far, checked as chunks arrive.
-    bytes: usize,
-    calls: BTreeMap<usize, ToolCall>,
-    reason: Option<String>,
-    usage: Usage,
-    model: String,
-}
-
-impl Assembly {
-    /// Folds a chunk in and returns its text, if any; fails once the
-    /// answer goes past the default [`ResponseLimits`].
-    fn add(&mut self, chunk: Chunk) -> Result<Option<String>, ChainError> {
-        let limits = ResponseLimits::default();
-        if !chunk.model.is_empty() {
-            self.model = chunk.model;
-        }
-        if let Some(usage) = chunk.usage {
-            self.usage = usage.into();
-        }
-        let mut text = None;
-        for choice in chunk.choices {
-            if let Some(reason) = choice.finish_reason {
-                self.reason = Some(reason);
-            }
-            for piece in choice.delta.tool_calls {
-                let call = self.calls.entry(piece.index).or_insert_with(|| ToolCall {
-                    id: String::new(),
-                    name: String::new(),
-                    arguments: String::new(),
-                });
-                if let Some(id) = piece.id {
-                    call.id = id;
-                }
-                if let Some(function) = piece.function {
-                    let name = function.name.as_deref().unwrap_or("");
-                    let arguments = function.arguments.as_deref().unwrap_or("");
-                    self.bytes += name.len() + arguments.len();
-                    call.name.push_str(name);
-                    call.arguments.push_str(arguments);
-                }
-                limits.check(self.calls.len(), self.bytes)?;
-            }
-            if let Some(content) = choice.delta.content.filter(|c| !c.is_empty()) {
-                self.bytes += content.len();
-                limits.check(self.calls.len(), self.bytes)?;
-                self.text.push_str(&content);
-                text = Some(content);
-            }
-        }
-        Ok(text)
-    }
-
-    fn finish(self) -> ChatResponse {
-        let calls: Vec<ToolCall> = self.calls.into_values().collect();
-        let reason = finish(self.reason.as_deref(), !calls.is_empty());
-        answer(Some(self.text), calls, reason, self.usage, self.model)
-    }
-}
-
 #[async_trait]
 impl ChatModel for OpenAiModel {
     fn name(&self) -> &str {
@@ -519,7 +297,7 @@ impl ChatModel for OpenAiModel {
                         return Some((Err(error), (events, None)));
                     }
                     // Some servers close without `[DONE]` after the finish reason.
-                    None if building.reason.is_some() => {
+                    None if building.has_finished() => {
                         let done = assembly.take()?.finish();
                         return Some((Ok(ModelEvent::Done(done)), (events, None)));
                     }
@@ -558,46 +336,5 @@ impl ChatModel for OpenAiModel {
             }
         });
         Ok(stream.boxed())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finish_reasons_map_to_ours() {
-        assert_eq!(finish(Some("stop"), false), FinishReason::Complete);
-        assert_eq!(finish(Some("tool_calls"), true), FinishReason::ToolUse);
-        assert_eq!(finish(Some("length"), false), FinishReason::LengthLimit);
-        assert_eq!(
-            finish(Some("content_filter"), false),
-            FinishReason::ContentFiltered
-        );
-        assert_eq!(finish(None, true), FinishReason::ToolUse);
-        assert_eq!(finish(Some("weird"), false), FinishReason::Unknown);
-    }
-
-    #[test]
-    fn messages_go_out_in_the_wire_format() {
-        let call = ToolCall {
-            id: "c1".into(),
-            name: "add".into(),
-            arguments: r#"{"a":1}"#.into(),
-        };
-        let asked = Message {
-            role: Role::Assistant,
-            content: None,
-            tool_calls: vec![call],
-            tool_call_id: None,
-        };
-        assert_eq!(
-            wire_message(&asked),
-            json!({ "role": "assistant", "content": null, "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "add", "arguments": "{\"a\":1}" } }] })
-        );
-        assert_eq!(
-            wire_message(&Message::tool_result("c1", "2")),
-            json!({ "role": "tool", "content": "2", "tool_call_id": "c1" })
-        );
     }
 }

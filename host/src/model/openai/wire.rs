@@ -1,0 +1,214 @@
+//! The chat-completions wire format: how our messages go out, and how the
+//! server's answers and stream chunks come back, in our terms.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::types::{
+    ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, Usage,
+};
+
+pub(super) fn wire_message(m: &Message) -> Value {
+    let role = match m.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let content = match &m.content {
+        None => Value::Null,
+        Some(Content::Text(text)) => json!(text),
+        Some(Content::Parts(parts)) => Value::Array(
+            parts
+                .iter()
+                .map(|part| match part {
+                    ContentPart::Text { text } => json!({ "type": "text", "text": text }),
+                    ContentPart::Image { url, detail } => {
+                        let mut image = json!({ "url": url });
+                        if let Some(detail) = detail {
+                            image["detail"] = json!(detail);
+                        }
+                        json!({ "type": "image_url", "image_url": image })
+                    }
+                })
+                .collect(),
+        ),
+    };
+    let mut wire = json!({ "role": role, "content": content });
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
+            .collect();
+        wire["tool_calls"] = Value::Array(calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        wire["tool_call_id"] = json!(id);
+    }
+    wire
+}
+
+/// The finish reason a provider reported, in our terms.
+pub(super) fn finish(reason: Option<&str>, calls: bool) -> FinishReason {
+    match reason {
+        Some("stop") => FinishReason::Complete,
+        Some("tool_calls" | "function_call") => FinishReason::ToolUse,
+        Some("length") => FinishReason::LengthLimit,
+        Some("content_filter") => FinishReason::ContentFiltered,
+        _ if calls => FinishReason::ToolUse,
+        _ => FinishReason::Unknown,
+    }
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct WireUsage {
+    #[serde(default)]
+    pub(super) prompt_tokens: u32,
+    #[serde(default)]
+    pub(super) completion_tokens: u32,
+    #[serde(default)]
+    pub(super) total_tokens: u32,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(u: WireUsage) -> Self {
+        Usage {
+            input_tokens: u.prompt_tokens,
+            output_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct Completion {
+    #[serde(default)]
+    pub(super) model: String,
+    pub(super) choices: Vec<Choice>,
+    pub(super) usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Choice {
+    pub(super) message: WireAnswer,
+    pub(super) finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct WireAnswer {
+    pub(super) content: Option<String>,
+    #[serde(default)]
+    pub(super) tool_calls: Vec<WireCall>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct WireCall {
+    pub(super) id: String,
+    pub(super) function: WireFunction,
+}
+
+#[derive(Deserialize)]
+pub(super) struct WireFunction {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) arguments: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Chunk {
+    #[serde(default)]
+    pub(super) model: String,
+    #[serde(default)]
+    pub(super) choices: Vec<ChunkChoice>,
+    pub(super) usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct ChunkChoice {
+    #[serde(default)]
+    pub(super) delta: Delta,
+    pub(super) finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct Delta {
+    pub(super) content: Option<String>,
+    #[serde(default)]
+    pub(super) tool_calls: Vec<DeltaCall>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct DeltaCall {
+    #[serde(default)]
+    pub(super) index: usize,
+    pub(super) id: Option<String>,
+    pub(super) function: Option<DeltaFunction>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct DeltaFunction {
+    pub(super) name: Option<String>,
+    pub(super) arguments: Option<String>,
+}
+
+pub(super) fn answer(
+    text: Option<String>,
+    calls: Vec<ToolCall>,
+    reason: FinishReason,
+    usage: Usage,
+    model: String,
+) -> ChatResponse {
+    let content = text.filter(|t| !t.is_empty()).map(Content::Text);
+    let message = Message {
+        role: Role::Assistant,
+        content,
+        tool_calls: calls,
+        tool_call_id: None,
+    };
+    let mut response = ChatResponse::new(message, reason);
+    response.usage = usage;
+    response.model = model;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_reasons_map_to_ours() {
+        assert_eq!(finish(Some("stop"), false), FinishReason::Complete);
+        assert_eq!(finish(Some("tool_calls"), true), FinishReason::ToolUse);
+        assert_eq!(finish(Some("length"), false), FinishReason::LengthLimit);
+        assert_eq!(
+            finish(Some("content_filter"), false),
+            FinishReason::ContentFiltered
+        );
+        assert_eq!(finish(None, true), FinishReason::ToolUse);
+        assert_eq!(finish(Some("weird"), false), FinishReason::Unknown);
+    }
+
+    #[test]
+    fn messages_go_out_in_the_wire_format() {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "add".into(),
+            arguments: r#"{"a":1}"#.into(),
+        };
+        let asked = Message {
+            role: Role::Assistant,
+            content: None,
+            tool_calls: vec![call],
+            tool_call_id: None,
+        };
+        assert_eq!(
+            wire_message(&asked),
+            json!({ "role": "assistant", "content": null, "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "add", "arguments": "{\"a\":1}" } }] })
+        );
+        assert_eq!(
+            wire_message(&Message::tool_result("c1", "2")),
+            json!({ "role": "tool", "content": "2", "tool_call_id": "c1" })
+        );
+    }
+}
