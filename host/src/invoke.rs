@@ -21,7 +21,7 @@ use crate::context::Context;
 use crate::error::ChainError;
 use crate::kernel::Core;
 use crate::onion::{Fctx, Next};
-use crate::stream::TokenSink;
+use crate::token_transform::TokenSink;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, Weigh};
 
 /// What a caller gives an invoke besides its request. A [`Context`]

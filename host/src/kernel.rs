@@ -21,7 +21,7 @@ use crate::onion::{
     Chain, ChainKind, Chat, Fctx, Filter, Hook, Layer, LayerFilter, Next, Terminal, Tool, Turn,
 };
 use crate::plugin::{PluginSet, WasmFilter};
-use crate::stream::{TokenSink, TokenStream};
+use crate::token_transform::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChatRequest, ChatResponse, Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec,

@@ -23,7 +23,8 @@
 //! The crate is organised along the data flow: `plugin` loads filters,
 //! `kernel` composes them (`onion`) over terminals (`model`, `tool`), and
 //! each call is an `invoke` with its own context; `sandbox` and `engine` are
-//! the wasmtime core everything else builds on; `stream` is the token chain.
+//! the wasmtime core everything else builds on; `token_transform` is the
+//! token chain.
 
 #![warn(missing_docs)]
 
@@ -40,7 +41,7 @@ pub mod model;
 pub mod onion;
 pub mod plugin;
 pub mod sandbox;
-pub mod stream;
+pub mod token_transform;
 pub mod tool;
 pub mod types;
 
@@ -54,5 +55,5 @@ pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel,
 pub use onion::{ChainKind, Chat, Fctx, Filter, Hook, Next, Terminal, Tool, Turn};
 pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFilter};
 pub use sandbox::{Grants, Limits};
-pub use stream::{TokenSink, TokenStream, TokenTransform};
+pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 pub use tool::ToolRegistry;

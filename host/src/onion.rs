@@ -24,7 +24,7 @@ use crate::context::Context;
 use crate::error::{Call, ChainError, ErrorKind};
 use crate::invoke::{Branch, Invoke};
 use crate::plugin::WasmFilter;
-use crate::stream::TokenTransform;
+use crate::token_transform::TokenTransform;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
 
 /// A filter hook: what a filter may implement.

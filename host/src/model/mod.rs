@@ -21,7 +21,7 @@ use crate::context::Context;
 use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::onion::{Chat, Terminal};
-use crate::stream::TokenStream;
+use crate::token_transform::TokenStream;
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
 
 /// Bounds on one model answer, so a broken or hostile model server cannot

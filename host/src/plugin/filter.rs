@@ -316,10 +316,10 @@ impl WasmFilter {
         self: &Arc<Self>,
         id: usize,
         invoke: &Arc<Invoke>,
-    ) -> Result<WasmTransformer, ChainError> {
+    ) -> Result<WasmTokenTransform, ChainError> {
         let mut leased = Leased::take(invoke, id, self).await?;
         let resource = leased.instance().transformer(invoke.clone(), id).await?;
-        Ok(WasmTransformer {
+        Ok(WasmTokenTransform {
             filter: self.clone(),
             id,
             leased,
@@ -350,14 +350,14 @@ impl Drop for WasmFilter {
 }
 
 /// A wasm filter's token transformer for one stream, holding its instance.
-pub(crate) struct WasmTransformer {
+pub(crate) struct WasmTokenTransform {
     filter: Arc<WasmFilter>,
     id: usize,
     leased: Leased,
     resource: ResourceAny,
 }
 
-impl WasmTransformer {
+impl WasmTokenTransform {
     /// A token step, or with `None` the flush. A transform has no inner
     /// layers, so `timeout_ms` does not apply; its own budgets do.
     async fn call(&mut self, tokens: Option<TokenBatch>) -> Result<TokenBatch, ChainError> {

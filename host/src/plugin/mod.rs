@@ -17,7 +17,7 @@ mod loader;
 mod set;
 
 pub use config::{read_config, read_dir, read_model};
-pub(crate) use filter::WasmTransformer;
+pub(crate) use filter::WasmTokenTransform;
 pub use filter::{Isolation, WasmFilter};
 pub(crate) use instance::FilterInstance;
 pub use loader::{

@@ -14,13 +14,18 @@
 //! The chain changes delivery only: the response the chain returns (and
 //! that memory and the tool loop use) is the model's original. With no
 //! transforms the sink gets the tokens directly.
+//!
+//! One word for the concept: a *token transform* (the `token-transform`
+//! hook). The WIT contract also calls its interface `token-filter` and the
+//! per-stream resource `token-transformer`; those names stay as they are,
+//! since components are built against them.
 
 use std::sync::Arc;
 
 use crate::error::ChainError;
 use crate::invoke::Invoke;
 use crate::onion::LayerFilter;
-use crate::plugin::WasmTransformer;
+use crate::plugin::WasmTokenTransform;
 use crate::types::{Token, TokenBatch};
 
 /// Where a streaming caller receives tokens.
@@ -53,7 +58,7 @@ pub trait TokenTransform: Send {
 
 enum Transformer {
     Native(Box<dyn TokenTransform>),
-    Wasm(Box<WasmTransformer>),
+    Wasm(Box<WasmTokenTransform>),
 }
 
 impl Transformer {
