@@ -1,0 +1,194 @@
+//! One run of the tool loop: the messages so far, the calls made, the model
+//! rounds, and how a run ends (done, paused, stopped at a limit).
+
+use std::sync::Arc;
+
+use super::{Paused, conversation};
+use crate::agent::History;
+use crate::error::{ChainError, ErrorKind, Origin};
+use crate::invoke::Invoke;
+use crate::tool::ToolRegistry;
+use crate::types::{
+    ChatResponse, FinishReason, Message, ToolCall, ToolCallRecord, TurnDone, TurnInterrupt,
+    TurnRequest, TurnResult,
+};
+
+/// One run of the loop: the messages so far and what was done.
+pub(super) struct Run<'a> {
+    pub(super) history: &'a dyn History,
+    pub(super) conversation: Option<String>,
+    pub(super) messages: Vec<Message>,
+    pub(super) calls: Vec<ToolCallRecord>,
+    pub(super) rounds: u32,
+    pub(super) last: Option<ChatResponse>,
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn start(history: &'a dyn History, invoke: &Invoke, request: &TurnRequest) -> Self {
+        let conversation = conversation(invoke);
+        let stored = conversation
+            .as_deref()
+            .map(|c| history.load(c))
+            .unwrap_or_default();
+        let mut messages = if request.load_history {
+            stored.clone()
+        } else {
+            Vec::new()
+        };
+        messages.extend(request.messages.iter().cloned());
+        let run = Run {
+            history,
+            conversation,
+            messages,
+            calls: Vec::new(),
+            rounds: 0,
+            last: None,
+        };
+        // A re-entry sends the history it already has: store only what
+        // follows it, so nothing is stored twice.
+        let fresh = match request.messages.starts_with(&stored) {
+            true => &request.messages[stored.len()..],
+            false => &request.messages[..],
+        };
+        run.store(fresh);
+        run
+    }
+
+    /// Picks up a paused turn where it stopped.
+    pub(super) fn resume(history: &'a dyn History, invoke: &Invoke, paused: &Paused) -> Self {
+        Run {
+            history,
+            conversation: conversation(invoke),
+            messages: paused.messages.clone(),
+            calls: paused.calls.clone(),
+            rounds: paused.rounds,
+            last: Some(paused.last.clone()),
+        }
+    }
+
+    pub(super) fn store(&self, messages: &[Message]) {
+        if let Some(conversation) = self.conversation.as_deref()
+            && !messages.is_empty()
+        {
+            self.history.append(conversation, messages);
+        }
+    }
+
+    pub(super) fn push(&mut self, message: Message) {
+        self.store(std::slice::from_ref(&message));
+        self.messages.push(message);
+    }
+
+    pub(super) fn summary(&self, response: ChatResponse) -> TurnDone {
+        TurnDone {
+            response,
+            tool_calls: self.calls.clone(),
+            iterations: self.rounds,
+            messages: Arc::new(self.messages.clone()),
+        }
+    }
+
+    /// Records a batch's outcomes: the tool messages and call records.
+    pub(super) fn record(
+        &mut self,
+        calls: Vec<ToolCall>,
+        outcomes: Vec<Result<String, ChainError>>,
+    ) {
+        for (call, outcome) in calls.into_iter().zip(outcomes) {
+            let (content, output, error) = match outcome {
+                Ok(output) => (model_text(&output), Some(output), None),
+                Err(error) => (error_text(&error), None, Some(error)),
+            };
+            self.push(Message::tool_result(call.id.clone(), content));
+            self.calls.push(ToolCallRecord {
+                call,
+                output,
+                error,
+            });
+        }
+    }
+
+    /// Records a batch and, when every call was to a `return_direct` tool
+    /// and none failed, ends the turn with their outputs as the answer.
+    pub(super) fn settle(
+        &mut self,
+        tools: &ToolRegistry,
+        calls: Vec<ToolCall>,
+        outcomes: Vec<Result<String, ChainError>>,
+    ) -> Option<TurnResult> {
+        let direct = !calls.is_empty()
+            && outcomes.iter().all(Result::is_ok)
+            && calls
+                .iter()
+                .all(|c| tools.spec(&c.name).is_some_and(|t| t.return_direct));
+        let answers: Vec<String> = outcomes
+            .iter()
+            .flatten()
+            .map(|output| model_text(output))
+            .collect();
+        self.record(calls, outcomes);
+        if !direct {
+            return None;
+        }
+        let mut answer = ChatResponse::new(
+            Message::assistant(answers.join("\n")),
+            FinishReason::Complete,
+        );
+        answer.metadata.insert("return_direct".into(), true.into());
+        self.push(answer.message.clone());
+        Some(TurnResult::Done(self.summary(answer)))
+    }
+
+    /// Pauses the turn: `held` wait for a decision.
+    pub(super) fn pause(self, held: Vec<ToolCall>) -> TurnResult {
+        let reason = format!("tool '{}' needs approval", held[0].name);
+        let pending = Some(held[0].clone());
+        let last = self
+            .last
+            .clone()
+            .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
+        let paused = Paused {
+            messages: self.messages,
+            calls: self.calls,
+            rounds: self.rounds,
+            pending: held,
+            last,
+        };
+        TurnResult::Interrupt(TurnInterrupt {
+            reason,
+            pending,
+            paused: Some(Arc::new(paused)),
+        })
+    }
+
+    pub(super) fn done(self, response: ChatResponse) -> TurnResult {
+        TurnResult::Done(self.summary(response))
+    }
+
+    /// Stops at a limit, keeping what ran.
+    pub(super) fn stop(self, message: String) -> TurnResult {
+        let last = self
+            .last
+            .clone()
+            .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
+        let mut error =
+            ChainError::new(ErrorKind::LimitExceeded, message).at(Origin::terminal("tool-loop"));
+        error.ran = Some(Arc::new(self.summary(last)));
+        TurnResult::Error(error)
+    }
+}
+
+/// What a tool result looks like to the model: a JSON string as its text,
+/// any other JSON as JSON.
+fn model_text(output: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(output) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => output.to_owned(),
+    }
+}
+
+/// A failed call as the model sees it: a JSON error object.
+fn error_text(error: &ChainError) -> String {
+    serde_json::json!({ "error": { "type": error.kind.as_str(), "message": error.message } })
+        .to_string()
+}
