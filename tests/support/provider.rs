@@ -1,0 +1,134 @@
+//! A fake model provider on loopback, speaking chat-completions over
+//! HTTP/1.1, JSON and SSE.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// What the fake provider answers one request with.
+#[derive(Clone, Debug)]
+pub enum Canned {
+    /// A JSON body with this status and extra headers.
+    Json(u16, Value, Vec<(&'static str, String)>),
+    /// A server-sent-event stream of these `data:` payloads, then `[DONE]`
+    /// if `done`, then the connection closes.
+    Sse(Vec<Value>, bool),
+    /// Starts a stream with these `data:` payloads, then falls silent.
+    Stall(Vec<Value>),
+    /// Never answers.
+    Hang,
+    /// Closes the connection without answering.
+    Close,
+}
+
+/// A local server that speaks enough HTTP/1.1 and chat-completions to play
+/// a model provider: each request gets the next canned answer (the last
+/// repeats), and every request body is recorded.
+pub struct FakeProvider {
+    /// The API base to point a client at.
+    pub url: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+impl FakeProvider {
+    /// Starts serving on a loopback port.
+    pub async fn start(script: Vec<Canned>) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let recorded = bodies.clone();
+        tokio::spawn(async move {
+            let mut served = 0usize;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let canned = script
+                    .get(served)
+                    .or(script.last())
+                    .cloned()
+                    .expect("a script");
+                served += 1;
+                let recorded = recorded.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let body_start = loop {
+                        let n = socket.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buf[..n]);
+                        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&request[..body_start]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while request.len() < body_start + length {
+                        let n = socket.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buf[..n]);
+                    }
+                    let body = serde_json::from_slice(&request[body_start..body_start + length])
+                        .unwrap_or(Value::Null);
+                    recorded.lock().unwrap().push(body);
+                    match canned {
+                        Canned::Json(status, body, headers) => {
+                            let body = body.to_string();
+                            let extra: String = headers
+                                .iter()
+                                .map(|(k, v)| format!("{k}: {v}\r\n"))
+                                .collect();
+                            let response = format!(
+                                "HTTP/1.1 {status} Canned\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+                                body.len()
+                            );
+                            let _ = socket.write_all(response.as_bytes()).await;
+                        }
+                        Canned::Sse(chunks, done) => {
+                            send_events(&mut socket, chunks).await;
+                            if done {
+                                let _ = socket.write_all(b"data: [DONE]\n\n").await;
+                            }
+                        }
+                        Canned::Stall(chunks) => {
+                            send_events(&mut socket, chunks).await;
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                        }
+                        Canned::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,
+                        Canned::Close => {}
+                    }
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        FakeProvider { url, bodies }
+    }
+
+    /// The request bodies received, in order.
+    pub fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+/// Answers with an event-stream head and `chunks` as `data:` events.
+async fn send_events(socket: &mut tokio::net::TcpStream, chunks: Vec<Value>) {
+    use tokio::io::AsyncWriteExt;
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let _ = socket.write_all(head.as_bytes()).await;
+    for chunk in chunks {
+        let _ = socket
+            .write_all(format!("data: {chunk}\n\n").as_bytes())
+            .await;
+        let _ = socket.flush().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
