@@ -1,6 +1,8 @@
 //! The tool loop as the turn chain's terminal (PEER-CASES O and H): rounds,
 //! concurrent batches, limits, return_direct, tool errors, history and
 //! validation re-entry, FCtx folding at the batch barrier, streaming turns.
+//! Human approval of sensitive tools is in `approval`, system prompts in
+//! `system_prompt`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,27 +11,26 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, Message, Role, ToolSpec, TurnDone, TurnRequest, TurnResult};
 use shallot::{
-    ChainError, Context, Decision, ErrorKind, InvokeOptions, Kernel, KernelBuilder, LoopConfig,
-    MemoryHistory, ToolLoop,
+    ChainError, Context, ErrorKind, Kernel, KernelBuilder, LoopConfig, MemoryHistory, ToolLoop,
 };
 use shallot_tests::{Collector, Reply, ScriptedModel, load, spec};
 
-fn go(text: &str) -> TurnRequest {
+pub(crate) fn go(text: &str) -> TurnRequest {
     TurnRequest::new(vec![Message::user(text)])
 }
 
-fn texts(messages: &[Message]) -> Vec<String> {
+pub(crate) fn texts(messages: &[Message]) -> Vec<String> {
     messages.iter().map(Message::text).collect()
 }
 
-fn done(result: TurnResult) -> TurnDone {
+pub(crate) fn done(result: TurnResult) -> TurnDone {
     match result {
         TurnResult::Done(done) => done,
         other => panic!("expected a done turn, got {other:?}"),
     }
 }
 
-fn add_tool(builder: KernelBuilder) -> KernelBuilder {
+pub(crate) fn add_tool(builder: KernelBuilder) -> KernelBuilder {
     let spec = ToolSpec::new("add", "adds a and b", json!({"type": "object"}));
     builder.tool(spec, |args: Value, _| async move {
         Ok(json!(
@@ -356,7 +357,7 @@ async fn history_is_loaded_for_the_same_conversation_and_can_be_skipped() {
     );
 }
 
-fn reviser(retries: u32) -> (std::path::PathBuf, shallot::FilterSpec) {
+pub(crate) fn reviser(retries: u32) -> (std::path::PathBuf, shallot::FilterSpec) {
     let revise = json!({ "accept": "good", "feedback": "be better", "retries": retries });
     spec(
         "probe",
@@ -484,79 +485,6 @@ async fn o23_a_streamed_turn_streams_every_round_and_keeps_the_original_answer()
 }
 
 #[tokio::test]
-async fn system_prompts_are_the_innermost_layer_and_never_stored() {
-    let plugins = load(vec![spec(
-        "probe",
-        "rag",
-        json!({ "system": "CONTEXT", "hooks": ["chat"] }),
-    )])
-    .await;
-    let model = ScriptedModel::replies(vec![
-        Reply::call("add", json!({"a": 1, "b": 1})),
-        Reply::Text("2".into()),
-    ]);
-    let kernel = add_tool(Kernel::builder().plugins(&plugins))
-        .model(model.clone())
-        .build()
-        .unwrap();
-    let options = InvokeOptions::from(Context::new().with("conversation_id", "sys"))
-        .system_prompt("You are terse.");
-    let done = done(kernel.turn(go("1+1"), options).await);
-    for request in model.requests() {
-        assert_eq!(
-            texts(&request.messages)[..2],
-            ["You are terse.", "CONTEXT"],
-            "every round, after the filters"
-        );
-    }
-    assert!(
-        done.messages.iter().all(|m| m.role != Role::System),
-        "the run's messages have no system prompt"
-    );
-}
-
-#[tokio::test]
-async fn system_prompt_hooks_shape_the_prompt_in_filter_order() {
-    let plugins = load(vec![
-        spec(
-            "probe",
-            "first",
-            json!({ "append_system": "Be brief.", "hooks": ["system-prompt"] }),
-        ),
-        spec(
-            "probe",
-            "second",
-            json!({ "append_system": "Cite sources.", "hooks": ["system-prompt"] }),
-        ),
-    ])
-    .await;
-    let model = ScriptedModel::answer("ok");
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(model.clone())
-        .build()
-        .unwrap();
-    let options = InvokeOptions::from(Context::new()).system_prompt("You are X.");
-    kernel
-        .chat(shallot_tests::ask("hi"), options)
-        .await
-        .unwrap();
-    assert_eq!(
-        model.requests()[0].messages[0].text(),
-        "You are X.\nBe brief.\nCite sources."
-    );
-    kernel
-        .chat(shallot_tests::ask("hi"), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        model.requests()[1].messages[0].text(),
-        "Be brief.\nCite sources.",
-        "filters may add a prompt of their own"
-    );
-}
-
-#[tokio::test]
 async fn the_model_gets_the_tool_schema_errors_back() {
     let model = ScriptedModel::replies(vec![
         Reply::call("calculator", json!({"expr": "1+1"})),
@@ -576,150 +504,4 @@ async fn the_model_gets_the_tool_schema_errors_back() {
         sent.contains("expression"),
         "the model is told what is missing: {sent}"
     );
-}
-
-/// A kernel that pauses before the sensitive `delete` tool; `delete` and
-/// `list` count their runs.
-fn approval_kernel(
-    plugins: &shallot::PluginSet,
-    model: ScriptedModel,
-) -> (Kernel, Arc<AtomicUsize>) {
-    let deleted = Arc::new(AtomicUsize::new(0));
-    let counter = deleted.clone();
-    let config = LoopConfig {
-        pause_sensitive: true,
-        ..LoopConfig::default()
-    };
-    let kernel = Kernel::builder()
-        .plugins(plugins)
-        .model(model)
-        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
-        .tool(
-            ToolSpec::new("delete", "deletes files", json!({})).sensitive(),
-            move |_, _| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    Ok(json!("deleted"))
-                }
-            },
-        )
-        .tool(
-            ToolSpec::new("list", "lists files", json!({})),
-            |_, _| async { Ok(json!(["a", "b"])) },
-        )
-        .build()
-        .unwrap();
-    (kernel, deleted)
-}
-
-fn delete_and_list() -> Vec<Reply> {
-    let calls = vec![
-        ("delete".into(), json!({"path": "/tmp/x"})),
-        ("list".into(), json!({})),
-    ];
-    vec![
-        Reply::Calls(calls),
-        Reply::Text("Done! Files deleted.".into()),
-    ]
-}
-
-#[tokio::test]
-async fn a_sensitive_tool_pauses_the_turn_and_an_approval_resumes_it() {
-    let plugins = load(vec![spec(
-        "probe",
-        "probe",
-        json!({ "record_resume": true, "hooks": ["turn"] }),
-    )])
-    .await;
-    let model = ScriptedModel::replies(delete_and_list());
-    let (kernel, deleted) = approval_kernel(&plugins, model.clone());
-    let context = Context::new().with("conversation_id", "hitl");
-    let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), context.clone()).await
-    else {
-        panic!("expected an interrupt")
-    };
-    assert_eq!(
-        interrupt.pending.as_ref().map(|c| c.name.as_str()),
-        Some("delete")
-    );
-    assert_eq!(deleted.load(Ordering::SeqCst), 0, "nothing sensitive ran");
-    let done = done(
-        kernel
-            .resume(interrupt, Decision::Approve, context.clone())
-            .await,
-    );
-    assert_eq!(done.response.text(), "Done! Files deleted.");
-    assert_eq!(deleted.load(Ordering::SeqCst), 1);
-    let names: Vec<&str> = done
-        .tool_calls
-        .iter()
-        .map(|r| r.call.name.as_str())
-        .collect();
-    assert_eq!(
-        names,
-        ["list", "delete"],
-        "the safe call ran before the pause"
-    );
-    assert_eq!(model.calls(), 2);
-    assert_eq!(
-        context.get("resume"),
-        Some(json!([false, true])),
-        "turn filters see the resume flag"
-    );
-}
-
-#[tokio::test]
-async fn a_denial_reaches_the_model_as_the_tool_result() {
-    let model = ScriptedModel::replies(delete_and_list());
-    let (kernel, deleted) = approval_kernel(&shallot::PluginSet::default(), model.clone());
-    let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
-        panic!("expected an interrupt")
-    };
-    done(
-        kernel
-            .resume(
-                interrupt,
-                Decision::Deny("not today".into()),
-                Context::new(),
-            )
-            .await,
-    );
-    assert_eq!(deleted.load(Ordering::SeqCst), 0);
-    let results: Vec<String> = model.requests()[1]
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool)
-        .map(Message::text)
-        .collect();
-    assert!(
-        results
-            .iter()
-            .any(|r| r.contains("the call was denied: not today")),
-        "{results:?}"
-    );
-}
-
-#[tokio::test]
-async fn h5_a_turn_filter_may_reenter_after_the_resumed_turn() {
-    let plugins = load(vec![reviser(1)]).await;
-    let mut replies = delete_and_list();
-    replies[1] = Reply::Text("answer-1".into());
-    replies.push(Reply::Text("good".into()));
-    let model = ScriptedModel::replies(replies);
-    let (kernel, _) = approval_kernel(&plugins, model.clone());
-    let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
-        panic!("the filter passes the interrupt through")
-    };
-    let done = done(
-        kernel
-            .resume(interrupt, Decision::Approve, Context::new())
-            .await,
-    );
-    assert_eq!(
-        done.response.text(),
-        "good",
-        "the re-entry ran a fresh loop, not the paused turn again"
-    );
-    assert_eq!(model.calls(), 3);
 }

@@ -5,6 +5,7 @@
 //! Build the guests first: `cargo build-guests`.
 
 mod agent;
+mod approval;
 mod builtins;
 mod chain;
 mod concurrency;
@@ -17,6 +18,7 @@ mod polyglot;
 mod provider;
 mod sandbox;
 mod soak;
+mod system_prompt;
 mod tokens;
 mod tools;
 mod turn;
