@@ -281,3 +281,44 @@ async fn a_filter_changes_the_request_the_model_sees() {
     assert_eq!(seen[0].text(), "CONTEXT");
     assert_eq!(seen[1].text(), "go");
 }
+
+/// A native filter that implements around-tool and lists no hooks.
+struct Unlisted;
+
+#[async_trait::async_trait]
+impl shallot::Filter for Unlisted {
+    fn name(&self) -> &str {
+        "unlisted"
+    }
+
+    async fn around_tool(
+        &self,
+        request: shallot::types::ToolRequest,
+        next: shallot::Next<shallot::Tool>,
+    ) -> Result<shallot::types::ToolResponse, ChainError> {
+        next.context().set("unlisted", true);
+        next.call(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_native_filter_that_lists_no_hooks_still_runs_what_it_implements() {
+    let kernel = Kernel::builder()
+        .filter(Unlisted)
+        .tool(ToolSpec::new("echo", "", json!({})), |args, _| async move {
+            Ok(args)
+        })
+        .build()
+        .unwrap();
+    let context = Context::new();
+    kernel
+        .tool("echo", json!({ "x": 1 }), context.clone())
+        .await
+        .unwrap();
+    assert_eq!(context.get("unlisted"), Some(json!(true)));
+    assert_eq!(
+        kernel.chat(ask("hi"), Context::new()).await.unwrap().text(),
+        "You said: hi",
+        "the hooks it does not implement pass through"
+    );
+}
