@@ -64,6 +64,17 @@ fn assert_contained(error: &ChainError, kind: ErrorKind, call: &str, says: &str)
     assert!(error.message.contains(says), "{error}");
 }
 
+/// Default limits with time enough for a flood to reach the cap under test
+/// (the debug host copies megabytes slowly, and tests run side by side):
+/// the cap a test is about must trip, not the clock.
+fn generous() -> Limits {
+    Limits {
+        cpu_ms: 10_000,
+        wall_ms: 20_000,
+        ..Limits::default()
+    }
+}
+
 async fn innocent_chat_works(kernel: &Kernel) {
     let response = kernel.chat(ask("hello"), Context::new()).await.unwrap();
     assert!(!response.text().is_empty());
@@ -94,7 +105,7 @@ async fn host_memory_is_capped(action: &str, next_calls: u32, model: ScriptedMod
     let limits = Limits {
         host_mib: 16,
         next_calls,
-        ..Limits::default()
+        ..generous()
     };
     let plugins = load(vec![hostile("chat", action, limits)]).await;
     let kernel = kernel(&plugins, model);
@@ -125,12 +136,7 @@ async fn responses_next_hands_back_are_charged_to_the_filter_that_keeps_them() {
 
 #[tokio::test]
 async fn the_handles_a_filter_holds_are_capped() {
-    // Time enough to make 65536 handles with the debug host.
-    let limits = Limits {
-        cpu_ms: 10_000,
-        wall_ms: 20_000,
-        ..Limits::default()
-    };
+    let limits = generous();
     let plugins = load(vec![hostile("chat", "hoard-handles", limits)]).await;
     let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
     let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
@@ -147,7 +153,7 @@ async fn the_handles_a_filter_holds_are_capped() {
 async fn the_shared_context_is_bounded_and_a_faulted_calls_writes_are_undone() {
     let limits = Limits {
         host_mib: 8,
-        ..Limits::default()
+        ..generous()
     };
     let plugins = load(vec![hostile("chat", "flood-context", limits)]).await;
     let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
