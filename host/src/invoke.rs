@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use serde_json::Value;
 
 use crate::admission::{Admission, Lease};
-use crate::agent::{Decision, Paused};
 use crate::context::Context;
 use crate::error::ChainError;
 use crate::kernel::Core;
 use crate::onion::{Fctx, Next};
 use crate::token_transform::TokenSink;
-use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, Weigh};
+use crate::types::{
+    ChatRequest, ChatResponse, Decision, Resumable, ToolRequest, ToolResponse, Weigh,
+};
 
 /// What a caller gives an invoke besides its request. A [`Context`]
 /// converts into one.
@@ -65,7 +66,7 @@ pub struct Invoke {
     sink: Option<Arc<dyn TokenSink>>,
     system_prompt: OnceLock<String>,
     /// A paused turn this invoke resumes, with the caller's decision.
-    resumed: Mutex<Option<(Arc<Paused>, Decision)>>,
+    resumed: Mutex<Option<(Resumable, Decision)>>,
 }
 
 /// Host memory each filter holds for the length of the invoke.
@@ -255,14 +256,14 @@ impl Invoke {
     }
 
     /// Takes the paused turn this invoke resumes, once.
-    pub(crate) fn take_resumed(&self) -> Option<(Arc<Paused>, Decision)> {
+    pub(crate) fn take_resumed(&self) -> Option<(Resumable, Decision)> {
         self.resumed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
     }
 
-    pub(crate) fn set_resumed(&self, paused: Arc<Paused>, decision: Decision) {
+    pub(crate) fn set_resumed(&self, paused: Resumable, decision: Decision) {
         *self.resumed.lock().unwrap_or_else(PoisonError::into_inner) = Some((paused, decision));
     }
 

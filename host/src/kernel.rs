@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::admission::{self, CallKind};
-use crate::agent::{Decision, ToolLoop};
+use crate::agent::ToolLoop;
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{ChainError, ErrorKind};
@@ -24,7 +24,7 @@ use crate::plugin::{PluginSet, WasmFilter};
 use crate::token_transform::{TokenSink, TokenStream};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatRequest, ChatResponse, Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec,
+    ChatRequest, ChatResponse, Decision, Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec,
     TurnInterrupt, TurnRequest, TurnResult,
 };
 

@@ -45,7 +45,7 @@ pub mod token_transform;
 pub mod tool;
 pub mod types;
 
-pub use agent::{Decision, History, LoopConfig, MemoryHistory, ToolLoop};
+pub use agent::{History, LoopConfig, MemoryHistory, ToolLoop};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError};
 pub use error::{Call, ChainError, ErrorKind, Origin};
@@ -57,3 +57,4 @@ pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFil
 pub use sandbox::{Grants, Limits};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 pub use tool::ToolRegistry;
+pub use types::Decision;

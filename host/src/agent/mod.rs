@@ -52,5 +52,4 @@ mod history;
 mod tool_loop;
 
 pub use history::{History, MemoryHistory};
-pub(crate) use tool_loop::Paused;
-pub use tool_loop::{CONVERSATION_ID, Decision, LoopConfig, ToolLoop};
+pub use tool_loop::{CONVERSATION_ID, LoopConfig, ToolLoop};

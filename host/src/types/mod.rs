@@ -18,7 +18,8 @@ pub use chat::{ChatRequest, ChatResponse, FinishReason, Usage};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};
-pub use turn::{ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
+pub(crate) use turn::Resumable;
+pub use turn::{Decision, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
 pub(crate) use weight::Weigh;
 
 /// A JSON object, for options and metadata.

@@ -1,3 +1,4 @@
+use std::any::Any;
 use std::sync::Arc;
 
 use super::{ChatResponse, Message, ToolCall};
@@ -58,8 +59,34 @@ pub struct TurnInterrupt {
     pub reason: String,
     /// The tool call waiting for a decision, if any.
     pub pending: Option<ToolCall>,
-    /// Where the tool loop stopped, for `resume`; opaque.
-    pub(crate) paused: Option<Arc<crate::agent::Paused>>,
+    /// Where the terminal stopped, for `resume`; opaque here (the tool
+    /// loop knows what it holds).
+    pub(crate) paused: Option<Resumable>,
+}
+
+/// A paused terminal's own state, carried opaquely by the interrupt.
+#[derive(Clone)]
+pub(crate) struct Resumable(pub(crate) Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for Resumable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resumable(..)")
+    }
+}
+
+impl PartialEq for Resumable {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// What to do with the tool calls a paused turn waits on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run them.
+    Approve,
+    /// Do not run them; the model gets this reason as their result.
+    Deny(String),
 }
 
 impl TurnInterrupt {

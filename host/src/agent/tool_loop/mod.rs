@@ -27,8 +27,8 @@ use crate::invoke::Invoke;
 use crate::onion::{Terminal, Turn};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatRequest, ChatResponse, Message, ToolCall, ToolCallRecord, ToolRequest, TurnRequest,
-    TurnResult,
+    ChatRequest, ChatResponse, Decision, Message, ToolCall, ToolCallRecord, ToolRequest,
+    TurnRequest, TurnResult,
 };
 
 /// Limits and behaviour of the tool loop.
@@ -105,15 +105,6 @@ pub struct Paused {
     last: ChatResponse,
 }
 
-/// What to do with the tool calls a paused turn waits on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Run them.
-    Approve,
-    /// Do not run them; the model gets this reason as their result.
-    Deny(String),
-}
-
 #[async_trait]
 impl Terminal<Turn> for ToolLoop {
     async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>) -> TurnResult {
@@ -122,8 +113,13 @@ impl Terminal<Turn> for ToolLoop {
         let history = self.history.as_ref();
         // Only the first run of a resumed invoke continues the paused turn;
         // a turn filter's re-entry after it runs a fresh loop.
+        // An interrupt from another terminal holds something else: a turn
+        // of ours starts afresh then.
         let resumed = if request.resume {
-            invoke.take_resumed()
+            invoke.take_resumed().and_then(|(paused, decision)| {
+                let paused = paused.0.downcast::<Paused>().ok()?;
+                Some((paused, decision))
+            })
         } else {
             None
         };

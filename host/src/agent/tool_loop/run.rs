@@ -9,8 +9,8 @@ use crate::error::{ChainError, ErrorKind, Origin};
 use crate::invoke::Invoke;
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatResponse, FinishReason, Message, ToolCall, ToolCallRecord, TurnDone, TurnInterrupt,
-    TurnRequest, TurnResult,
+    ChatResponse, FinishReason, Message, Resumable, ToolCall, ToolCallRecord, TurnDone,
+    TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// One run of the loop: the messages so far and what was done.
@@ -157,7 +157,7 @@ impl<'a> Run<'a> {
         TurnResult::Interrupt(TurnInterrupt {
             reason,
             pending,
-            paused: Some(Arc::new(paused)),
+            paused: Some(Resumable(Arc::new(paused))),
         })
     }
 
