@@ -7,15 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
-/// The target directory this build uses (`CARGO_TARGET_DIR`, relative or
-/// not, or the workspace's `target/`): the one the binary under test is in.
-fn target_dir() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_shallot"));
-    exe.ancestors()
-        .nth(2)
-        .expect("<target>/<profile>/shallot")
-        .into()
-}
+mod common;
+use common::target_dir;
 
 fn guest(name: &str) -> PathBuf {
     let path = target_dir()

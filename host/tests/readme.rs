@@ -8,21 +8,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::target_dir;
+
 /// The checkout's root.
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
         .unwrap()
-}
-
-/// The target directory this build uses: the one the binary is in.
-fn target_dir() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_shallot"));
-    exe.ancestors()
-        .nth(2)
-        .expect("<target>/<profile>/shallot")
-        .into()
 }
 
 /// The code blocks of the README section under `heading`, in order, as

@@ -406,29 +406,38 @@ fn small_engine(slots: u32, queue: Duration) -> Engine {
     .unwrap()
 }
 
-#[tokio::test]
-async fn a_sleeping_filter_cannot_starve_requests_that_do_not_use_it() {
-    let engine = small_engine(8, Duration::from_secs(30));
+type Chats = Vec<tokio::task::JoinHandle<Result<shallot::types::ChatResponse, ChainError>>>;
+
+/// `count` chats started through a filter named `sleeper` that sleeps in
+/// every around-chat, loaded into `engine` with `limits`.
+async fn sleeping_chats(engine: &Engine, limits: Limits, count: usize) -> Chats {
     let (path, mut sleeper) = spec(
         "misbehave",
         "sleeper",
         json!({ "on": "chat", "do": "sleep" }),
     );
-    sleeper.limits = Limits {
-        instances: 3,
-        wall_ms: 2000,
-        ..Limits::default()
-    };
-    let slow = load_in(&engine, vec![(path, sleeper)]).await;
-    let fast = load_in(&engine, vec![spec("probe", "innocent", json!({}))]).await;
-    let slow = kernel(&slow, ScriptedModel::answer("late"));
-    let fast = kernel(&fast, ScriptedModel::answer("fine"));
-    let sleepers: Vec<_> = (0..50)
+    sleeper.limits = limits;
+    let plugins = load_in(engine, vec![(path, sleeper)]).await;
+    let slow = kernel(&plugins, ScriptedModel::answer("late"));
+    (0..count)
         .map(|_| {
             let slow = slow.clone();
             tokio::spawn(async move { slow.chat(ask("zzz"), Context::new()).await })
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sleeping_filter_cannot_starve_requests_that_do_not_use_it() {
+    let engine = small_engine(8, Duration::from_secs(30));
+    let limits = Limits {
+        instances: 3,
+        wall_ms: 2000,
+        ..Limits::default()
+    };
+    let sleepers = sleeping_chats(&engine, limits, 50).await;
+    let fast = load_in(&engine, vec![spec("probe", "innocent", json!({}))]).await;
+    let fast = kernel(&fast, ScriptedModel::answer("fine"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     for _ in 0..5 {
         assert_eq!(
@@ -445,25 +454,12 @@ async fn a_sleeping_filter_cannot_starve_requests_that_do_not_use_it() {
 #[tokio::test]
 async fn an_invoke_that_waits_too_long_for_instances_is_overloaded() {
     let engine = small_engine(3, Duration::from_millis(200));
-    let (path, mut sleeper) = spec(
-        "misbehave",
-        "sleeper",
-        json!({ "on": "chat", "do": "sleep" }),
-    );
-    sleeper.limits = Limits {
+    let limits = Limits {
         wall_ms: 3000,
         ..Limits::default()
     };
-    let plugins = load_in(&engine, vec![(path, sleeper)]).await;
-    let kernel = kernel(&plugins, ScriptedModel::answer("late"));
-    let calls: Vec<_> = (0..6)
-        .map(|_| {
-            let kernel = kernel.clone();
-            tokio::spawn(async move { kernel.chat(ask("zzz"), Context::new()).await })
-        })
-        .collect();
     let mut overloaded = 0;
-    for call in calls {
+    for call in sleeping_chats(&engine, limits, 6).await {
         if let Err(error) = call.await.unwrap()
             && error.kind == ErrorKind::Overloaded
         {
