@@ -10,9 +10,58 @@ use super::{HostState, json_object, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
-    ChatRequest, ChatResponse, Content, FinishReason, ToolRequest, ToolResponse, TurnDone,
-    TurnInterrupt, TurnRequest,
+    ChatRequest, ChatResponse, Content, FinishReason, Message, ToolRequest, ToolResponse, TurnDone,
+    TurnInterrupt, TurnRequest, Weigh,
 };
+
+/// A request that carries a conversation: a chat or a turn request.
+trait Conversation: Weigh + Send + 'static {
+    fn conversation(&mut self) -> &mut Arc<Vec<Message>>;
+}
+
+impl Conversation for ChatRequest {
+    fn conversation(&mut self) -> &mut Arc<Vec<Message>> {
+        &mut self.messages
+    }
+}
+
+impl Conversation for TurnRequest {
+    fn conversation(&mut self) -> &mut Arc<Vec<Message>> {
+        &mut self.messages
+    }
+}
+
+/// The message accessors chat and turn requests share.
+impl HostState {
+    fn read_messages<T: Conversation>(
+        &mut self,
+        this: &Resource<T>,
+    ) -> wasmtime::Result<Vec<wit::Message>> {
+        Ok(convert::messages(self.table.get_mut(this)?.conversation()))
+    }
+
+    fn count_messages<T: Conversation>(&mut self, this: &Resource<T>) -> wasmtime::Result<u32> {
+        Ok(self.table.get_mut(this)?.conversation().len() as u32)
+    }
+
+    fn replace_messages<T: Conversation>(
+        &mut self,
+        this: &Resource<T>,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<()> {
+        *self.table.get_mut(this)?.conversation() = Arc::new(convert::from_messages(messages));
+        self.recharge(this)
+    }
+
+    fn append_message<T: Conversation>(
+        &mut self,
+        this: &Resource<T>,
+        message: wit::Message,
+    ) -> wasmtime::Result<()> {
+        Arc::make_mut(self.table.get_mut(this)?.conversation()).push(message.into());
+        self.recharge(this)
+    }
+}
 
 impl wit::Host for HostState {}
 
@@ -22,11 +71,11 @@ impl wit::HostChatRequest for HostState {
     }
 
     fn messages(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::Message>> {
-        Ok(convert::messages(&self.table.get(&this)?.messages))
+        self.read_messages(&this)
     }
 
     fn message_count(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<u32> {
-        Ok(self.table.get(&this)?.messages.len() as u32)
+        self.count_messages(&this)
     }
 
     fn message(
@@ -47,9 +96,7 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         messages: Vec<wit::Message>,
     ) -> wasmtime::Result<()> {
-        self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
-        self.recharge(&this)?;
-        Ok(())
+        self.replace_messages(&this, messages)
     }
 
     fn push_message(
@@ -57,12 +104,7 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         message: wit::Message,
     ) -> wasmtime::Result<()> {
-        self.table
-            .get_mut(&this)?
-            .messages_mut()
-            .push(message.into());
-        self.recharge(&this)?;
-        Ok(())
+        self.append_message(&this, message)
     }
 
     fn insert_message(
@@ -293,11 +335,11 @@ impl wit::HostTurnRequest for HostState {
     }
 
     fn messages(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<Vec<wit::Message>> {
-        Ok(convert::messages(&self.table.get(&this)?.messages))
+        self.read_messages(&this)
     }
 
     fn message_count(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<u32> {
-        Ok(self.table.get(&this)?.messages.len() as u32)
+        self.count_messages(&this)
     }
 
     fn set_messages(
@@ -305,9 +347,7 @@ impl wit::HostTurnRequest for HostState {
         this: Resource<TurnRequest>,
         messages: Vec<wit::Message>,
     ) -> wasmtime::Result<()> {
-        self.table.get_mut(&this)?.messages = Arc::new(convert::from_messages(messages));
-        self.recharge(&this)?;
-        Ok(())
+        self.replace_messages(&this, messages)
     }
 
     fn push_message(
@@ -315,9 +355,7 @@ impl wit::HostTurnRequest for HostState {
         this: Resource<TurnRequest>,
         message: wit::Message,
     ) -> wasmtime::Result<()> {
-        Arc::make_mut(&mut self.table.get_mut(&this)?.messages).push(message.into());
-        self.recharge(&this)?;
-        Ok(())
+        self.append_message(&this, message)
     }
 
     fn resume(&mut self, this: Resource<TurnRequest>) -> wasmtime::Result<bool> {
