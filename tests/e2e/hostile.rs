@@ -75,6 +75,15 @@ fn generous() -> Limits {
     }
 }
 
+/// A kernel over filter `bad` doing `action` in around-chat, and the error
+/// of the request that sets it off.
+async fn strike(action: &str, limits: Limits) -> (Kernel, ChainError) {
+    let plugins = load(vec![hostile("chat", action, limits)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    (kernel, error)
+}
+
 async fn innocent_chat_works(kernel: &Kernel) {
     let response = kernel.chat(ask("hello"), Context::new()).await.unwrap();
     assert!(!response.text().is_empty());
@@ -86,9 +95,7 @@ async fn the_cpu_budget_counts_own_work_between_calls_to_next() {
         next_calls: 1000,
         ..Limits::default()
     };
-    let plugins = load(vec![hostile("chat", "next-and-work", limits)]).await;
-    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
-    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let (kernel, error) = strike("next-and-work", limits).await;
     assert_contained(
         &error,
         ErrorKind::PluginFault,
@@ -137,9 +144,7 @@ async fn responses_next_hands_back_are_charged_to_the_filter_that_keeps_them() {
 #[tokio::test]
 async fn the_handles_a_filter_holds_are_capped() {
     let limits = generous();
-    let plugins = load(vec![hostile("chat", "hoard-handles", limits)]).await;
-    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
-    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let (kernel, error) = strike("hoard-handles", limits).await;
     assert_contained(
         &error,
         ErrorKind::PluginFault,
@@ -208,9 +213,7 @@ async fn a_log_flood_does_not_stop_the_request() {
 
 #[tokio::test]
 async fn hostile_error_text_is_escaped_and_capped() {
-    let plugins = load(vec![hostile("chat", "evil-error", Limits::default())]).await;
-    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
-    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let (_, error) = strike("evil-error", Limits::default()).await;
     let shown = error.to_string();
     for bad in ['\u{1b}', '\0', '\u{202e}'] {
         assert!(!shown.contains(bad), "{shown:?}");
@@ -369,9 +372,7 @@ async fn a_destructor_that_sleeps_does_not_hang_the_stream() {
 
 #[tokio::test]
 async fn the_own_wall_clock_bound_is_on_by_default() {
-    let plugins = load(vec![hostile("chat", "sleep", Limits::default())]).await;
-    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
-    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let (kernel, error) = strike("sleep", Limits::default()).await;
     assert_contained(&error, ErrorKind::Timeout, "around-chat", "1000 ms");
     innocent_chat_works(&kernel).await;
 }
