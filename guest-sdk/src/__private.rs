@@ -11,9 +11,12 @@ pub use crate::bindings::__export_filter_world as export_world;
 use crate::bindings::exports::shallot::filter::{
     chat_filter, plugin, system_prompt_filter, token_filter, tool_filter, turn_filter,
 };
-use crate::bindings::shallot::filter::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest};
-use crate::{ChatResponse, ToolResponse, TurnResult};
-use crate::{Fctx, Filter, FilterError, Hook, TokenOut, TokenTransform, Tokens};
+use crate::bindings::shallot::filter::types::{
+    ChatRequest, FilterError as WitError, TokenBatch, ToolRequest, TurnRequest,
+    TurnResult as WitTurnResult,
+};
+use crate::{ChatResponse, ToolResponse};
+use crate::{Fctx, Filter, FilterError, Hook, TokenOut, TokenTransform, Tokens, next};
 
 /// What the attribute knows about the filter type it was put on.
 pub trait Export: Filter {
@@ -90,26 +93,38 @@ impl<F: Export> plugin::Guest for Adapter<F> {
 }
 
 impl<F: Export> chat_filter::Guest for Adapter<F> {
-    fn around_chat(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
-        configured::<F>().around_chat(request, &Fctx::new())
+    fn around_chat(request: &ChatRequest) -> Result<ChatResponse, WitError> {
+        next::begin_hook();
+        configured::<F>()
+            .around_chat(request, &Fctx::new())
+            .map_err(FilterError::returned)
     }
 }
 
 impl<F: Export> tool_filter::Guest for Adapter<F> {
-    fn around_tool(request: &ToolRequest) -> Result<ToolResponse, FilterError> {
-        configured::<F>().around_tool(request, &Fctx::new())
+    fn around_tool(request: &ToolRequest) -> Result<ToolResponse, WitError> {
+        next::begin_hook();
+        configured::<F>()
+            .around_tool(request, &Fctx::new())
+            .map_err(FilterError::returned)
     }
 }
 
 impl<F: Export> turn_filter::Guest for Adapter<F> {
-    fn around_turn(request: &TurnRequest) -> TurnResult {
-        configured::<F>().around_turn(request, &Fctx::new())
+    fn around_turn(request: &TurnRequest) -> WitTurnResult {
+        next::begin_hook();
+        configured::<F>()
+            .around_turn(request, &Fctx::new())
+            .returned()
     }
 }
 
 impl<F: Export> system_prompt_filter::Guest for Adapter<F> {
-    fn system_prompt(prompt: String) -> Result<String, FilterError> {
-        configured::<F>().system_prompt(prompt)
+    fn system_prompt(prompt: String) -> Result<String, WitError> {
+        next::begin_hook();
+        configured::<F>()
+            .system_prompt(prompt)
+            .map_err(FilterError::returned)
     }
 }
 
@@ -131,17 +146,21 @@ impl<F: Export> token_filter::GuestTokenTransformer for Transformer<F> {
         }
     }
 
-    fn step(&self, tokens: TokenBatch) -> Result<TokenBatch, FilterError> {
+    fn step(&self, tokens: TokenBatch) -> Result<TokenBatch, WitError> {
         let mut out = TokenOut::default();
         self.inner
             .borrow_mut()
-            .step(Tokens::new(tokens), &mut out)?;
+            .step(Tokens::new(tokens), &mut out)
+            .map_err(FilterError::returned)?;
         Ok(out.into_batch())
     }
 
-    fn flush(&self) -> Result<TokenBatch, FilterError> {
+    fn flush(&self) -> Result<TokenBatch, WitError> {
         let mut out = TokenOut::default();
-        self.inner.borrow_mut().flush(&mut out)?;
+        self.inner
+            .borrow_mut()
+            .flush(&mut out)
+            .map_err(FilterError::returned)?;
         Ok(out.into_batch())
     }
 }

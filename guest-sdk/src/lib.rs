@@ -72,9 +72,11 @@
 extern crate self as shallot_guest;
 
 pub mod context;
+mod error;
 mod fctx;
 mod filter;
 pub mod log;
+pub mod next;
 mod tokens;
 mod types;
 
@@ -94,12 +96,12 @@ pub mod bindings {
 }
 
 pub use bindings::exports::shallot::filter::plugin::Hook;
-pub use bindings::shallot::filter::next;
 pub use bindings::shallot::filter::types::{
-    ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Image,
-    Message, Role, ToolCall, ToolCallRecord, ToolRequest, ToolResponse, ToolSpec, TurnDone,
-    TurnInterrupt, TurnRequest, TurnResult, Usage,
+    ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Image, Message, Role,
+    ToolCall, ToolCallRecord, ToolRequest, ToolResponse, ToolSpec, TurnDone, TurnInterrupt,
+    TurnRequest, Usage,
 };
+pub use error::{FilterError, TurnResult};
 pub use fctx::Fctx;
 pub use filter::Filter;
 pub use shallot_guest_macro::filter;

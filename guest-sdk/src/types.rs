@@ -1,9 +1,6 @@
 //! Conveniences on the contract's types.
 
-use crate::{
-    ChatResponse, Content, ContentPart, ErrorKind, FilterError, FinishReason, Message, Role,
-    ToolResponse,
-};
+use crate::{ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolResponse};
 
 impl Message {
     /// A message with text content.
@@ -68,21 +65,6 @@ impl ToolResponse {
         let json = serde_json::to_string(value)
             .unwrap_or_else(|e| panic!("tool output does not serialize: {e}"));
         ToolResponse::new(&json)
-    }
-}
-
-impl FilterError {
-    /// An error of `kind` with `message`.
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        FilterError {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// An `invalid-request` error.
-    pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::InvalidRequest, message)
     }
 }
 

@@ -25,10 +25,10 @@
 // `FilterError` to fail a request on purpose; any other exception fails it
 // as a `plugin-fault` carrying the exception's message and stack.
 
-import * as wnext from 'shallot:filter/next@0.1.0';
-import * as wfctx from 'shallot:filter/fctx@0.1.0';
-import * as wcontext from 'shallot:filter/context@0.1.0';
-import { log as wlog } from 'shallot:filter/log@0.1.0';
+import * as wnext from 'shallot:filter/next@0.1.1';
+import * as wfctx from 'shallot:filter/fctx@0.1.1';
+import * as wcontext from 'shallot:filter/context@0.1.1';
+import { log as wlog } from 'shallot:filter/log@0.1.1';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */
@@ -40,23 +40,50 @@ export class FilterError extends Error {
   }
 }
 
+// Calls through `next` in the current hook call, counted as the host counts
+// them; the inner failures they raised and the failed turn results they
+// returned, by call, so that one handed back unchanged keeps its origin.
+let calls = 0;
+const innerErrors = new Map();
+const turnErrors = new Map();
+
+function beginHook() {
+  calls = 0;
+  innerErrors.clear();
+  turnErrors.clear();
+}
+
 function inner(call) {
+  const nth = ++calls;
   try {
     return call();
   } catch (e) {
-    if (e && e.payload && e.payload.kind) throw new FilterError(e.payload.kind, e.payload.message);
+    if (e && e.payload && e.payload.kind) {
+      const error = new FilterError(e.payload.kind, e.payload.message);
+      innerErrors.set(error, { nth, kind: error.kind, detail: error.detail });
+      throw error;
+    }
     throw e;
   }
 }
 
-/** The inner layers. An inner failure throws `FilterError`. */
+function innerTurn(call) {
+  const nth = ++calls;
+  const result = call();
+  if (result.tag === 'error') turnErrors.set(result, nth);
+  return result;
+}
+
+/** The inner layers. An inner failure throws `FilterError`; rethrown
+ * unchanged, it keeps its origin (the filter or terminal that failed). */
 export const next = {
   chat: (request, timeoutMs) =>
     inner(() => (timeoutMs === undefined ? wnext.chat(request) : wnext.chatWithin(request, timeoutMs))),
   tool: (request, timeoutMs) =>
     inner(() => (timeoutMs === undefined ? wnext.tool(request) : wnext.toolWithin(request, timeoutMs))),
   /** Turn results ({tag: 'done' | 'interrupt' | 'error', val}) are values, never thrown. */
-  turn: (request, timeoutMs) => (timeoutMs === undefined ? wnext.turn(request) : wnext.turnWithin(request, timeoutMs)),
+  turn: (request, timeoutMs) =>
+    innerTurn(() => (timeoutMs === undefined ? wnext.turn(request) : wnext.turnWithin(request, timeoutMs))),
 };
 
 /** The invoke's shared context: JSON values by key, seen by every filter. */
@@ -193,11 +220,16 @@ const HOOKS = {
 };
 
 function asWitError(e) {
-  if (e instanceof FilterError) return { kind: e.kind, message: e.detail };
+  if (e instanceof FilterError) {
+    const seen = innerErrors.get(e);
+    if (seen && seen.kind === e.kind && seen.detail === e.detail) wnext.passOn(seen.nth);
+    return { kind: e.kind, message: e.detail };
+  }
   return { kind: 'plugin-fault', message: `uncaught ${e && e.stack ? `${e}\n${e.stack}` : String(e)}` };
 }
 
 function guarded(call) {
+  beginHook();
   try {
     return call();
   } catch (e) {
@@ -255,8 +287,12 @@ export function exportFilter(FilterClass) {
     toolFilter: { aroundTool: (request) => guarded(() => filter().aroundTool(request, fctx)) },
     turnFilter: {
       aroundTurn(request) {
+        beginHook();
         try {
-          return filter().aroundTurn(request, fctx);
+          const result = filter().aroundTurn(request, fctx);
+          const nth = turnErrors.get(result);
+          if (nth !== undefined) wnext.passOn(nth);
+          return result;
         } catch (e) {
           return { tag: 'error', val: asWitError(e) };
         }

@@ -1,8 +1,7 @@
 //! Composition of the chat and tool onions (PEER-CASES B, E).
 
 use serde_json::json;
-use shallot::types::FinishReason;
-use shallot::types::ToolSpec;
+use shallot::types::{FinishReason, Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{ChainError, Context, ErrorKind, Kernel};
 use shallot_tests::{Reply, ScriptedModel, ask, load, spec, strings};
 
@@ -179,6 +178,91 @@ async fn an_error_passed_on_keeps_its_origin() {
         &*error.origin.expect("attributed").filter,
         "bad",
         "the outer filter only passed it on"
+    );
+}
+
+#[tokio::test]
+async fn an_error_built_to_look_like_the_inner_one_is_the_filters_own() {
+    let plugins = load(vec![
+        spec("misbehave", "mimic", json!({ "on": "chat", "do": "mimic" })),
+        spec("misbehave", "bad", json!({ "on": "chat", "do": "error" })),
+    ])
+    .await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("ok"))
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert!(
+        error.message.ends_with("misbehave: error in chat"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        &*error.origin.expect("attributed").filter,
+        "mimic",
+        "same kind and message, but built by the outer filter"
+    );
+}
+
+#[tokio::test]
+async fn a_turn_error_built_to_look_like_the_inner_one_is_the_filters_own() {
+    // Armed on chat, the outer filter hands the turn's failure back as it is.
+    for (armed, blamed) in [("chat", "bad"), ("turn", "outer")] {
+        let plugins = load(vec![
+            spec("misbehave", "outer", json!({ "on": armed, "do": "mimic" })),
+            spec("misbehave", "bad", json!({ "on": "turn", "do": "error" })),
+        ])
+        .await;
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(ScriptedModel::answer("ok"))
+            .build()
+            .unwrap();
+        let result = kernel
+            .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+            .await;
+        let TurnResult::Error(error) = result else {
+            panic!("{result:?}")
+        };
+        assert_eq!(
+            &*error.origin.expect("attributed").filter,
+            blamed,
+            "armed on {armed}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_failure_passed_on_is_the_one_it_names_not_the_last() {
+    let plugins = load(vec![spec(
+        "misbehave",
+        "retrier",
+        json!({ "on": "chat", "do": "pass-first" }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::Fail(ChainError::new(ErrorKind::Transient, "first")),
+        Reply::Fail(ChainError::new(ErrorKind::Timeout, "second")),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(
+        (error.kind, error.message.as_str()),
+        (ErrorKind::Transient, "first")
+    );
+    assert!(
+        error
+            .origin
+            .as_ref()
+            .is_none_or(|o| &*o.filter != "retrier"),
+        "the model's failure, passed on: {:?}",
+        error.origin
     );
 }
 

@@ -83,7 +83,7 @@ async fn a_filter_for_another_wit_version_is_refused_naming_both_versions() {
     assert!(matches!(error, LoadError::WrongVersion { .. }), "{error}");
     let message = error.to_string();
     assert!(
-        message.contains("shallot:filter@0.2.0") && message.contains("shallot:filter@0.1.0"),
+        message.contains("shallot:filter@0.2.0") && message.contains("shallot:filter@0.1.1"),
         "{message}"
     );
 }
@@ -267,4 +267,61 @@ async fn a_sidecar_without_its_plugin_is_an_error() {
             .contains("20-guard.json: configures a plugin that is not here"),
         "{error}"
     );
+}
+
+/// `guest` as if built for `shallot:filter@0.1.0`: its contract names
+/// rewritten in place (the same length, so the binary stays valid).
+fn built_for_0_1_0(name: &str) -> PathBuf {
+    let mut bytes = std::fs::read(guest(name)).unwrap();
+    let mut rewritten = 0;
+    for at in 0..bytes.len().saturating_sub(6) {
+        let named_ours = bytes[at.saturating_sub(48)..at]
+            .windows(14)
+            .any(|w| w == b"shallot:filter");
+        if &bytes[at..at + 6] == b"@0.1.1" && named_ours {
+            bytes[at + 5] = b'0';
+            rewritten += 1;
+        }
+    }
+    assert!(rewritten > 0, "{name} names the contract");
+    let path = scratch("previous-patch").join(format!("{name}.wasm"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_filter_built_for_an_earlier_patch_version_still_loads_and_runs() {
+    let old = built_for_0_1_0("misbehave");
+    let as_filter = |name: &str, config| {
+        (
+            old.clone(),
+            FilterSpec {
+                name: Some(name.into()),
+                config: Some(config),
+                ..FilterSpec::default()
+            },
+        )
+    };
+    let plugins = PluginSet::from_specs(
+        &engine(),
+        vec![
+            as_filter("outer", json!({ "on": "tool", "do": "mimic" })),
+            as_filter(
+                "bad",
+                json!({ "on": "chat", "do": "error", "when": "fail" }),
+            ),
+        ],
+        &mut |_| {},
+    )
+    .await
+    .expect("0.1.0 is compatible with 0.1.1");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("ok"))
+        .build()
+        .unwrap();
+    let response = kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    assert_eq!(response.text(), "ok");
+    let error = kernel.chat(ask("fail"), Context::new()).await.unwrap_err();
+    assert_eq!(&*error.origin.expect("attributed").filter, "bad");
 }

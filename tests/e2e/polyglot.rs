@@ -378,3 +378,54 @@ async fn the_word_masks_catch_words_split_across_tokens_and_flush_the_tail() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_inner_failure_a_python_or_javascript_filter_lets_through_keeps_its_origin() {
+    for lang in ["py", "js"] {
+        for (mimic, blamed) in [(false, "bad"), (true, lang)] {
+            let plugins = load(vec![
+                spec(
+                    &format!("{lang}_probe"),
+                    lang,
+                    json!({ "hooks": ["chat", "turn"], "mimic": mimic }),
+                ),
+                spec("misbehave", "bad", json!({ "on": "chat", "do": "error" })),
+            ])
+            .await;
+            let kernel = Kernel::builder()
+                .plugins(&plugins)
+                .model(ScriptedModel::answer("hello"))
+                .build()
+                .unwrap();
+            let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+            assert_eq!(error.kind, ErrorKind::Transient);
+            assert_eq!(
+                &*error.origin.expect("attributed").filter,
+                blamed,
+                "{lang}: an error it {} is blamed on {blamed}",
+                if mimic { "built alike" } else { "let through" }
+            );
+        }
+        let plugins = load(vec![
+            spec(&format!("{lang}_probe"), lang, json!({ "hooks": ["turn"] })),
+            spec("misbehave", "bad", json!({ "on": "turn", "do": "error" })),
+        ])
+        .await;
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(ScriptedModel::answer("hello"))
+            .build()
+            .unwrap();
+        let result = kernel
+            .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+            .await;
+        let TurnResult::Error(error) = result else {
+            panic!("{lang}: {result:?}")
+        };
+        assert_eq!(
+            &*error.origin.expect("attributed").filter,
+            "bad",
+            "{lang}: a failed turn result handed back keeps its origin"
+        );
+    }
+}

@@ -30,6 +30,8 @@ pub(crate) struct Blueprint {
     pub grants: Grants,
     /// The operator's configuration, JSON text.
     pub config: Arc<str>,
+    /// Whether the component declares the errors it passes on.
+    pub declares: bool,
 }
 
 /// A live, configured filter instance.
@@ -54,7 +56,12 @@ impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
         let confinement = Confinement::new(&blueprint.limits, &blueprint.grants);
-        let state = HostState::new(blueprint.identity.clone(), blueprint.limits, confinement);
+        let state = HostState::new(
+            blueprint.identity.clone(),
+            blueprint.limits,
+            confinement,
+            blueprint.declares,
+        );
         let mut store = Store::new(blueprint.pre.engine(), state);
         sandbox::prepare_store(&mut store, &blueprint.limits);
         let meter = store.data().confinement.meter().clone();

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmtime::component::Component;
+use wasmtime::component::types::ComponentItem;
 
 use crate::compile::CompileError;
 
@@ -22,7 +23,7 @@ use crate::sandbox::{Grants, Limits};
 pub const WIT_PACKAGE: &str = "shallot:filter";
 /// The version of it this host speaks; components built for a compatible
 /// version (same major, and same minor while the major is 0) load.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.1.1";
 
 /// Why a plugin could not be loaded. Every variant names the file it is
 /// about (`path`) and prints as one line that says what to do.
@@ -162,6 +163,8 @@ pub struct Plugin {
     size: u64,
     pre: FilterPre<HostState>,
     compiled: bool,
+    /// Whether it imports `next.pass-on` (built for 0.1.1 or later).
+    declares: bool,
 }
 
 impl Plugin {
@@ -325,6 +328,7 @@ pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, Loa
         },
     })?;
     check_contract(engine, path, &component)?;
+    let declares = imports_pass_on(engine, &component);
     let linker = super::host::linker(engine.wasmtime()).map_err(invalid)?;
     let pre = linker
         .instantiate_pre(&component)
@@ -341,7 +345,24 @@ pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, Loa
         size: bytes.len() as u64,
         pre,
         compiled,
+        declares,
     })
+}
+
+/// Whether the component imports `next.pass-on`, with which it declares
+/// the inner errors it passes on (see `HostState::attribute`).
+fn imports_pass_on(engine: &Engine, component: &Component) -> bool {
+    let next = format!("{WIT_PACKAGE}/next@");
+    let wasmtime = engine.wasmtime();
+    component
+        .component_type()
+        .imports(wasmtime)
+        .any(|(name, item)| match item.ty {
+            ComponentItem::ComponentInstance(instance) if name.starts_with(&next) => instance
+                .exports(wasmtime)
+                .any(|(function, _)| function == "pass-on"),
+            _ => false,
+        })
 }
 
 /// Whether `version` (of our package) is compatible with [`WIT_VERSION`].
@@ -449,6 +470,7 @@ pub async fn configure(
         limits,
         grants: spec.grants,
         config,
+        declares: plugin.declares,
     };
     let description = {
         let _slot = engine

@@ -66,12 +66,19 @@ class FilterError(Exception):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+        # Set on an inner failure: which ``next`` call raised it and what it
+        # said, so that re-raising it unchanged keeps its origin.
+        self._inner: Optional[Tuple[int, str, str]] = None
 
     @staticmethod
-    def _from_wit(error: types.FilterError) -> "FilterError":
-        return FilterError(error.kind.name.lower().replace("_", "-"), error.message)
+    def _from_wit(error: types.FilterError, nth: int) -> "FilterError":
+        e = FilterError(error.kind.name.lower().replace("_", "-"), error.message)
+        e._inner = (nth, e.kind, e.message)
+        return e
 
     def _to_wit(self) -> types.FilterError:
+        if self._inner is not None and self._inner[1:] == (self.kind, self.message):
+            _next.pass_on(self._inner[0])
         return types.FilterError(types.ErrorKind[self.kind.upper().replace("-", "_")], self.message)
 
 
@@ -128,11 +135,47 @@ class _Log:
         _log.log(_log.Level.ERROR, message)
 
 
+# Calls through ``next`` in the current hook call, counted as the host counts
+# them; and the failed turn results they returned, by call.
+_calls = 0
+_turn_errors: List[Tuple[int, Any]] = []
+
+
+def _begin_hook() -> None:
+    global _calls
+    _calls = 0
+    _turn_errors.clear()
+
+
+def _count() -> int:
+    global _calls
+    _calls += 1
+    return _calls
+
+
 def _inner(call: Callable[..., Any], *args: Any) -> Any:
+    nth = _count()
     try:
         return call(*args)
     except Err as e:
-        raise FilterError._from_wit(e.value) from None
+        raise FilterError._from_wit(e.value, nth) from None
+
+
+def _inner_turn(call: Callable[..., Any], *args: Any) -> Any:
+    nth = _count()
+    result = call(*args)
+    if isinstance(result, types.TurnResult_Error):
+        _turn_errors.append((nth, result))
+    return result
+
+
+def _returned_turn(result: Any) -> Any:
+    """A turn result a hook returns: a failure ``next`` returned, handed back
+    as it is, keeps its origin."""
+    for nth, failed in _turn_errors:
+        if result is failed:
+            _next.pass_on(nth)
+    return result
 
 
 class _Next:
@@ -151,8 +194,8 @@ class _Next:
     def turn(self, request: types.TurnRequest, timeout_ms: Optional[int] = None) -> types.TurnResult:
         """Turn results (done, interrupt, error) are values, never raised."""
         if timeout_ms is None:
-            return _next.turn(request)
-        return _next.turn_within(request, timeout_ms)
+            return _inner_turn(_next.turn, request)
+        return _inner_turn(_next.turn_within, request, timeout_ms)
 
 
 context = _Context()
@@ -302,6 +345,7 @@ def _live_hooks(f: Filter) -> List[Any]:
 
 
 def _guarded(call: Callable[..., Any], *args: Any) -> Any:
+    _begin_hook()
     try:
         return call(*args)
     except FilterError as e:

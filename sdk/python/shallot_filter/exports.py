@@ -43,8 +43,9 @@ class ToolFilter(exports.ToolFilter):
 
 class TurnFilter(exports.TurnFilter):
     def around_turn(self, request: types.TurnRequest) -> types.TurnResult:
+        _sdk._begin_hook()
         try:
-            return _sdk._current().around_turn(request, _FCTX)
+            return _sdk._returned_turn(_sdk._current().around_turn(request, _FCTX))
         except _sdk.FilterError as e:
             return types.TurnResult_Error(e._to_wit())
 

@@ -1,11 +1,11 @@
 // Test guest: the Rust probe's core behaviours, in JavaScript, so one onion
 // can mix languages. Configuration (all optional): tag, hooks,
-// short_circuit, calls, count, prefix, batch, fault (see
+// short_circuit, calls, count, prefix, batch, fault, mimic (see
 // tests/polyglot/py_probe/app.py, which takes the same options).
-import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.0';
-import { Filter, TokenTransform, context, exportFilter, next } from './shallot.js';
+import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.1';
+import { Filter, FilterError, TokenTransform, context, exportFilter, next } from './shallot.js';
 
-const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault'];
+const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic'];
 const HOOK_NAMES = { 'around-chat': 'chat', 'around-tool': 'tool', 'around-turn': 'turn', 'token-transform': 'tokens' };
 
 class Tokens extends TokenTransform {
@@ -54,6 +54,7 @@ class Probe extends Filter {
     this.prefix = c.prefix ?? '';
     this.batch = c.batch;
     this.fault = c.fault;
+    this.mimic = c.mimic ?? false;
   }
 
   wants(hook) {
@@ -86,7 +87,14 @@ class Probe extends Filter {
       const message = { role: 'assistant', content: { tag: 'text', val: `short:${this.tag}` }, toolCalls: [] };
       response = new ChatResponse(message, 'complete');
     } else {
-      for (let i = 0; i < this.calls; i++) response = next.chat(request);
+      for (let i = 0; i < this.calls; i++) {
+        try {
+          response = next.chat(request);
+        } catch (e) {
+          if (this.mimic && e instanceof FilterError) throw new FilterError(e.kind, e.detail);
+          throw e;
+        }
+      }
     }
     this.after(fctx);
     return response;

@@ -9,9 +9,11 @@ mix languages. Configuration (all optional):
 - prefix: token transform: prefixes each token
 - batch: token transform: one token per this many, the rest on flush
 - fault: "chat", "tool" or "tokens": raises an unexpected exception there
+- mimic: raises its own FilterError just like an inner failure, instead of
+  letting the inner one through
 """
 
-from shallot_filter import Filter, TokenTransform, context, export, next, types
+from shallot_filter import Filter, FilterError, TokenTransform, context, export, next, types
 from shallot_filter.exports import *  # noqa: F401,F403
 
 _HOOK_NAMES = {"around-chat": "chat", "around-tool": "tool", "around-turn": "turn", "token-transform": "tokens"}
@@ -22,7 +24,7 @@ class Probe(Filter):
 
     def __init__(self, config):
         config = config or {}
-        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault"}
+        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic"}
         if unknown:
             raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.tag = config.get("tag", "")
@@ -33,6 +35,7 @@ class Probe(Filter):
         self.prefix = config.get("prefix")
         self.batch = config.get("batch")
         self.fault = config.get("fault")
+        self.mimic = config.get("mimic", False)
 
     def wants(self, hook):
         return self.hooks is None or _HOOK_NAMES.get(hook) in self.hooks
@@ -63,7 +66,12 @@ class Probe(Filter):
             response = types.ChatResponse(message, types.FinishReason.COMPLETE)
         else:
             for _ in range(self.calls):
-                response = next.chat(request)
+                try:
+                    response = next.chat(request)
+                except FilterError as e:
+                    if self.mimic:
+                        raise FilterError(e.kind, e.message) from None
+                    raise
         self._after(fctx)
         return response
 

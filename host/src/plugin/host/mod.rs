@@ -95,9 +95,15 @@ pub struct HostState {
     pub(crate) identity: Arc<Identity>,
     pub(crate) limits: Limits,
     pub(crate) scope: Option<Scope>,
-    /// The last failure `next` handed to the guest, so that a filter which
-    /// passes it on does not get the blame for it.
-    pub(crate) inner_error: Option<ChainError>,
+    /// The failures `next` handed to the guest in the current hook call,
+    /// by the call's number (1-based), so that a filter which passes one on
+    /// does not get the blame for it.
+    inner_errors: Vec<(u32, ChainError)>,
+    /// The call whose failure the guest declared it passes on (`pass-on`).
+    passed_on: Option<u32>,
+    /// Whether the component imports `pass-on`. If not (built for 0.1.0),
+    /// an error equal to the last inner failure is taken as passed on.
+    declares: bool,
     /// The weight charged for each value in the table, by handle.
     charges: HashMap<u32, usize>,
     /// Their sum.
@@ -118,7 +124,12 @@ impl Sandboxed for HostState {
 }
 
 impl HostState {
-    pub(crate) fn new(identity: Arc<Identity>, limits: Limits, confinement: Confinement) -> Self {
+    pub(crate) fn new(
+        identity: Arc<Identity>,
+        limits: Limits,
+        confinement: Confinement,
+        declares: bool,
+    ) -> Self {
         let mut table = ResourceTable::new();
         table.set_max_capacity(sandbox::HANDLES);
         HostState {
@@ -127,7 +138,9 @@ impl HostState {
             identity,
             limits,
             scope: None,
-            inner_error: None,
+            inner_errors: Vec::new(),
+            passed_on: None,
+            declares,
             charges: HashMap::new(),
             held: 0,
             next_calls: 0,
@@ -139,7 +152,8 @@ impl HostState {
     /// Starts a call within `scope` (none for configure and describe).
     pub(crate) fn enter(&mut self, scope: Option<Scope>) {
         self.scope = scope;
-        self.inner_error = None;
+        self.inner_errors.clear();
+        self.passed_on = None;
         self.next_calls = 0;
         self.log_lines = 0;
         self.journal.clear();
@@ -207,14 +221,21 @@ impl HostState {
         Ok(())
     }
 
-    /// Attributes an error the guest returned: the inner failure it passed
-    /// on keeps its origin; anything else is this filter's own.
+    /// Attributes an error the guest returned: the inner failure it
+    /// declared it passes on keeps its origin; anything else is this
+    /// filter's own.
     pub(crate) fn attribute(&self, error: wit::FilterError, call: Call) -> ChainError {
-        if let Some(inner) = &self.inner_error {
-            let seen = convert::filter_error(inner);
-            if seen.kind == error.kind && seen.message == error.message {
-                return inner.clone();
-            }
+        let passed = if self.declares {
+            self.passed_on
+                .and_then(|nth| self.inner_errors.iter().find(|(n, _)| *n == nth))
+        } else {
+            self.inner_errors.last().filter(|(_, inner)| {
+                let seen = convert::filter_error(inner);
+                seen.kind == error.kind && seen.message == error.message
+            })
+        };
+        if let Some((_, inner)) = passed {
+            return inner.clone();
         }
         let message = sandbox::printable(&error.message, TEXT_CAP);
         ChainError::new(error.kind.into(), message).at(self.identity.origin(call))
@@ -261,4 +282,76 @@ fn json_text(text: &str, what: &str) -> Result<(), String> {
 /// An error for a call that could not even start (e.g. a full table).
 pub(crate) fn internal(error: impl std::fmt::Display) -> ChainError {
     ChainError::new(ErrorKind::Internal, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::Grants;
+
+    fn state(declares: bool) -> HostState {
+        let limits = Limits::default();
+        let identity = Arc::new(Identity {
+            name: "outer".into(),
+            plugin: Arc::from(Path::new("outer.wasm")),
+        });
+        let confinement = Confinement::new(&limits, &Grants::default());
+        let mut state = HostState::new(identity, limits, confinement, declares);
+        let origin = Identity {
+            name: "inner".into(),
+            plugin: Arc::from(Path::new("inner.wasm")),
+        }
+        .origin(Call::AroundChat);
+        for (nth, message) in [(1, "first"), (2, "second")] {
+            let error = ChainError::new(ErrorKind::Transient, message).at(origin.clone());
+            state.inner_errors.push((nth, error));
+        }
+        state
+    }
+
+    fn returned(message: &str) -> wit::FilterError {
+        wit::FilterError {
+            kind: wit::ErrorKind::Transient,
+            message: message.into(),
+        }
+    }
+
+    fn blamed(error: ChainError) -> (String, String) {
+        (error.origin.unwrap().filter.to_string(), error.message)
+    }
+
+    #[test]
+    fn a_declared_failure_keeps_its_origin_and_an_undeclared_one_is_the_filters() {
+        let mut state = state(true);
+        let own = ("outer".to_owned(), "second".to_owned());
+        assert_eq!(
+            blamed(state.attribute(returned("second"), Call::AroundChat)),
+            own
+        );
+        state.passed_on = Some(1);
+        let first = ("inner".to_owned(), "first".to_owned());
+        assert_eq!(
+            blamed(state.attribute(returned("second"), Call::AroundChat)),
+            first
+        );
+        state.passed_on = Some(7);
+        assert_eq!(
+            blamed(state.attribute(returned("second"), Call::AroundChat)),
+            own
+        );
+    }
+
+    #[test]
+    fn a_component_that_cannot_declare_passes_on_what_equals_the_last_failure() {
+        let state = state(false);
+        let seen = |nth: usize| convert::filter_error(&state.inner_errors[nth].1);
+        let last = ("inner".to_owned(), "second".to_owned());
+        assert_eq!(blamed(state.attribute(seen(1), Call::AroundChat)), last);
+        let first = seen(0).message;
+        assert_eq!(
+            blamed(state.attribute(seen(0), Call::AroundChat)).0,
+            "outer"
+        );
+        assert!(first.ends_with("first"), "{first}");
+    }
 }

@@ -13,9 +13,14 @@ use crate::plugin::instance::WasmChain;
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
 
 impl HostState {
+    /// Hands the guest the failure of its current `next` call, numbered so
+    /// that it can pass it on. Calls past the limit are not kept: their
+    /// error (the limit) is the filter's own anyway.
     fn inner_failed(&mut self, error: ChainError) -> wit::FilterError {
         let seen = convert::filter_error(&error);
-        self.inner_error = Some(error);
+        if self.next_calls <= self.limits.next_calls {
+            self.inner_errors.push((self.next_calls, error));
+        }
         seen
     }
 
@@ -33,6 +38,7 @@ impl HostState {
         request: &Resource<K::Request>,
         within: Option<u32>,
     ) -> wasmtime::Result<Option<K::Output>> {
+        self.next_calls = self.next_calls.saturating_add(1);
         let Some(next) = self
             .scope
             .as_ref()
@@ -42,7 +48,6 @@ impl HostState {
             return Ok(None);
         };
         let request = self.table.get(request)?.clone();
-        self.next_calls += 1;
         if self.next_calls > self.limits.next_calls {
             let message = format!(
                 "called next more than {} times in one hook call",
@@ -159,5 +164,10 @@ impl next::Host for HostState {
         timeout_ms: u32,
     ) -> wasmtime::Result<wit::TurnResult> {
         self.turn_inner(request, Some(timeout_ms)).await
+    }
+
+    async fn pass_on(&mut self, nth: u32) -> wasmtime::Result<()> {
+        self.passed_on = Some(nth);
+        Ok(())
     }
 }

@@ -20,7 +20,9 @@ struct Misbehave {
     /// What: trap, panic, loop, oom, sleep, error, evil-error, host-alloc,
     /// hoard-handles,
     /// hoard-next, next-and-work, flood-next, flood-context, flood-log,
-    /// write-then-trap, print (to stderr; panics on "boom").
+    /// write-then-trap, print (to stderr; panics on "boom"), mimic (builds
+    /// an error just like the inner failure), pass-first (calls next twice
+    /// and returns the first result).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -142,6 +144,12 @@ impl Misbehave {
                 }
                 hoard.pop().expect("one call at least")
             }
+            "mimic" => next::chat(request).map_err(|e| FilterError::new(e.kind, e.message)),
+            "pass-first" => {
+                let first = next::chat(request);
+                let _second = next::chat(request);
+                first
+            }
             "flood-next" => {
                 let mut last = next::chat(request);
                 for _ in 0..1000 {
@@ -186,6 +194,12 @@ impl Filter for Misbehave {
     }
 
     fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+        if self.action == "mimic" && self.armed("turn", &last_text(request.messages())) {
+            return match next::turn(request) {
+                TurnResult::Error(e) => TurnResult::Error(FilterError::new(e.kind, e.message)),
+                other => other,
+            };
+        }
         if let Err(error) = self.strike("turn", &last_text(request.messages())) {
             return TurnResult::Error(error);
         }

@@ -1,0 +1,83 @@
+//! The inner layers of the chain the current hook belongs to: the next
+//! filter, or the terminal (the model, the tool, the tool loop).
+//!
+//! Only the function of the hook's own chain may be called (`chat` from
+//! `around_chat`, ...); any other returns an `invalid-request` error. A hook
+//! may call it zero times (short-circuit), once, or several times (retry).
+//! An inner failure comes back as a [`FilterError`]: return it unchanged
+//! (with `?`) and it keeps its origin, the filter or terminal that failed;
+//! change it, or build your own, and it is this filter's error.
+
+use std::cell::Cell;
+
+use crate::bindings::shallot::filter::next as wit;
+use crate::bindings::shallot::filter::types::{self as wtypes, TurnRequest};
+use crate::{ChatRequest, ChatResponse, FilterError, ToolRequest, ToolResponse, TurnResult};
+
+thread_local! {
+    /// Calls through `next` in the current hook call, counted as the host
+    /// counts them, so a failure can be named when it is passed on.
+    static CALLS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Starts a hook call's count.
+pub(crate) fn begin_hook() {
+    CALLS.with(|calls| calls.set(0));
+}
+
+/// Numbers the call about to be made.
+fn count() -> u32 {
+    CALLS.with(|calls| {
+        let nth = calls.get().saturating_add(1);
+        calls.set(nth);
+        nth
+    })
+}
+
+fn inner<T>(result: Result<T, wtypes::FilterError>, nth: u32) -> Result<T, FilterError> {
+    result.map_err(|error| FilterError::inner(error, nth))
+}
+
+/// Calls the inner layers of the chat chain.
+pub fn chat(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
+    let nth = count();
+    inner(wit::chat(request), nth)
+}
+
+/// As [`chat`], but gives up after `timeout_ms` with a `timeout` error; the
+/// inner call is cancelled.
+pub fn chat_within(request: &ChatRequest, timeout_ms: u32) -> Result<ChatResponse, FilterError> {
+    let nth = count();
+    inner(wit::chat_within(request, timeout_ms), nth)
+}
+
+/// Calls the inner layers of the tool chain.
+pub fn tool(request: &ToolRequest) -> Result<ToolResponse, FilterError> {
+    let nth = count();
+    inner(wit::tool(request), nth)
+}
+
+/// As [`tool`], bounded by `timeout_ms`.
+pub fn tool_within(request: &ToolRequest, timeout_ms: u32) -> Result<ToolResponse, FilterError> {
+    let nth = count();
+    inner(wit::tool_within(request, timeout_ms), nth)
+}
+
+/// Calls the inner layers of the turn chain: the rest of the turn filters,
+/// then the tool loop. Failures are a [`TurnResult::Error`], not an `Err`.
+pub fn turn(request: &TurnRequest) -> TurnResult {
+    let nth = count();
+    TurnResult::inner(wit::turn(request), nth)
+}
+
+/// As [`turn`], bounded by `timeout_ms`.
+pub fn turn_within(request: &TurnRequest, timeout_ms: u32) -> TurnResult {
+    let nth = count();
+    TurnResult::inner(wit::turn_within(request, timeout_ms), nth)
+}
+
+/// Declares to the host that the error being returned is the failure of
+/// call `nth`.
+pub(crate) fn pass_on(nth: u32) {
+    wit::pass_on(nth);
+}
