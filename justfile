@@ -35,8 +35,9 @@ demo: build-guests
 check FILE: build-guests
     cargo run --bin shallot -- plugins check {{FILE}}
 
-# Formatting and lints, host and guests.
+# Formatting and lints, host and guests; the host's module layers.
 lint:
+    scripts/check-layers
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip2 -p 'shallot-plugin-*' -p 'shallot-test-guest-*' -- -D warnings

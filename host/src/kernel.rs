@@ -3,65 +3,27 @@
 //! invoke through them.
 //!
 //! Data flows one way: configuration -> plugin set -> kernel (onions) ->
-//! terminals. Every invoke is admitted first (`crate::admission`): it
+//! terminals. Every invoke is admitted first (`plugin::admission`): it
 //! reserves the instances its wasm filters may need, waiting its turn when
 //! the engine is busy, for a bounded time.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::admission::{self, CallKind};
 use crate::agent::ToolLoop;
 use crate::context::Context;
 use crate::engine::Engine;
-use crate::error::{ChainError, ErrorKind};
-use crate::invoke::{Invoke, InvokeOptions};
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Chain, ChainKind, Chat, Fctx, Filter, Hook, Layer, LayerFilter, Next, Terminal, Tool, Turn,
+    Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal, TokenSink,
+    TokenStream, Turn,
 };
-use crate::plugin::{PluginSet, WasmFilter};
-use crate::token_transform::{TokenSink, TokenStream};
+use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec,
-    TurnInterrupt, TurnRequest, TurnResult,
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, Token, TokenBatch, ToolRequest,
+    ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
-
-/// A filter of the kernel, native or wasm.
-pub(crate) struct Entry {
-    pub name: Arc<str>,
-    pub hooks: Vec<Hook>,
-    pub init: Fctx,
-    pub filter: LayerFilter,
-}
-
-impl Entry {
-    pub(crate) fn wasm(&self) -> Option<&Arc<WasmFilter>> {
-        match &self.filter {
-            LayerFilter::Wasm(filter) => Some(filter),
-            LayerFilter::Native(_) => None,
-        }
-    }
-}
-
-/// The composed kernel, shared by every invoke.
-pub(crate) struct Core {
-    pub filters: Vec<Entry>,
-    pub chat: Arc<Chain<Chat>>,
-    pub tool: Arc<Chain<Tool>>,
-    pub turn: Arc<Chain<Turn>>,
-    /// Filters with a token transform, in order.
-    pub token_layers: Vec<usize>,
-    tools: Arc<ToolRegistry>,
-}
-
-impl Core {
-    /// The registered tools.
-    pub(crate) fn tools(&self) -> &ToolRegistry {
-        &self.tools
-    }
-}
 
 /// Why a kernel could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +70,8 @@ pub enum BuildError {
 #[derive(Default)]
 pub struct KernelBuilder {
     filters: Vec<Entry>,
+    /// By position in `filters`: the wasm filter, `None` for a native one.
+    wasm: Vec<Option<Arc<WasmFilter>>>,
     model: Option<Arc<dyn ChatModel>>,
     response_limits: ResponseLimits,
     tools: ToolRegistry,
@@ -129,8 +93,9 @@ impl KernelBuilder {
             name: filter.name().into(),
             hooks: filter.hooks().to_vec(),
             init: filter.init_fctx().clone(),
-            filter: LayerFilter::Wasm(filter),
+            filter: LayerFilter::Guest(filter.clone()),
         });
+        self.wasm.push(Some(filter));
         self
     }
 
@@ -143,6 +108,7 @@ impl KernelBuilder {
             init: filter.init_fctx(),
             filter: LayerFilter::Native(filter),
         });
+        self.wasm.push(None);
         self
     }
 
@@ -190,7 +156,7 @@ impl KernelBuilder {
             }
         }
         let mut engine: Option<Engine> = None;
-        for filter in self.filters.iter().filter_map(Entry::wasm) {
+        for filter in self.wasm.iter().flatten() {
             match &engine {
                 None => engine = Some(filter.engine().clone()),
                 Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => {
@@ -203,8 +169,8 @@ impl KernelBuilder {
             let mut total = 0;
             for call in CallKind::ALL {
                 let mut sum = 0;
-                for filter in self.filters.iter().filter_map(Entry::wasm) {
-                    let need = admission::need(filter.hooks(), call, true);
+                for filter in self.wasm.iter().flatten() {
+                    let need = plugin::need(filter.hooks(), call, true);
                     let have = filter.limits().instances;
                     if need > have as usize {
                         return Err(BuildError::TooFewInstances {
@@ -230,44 +196,23 @@ impl KernelBuilder {
         let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
         let tools = Arc::new(self.tools);
         let turn = self.turn.unwrap_or_else(|| Arc::new(ToolLoop::default()));
-        let core = Core {
-            chat: chain(
-                &self.filters,
-                Arc::new(ModelTerminal {
-                    model,
-                    limits: self.response_limits,
-                }),
-            ),
-            tool: chain(&self.filters, tools.clone()),
-            turn: chain(&self.filters, turn),
-            token_layers: self
-                .filters
-                .iter()
-                .enumerate()
-                .filter(|(_, entry)| entry.hooks.contains(&Hook::TokenTransform))
-                .map(|(id, _)| id)
-                .collect(),
-            filters: self.filters,
-            tools,
-        };
+        let chat = Arc::new(ModelTerminal {
+            model,
+            limits: self.response_limits,
+        });
+        let core = Core::compose(
+            self.filters,
+            chat,
+            tools.clone(),
+            turn,
+            tools.shared_specs(),
+        );
         Ok(Kernel {
             core: Arc::new(core),
+            wasm: self.wasm.into(),
+            tools,
         })
     }
-}
-
-/// The layers of chain `K`: the filters with its hook, in order.
-fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc<Chain<K>> {
-    let layers = filters
-        .iter()
-        .enumerate()
-        .filter(|(_, entry)| entry.hooks.contains(&K::HOOK))
-        .map(|(id, entry)| Layer {
-            id,
-            filter: entry.filter.clone(),
-        })
-        .collect();
-    Arc::new(Chain { layers, terminal })
 }
 
 /// Filters composed around a model, tools and a tool loop. Cheap to clone;
@@ -276,6 +221,10 @@ fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc
 #[derive(Clone)]
 pub struct Kernel {
     core: Arc<Core>,
+    /// By filter position: the wasm filter, whose instances an invoke
+    /// reserves on admission.
+    wasm: Arc<[Option<Arc<WasmFilter>>]>,
+    tools: Arc<ToolRegistry>,
 }
 
 impl Kernel {
@@ -294,32 +243,30 @@ impl Kernel {
 
     /// The specs of the registered tools.
     pub fn tools(&self) -> Vec<ToolSpec> {
-        self.core.tools.specs()
+        self.tools.specs()
     }
 
-    /// Runs `request` through the chat chain. Token transforms do not run:
-    /// they only shape a stream.
+    /// Runs `request` through the chat chain. With a sink in `options`
+    /// ([`InvokeOptions::stream_to`]) the answer streams through the token
+    /// transforms to it; without, token transforms do not run. Returns the
+    /// model's original response either way.
     pub async fn chat(
         &self,
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, options.into(), None).await?;
+        let invoke = self.admit(CallKind::Chat, options.into()).await?;
         invoke.chat(request).await
     }
 
-    /// Runs `request` through the chat chain, streaming the answer through
-    /// the token transforms to `sink`. Returns the model's original response.
+    /// [`Kernel::chat`], streaming the answer to `sink`.
     pub async fn chat_stream(
         &self,
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
         sink: impl TokenSink + 'static,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self
-            .admit(CallKind::Chat, options.into(), Some(Arc::new(sink)))
-            .await?;
-        invoke.chat(request).await
+        self.chat(request, options.into().stream_to(sink)).await
     }
 
     /// Calls the tool `name` with `arguments` through the tool chain. An
@@ -330,36 +277,43 @@ impl Kernel {
         arguments: serde_json::Value,
         options: impl Into<InvokeOptions>,
     ) -> Result<ToolResponse, ChainError> {
-        let tool = self.core.tools.spec(name).ok_or_else(|| {
+        let tool = self.tools.spec(name).ok_or_else(|| {
             ChainError::new(
                 ErrorKind::NotFound,
                 format!("tool '{name}' is not registered"),
             )
         })?;
-        let invoke = self.admit(CallKind::Tool, options.into(), None).await?;
+        let invoke = self.admit(CallKind::Tool, options.into()).await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
     }
 
-    /// Runs one agent turn through the turn chain.
+    /// Runs one agent turn through the turn chain; with a sink in
+    /// `options`, every model round streams to it.
     pub async fn turn(
         &self,
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        self.run_turn(request, options.into(), None).await
+        match self.admit(CallKind::Turn, options.into()).await {
+            Ok(invoke) => {
+                Next::start(self.core.turn.clone(), invoke)
+                    .call(request)
+                    .await
+            }
+            Err(error) => TurnResult::Error(error),
+        }
     }
 
-    /// Runs one agent turn, streaming every model round to `sink`.
+    /// [`Kernel::turn`], streaming every model round to `sink`.
     pub async fn turn_stream(
         &self,
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
         sink: impl TokenSink + 'static,
     ) -> TurnResult {
-        self.run_turn(request, options.into(), Some(Arc::new(sink)))
-            .await
+        self.turn(request, options.into().stream_to(sink)).await
     }
 
     /// The token transform chain alone, for an embedder that streams from
@@ -369,10 +323,9 @@ impl Kernel {
         context: Context,
         sink: impl TokenSink + 'static,
     ) -> Result<TokenStream, ChainError> {
-        let sink: Arc<dyn TokenSink> = Arc::new(sink);
-        let invoke = self
-            .admit(CallKind::Chat, context.into(), Some(sink.clone()))
-            .await?;
+        let options = InvokeOptions::from(context).stream_to(sink);
+        let sink = options.sink.clone().expect("just set");
+        let invoke = self.admit(CallKind::Chat, options).await?;
         TokenStream::open(&invoke, sink).await
     }
 
@@ -407,42 +360,20 @@ impl Kernel {
     /// Continues a turn the tool loop paused (a `sensitive` tool waiting
     /// for approval): its pending calls run, or are denied, and the loop goes
     /// on. The turn chain runs again with `resume = true`; only its first
-    /// call of the terminal continues the paused turn.
+    /// call of the terminal continues the paused turn. With a sink in
+    /// `options`, every model round streams to it.
     pub async fn resume(
         &self,
         interrupt: TurnInterrupt,
         decision: Decision,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        self.resume_inner(interrupt, decision, options.into(), None)
-            .await
-    }
-
-    /// As [`Kernel::resume`], streaming every model round to `sink`.
-    pub async fn resume_stream(
-        &self,
-        interrupt: TurnInterrupt,
-        decision: Decision,
-        options: impl Into<InvokeOptions>,
-        sink: impl TokenSink + 'static,
-    ) -> TurnResult {
-        self.resume_inner(interrupt, decision, options.into(), Some(Arc::new(sink)))
-            .await
-    }
-
-    async fn resume_inner(
-        &self,
-        interrupt: TurnInterrupt,
-        decision: Decision,
-        options: InvokeOptions,
-        sink: Option<Arc<dyn TokenSink>>,
-    ) -> TurnResult {
         let Some(paused) = interrupt.paused else {
             let message =
                 "this interrupt has nothing to resume (it did not come from the tool loop)";
             return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
         };
-        let invoke = match self.admit(CallKind::Turn, options, sink).await {
+        let invoke = match self.admit(CallKind::Turn, options.into()).await {
             Ok(invoke) => invoke,
             Err(error) => return TurnResult::Error(error),
         };
@@ -456,20 +387,16 @@ impl Kernel {
             .await
     }
 
-    async fn run_turn(
+    /// [`Kernel::resume`], streaming every model round to `sink`.
+    pub async fn resume_stream(
         &self,
-        request: TurnRequest,
-        options: InvokeOptions,
-        sink: Option<Arc<dyn TokenSink>>,
+        interrupt: TurnInterrupt,
+        decision: Decision,
+        options: impl Into<InvokeOptions>,
+        sink: impl TokenSink + 'static,
     ) -> TurnResult {
-        match self.admit(CallKind::Turn, options, sink).await {
-            Ok(invoke) => {
-                Next::start(self.core.turn.clone(), invoke)
-                    .call(request)
-                    .await
-            }
-            Err(error) => TurnResult::Error(error),
-        }
+        self.resume(interrupt, decision, options.into().stream_to(sink))
+            .await
     }
 
     /// Starts an invoke: reserves its instances (waiting, for a bounded
@@ -478,41 +405,22 @@ impl Kernel {
         &self,
         call: CallKind,
         options: InvokeOptions,
-        sink: Option<Arc<dyn TokenSink>>,
     ) -> Result<Arc<Invoke>, ChainError> {
-        let filters: Vec<_> = self.core.filters.iter().map(Entry::wasm).collect();
-        let admission = admission::admit(&filters, call, sink.is_some()).await?;
+        let streamed = options.sink.is_some();
+        let admission = plugin::admit(&self.wasm, call, streamed).await?;
         let invoke = Arc::new(Invoke::new(
             self.core.clone(),
             options.context,
-            sink,
-            admission,
+            options.sink,
+            Box::new(admission),
         ));
         if call != CallKind::Tool {
             let prompt = self
+                .core
                 .system_prompt(&invoke, options.system_prompts.join("\n\n"))
                 .await?;
             invoke.set_system_prompt(prompt);
         }
         Ok(invoke)
-    }
-
-    /// Runs the system-prompt pipeline: the caller's prompt through every
-    /// filter with the hook, in order.
-    async fn system_prompt(
-        &self,
-        invoke: &Arc<Invoke>,
-        mut prompt: String,
-    ) -> Result<String, ChainError> {
-        for (id, entry) in self.core.filters.iter().enumerate() {
-            if !entry.hooks.contains(&Hook::SystemPrompt) {
-                continue;
-            }
-            prompt = match &entry.filter {
-                LayerFilter::Native(filter) => filter.system_prompt(prompt).await?,
-                LayerFilter::Wasm(filter) => filter.system_prompt(id, invoke, &prompt).await?,
-            };
-        }
-        Ok(prompt)
     }
 }

@@ -20,41 +20,63 @@
 //! # }
 //! ```
 //!
-//! The crate is organised along the data flow: `plugin` loads filters,
-//! `kernel` composes them (`onion`) over terminals (`model`, `tool`), and
-//! each call is an `invoke` with its own context; `sandbox` and `engine` are
-//! the wasmtime core everything else builds on; `token_transform` is the
-//! token chain.
+//! # Layers
+//!
+//! The modules form layers, lowest first. A module imports only from
+//! modules before it in this list (`scripts/check-layers` checks it), so
+//! data flows one way: configuration -> plugin set -> onion -> terminals.
+//!
+//! layers: context types sandbox cache compile engine onion plugin tool model agent kernel config
+//!
+//! - `context`, `types`: the data that flows through the chains (messages,
+//!   requests, responses, tokens, typed errors) and the shared context.
+//! - `sandbox`, `cache`, `compile`, `engine`: the wasmtime core (limits,
+//!   meters, faults; compiled-code cache; out-of-process compiles; the
+//!   engine and its instance slots). No plugin state.
+//! - `onion`: composition of the chains, one call's `Invoke`, the token
+//!   transforms; sandboxed layers are `Guest`s it knows nothing about.
+//! - `plugin`: wasm filters (loading, instances, admission, the host side
+//!   of the WIT contract), the `Guest` the onion runs.
+//! - `tool`, `model`, `agent`: the terminals (tools, models, the tool loop).
+//! - `kernel`: builds the onions over the terminals and runs invokes.
+//! - `config`: `shallot.toml` and plugins directories, read into specs.
+//!
+//! Every module is private; the items meant for users are re-exported here,
+//! each reachable by one path, except the data types, which live in
+//! [`types`].
 
 #![warn(missing_docs)]
 
-mod admission;
-pub mod agent;
-pub mod cache;
+mod agent;
+mod cache;
 mod compile;
-pub mod context;
-pub mod engine;
-pub mod error;
-pub mod invoke;
-pub mod kernel;
-pub mod model;
-pub mod onion;
-pub mod plugin;
-pub mod sandbox;
-pub mod token_transform;
-pub mod tool;
+mod config;
+mod context;
+mod engine;
+mod kernel;
+mod model;
+mod onion;
+mod plugin;
+mod sandbox;
+mod tool;
 pub mod types;
 
-pub use agent::{History, LoopConfig, MemoryHistory, ToolLoop};
+pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, ToolLoop};
+pub use cache::{Cache, CacheState};
+pub use config::{read_config, read_dir, read_model};
 pub use context::Context;
-pub use engine::{Engine, EngineConfig, EngineError};
-pub use error::{Call, ChainError, ErrorKind, Origin};
-pub use invoke::{Invoke, InvokeOptions};
+pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
-pub use onion::{ChainKind, Chat, Fctx, Filter, Hook, Next, Terminal, Tool, Turn};
-pub use plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet, WasmFilter};
+pub use onion::{
+    ChainKind, Chat, Fctx, Filter, Hook, Invoke, InvokeOptions, Next, Terminal, TokenSink,
+    TokenStream, TokenTransform, Tool, Turn,
+};
+pub use plugin::{
+    FilterSpec, Isolation, LoadError, LoadEvent, Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION,
+    WasmFilter, cache_state, compile as compile_plugin, configure as configure_filter,
+    read as read_plugin,
+};
 pub use sandbox::{Grants, Limits};
-pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 pub use tool::ToolRegistry;
-pub use types::Decision;
+pub use types::error::{Call, ChainError, ErrorKind, Origin};

@@ -35,7 +35,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 
-use crate::error::{ChainError, ErrorKind, Origin};
+use crate::types::{ChainError, ErrorKind, Origin};
 
 /// Resource limits of one filter. Every call into it is bounded by all of
 /// them; docs/SECURITY.md says what each counts.

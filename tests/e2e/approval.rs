@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
+use shallot::types::Decision;
 use shallot::types::{Message, Role, ToolSpec, TurnResult};
-use shallot::{Context, Decision, Kernel, LoopConfig, MemoryHistory, ToolLoop};
+use shallot::{Context, Kernel, LoopConfig, MemoryHistory, ToolLoop};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
 use crate::agent::{done, go, reviser};

@@ -580,7 +580,7 @@ fn refused(name: &str, bytes: Vec<u8>) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
-    let error: LoadError = shallot::plugin::compile(
+    let error: LoadError = shallot::compile_plugin(
         &Engine::new(EngineConfig {
             cache_dir: None,
             instance_slots: 1,
@@ -628,7 +628,7 @@ fn compile_probe(memory_mib: u32, timeout: Duration) -> Result<(), LoadError> {
     })
     .unwrap();
     let path = shallot_tests::guest("probe");
-    shallot::plugin::compile(&engine, &path, &std::fs::read(&path).unwrap()).map(|_| ())
+    shallot::compile_plugin(&engine, &path, &std::fs::read(&path).unwrap()).map(|_| ())
 }
 
 #[test]

@@ -4,8 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use shallot::plugin::{self, FilterSpec};
-use shallot::{Context, Kernel, LoadError, PluginSet};
+use shallot::{
+    CacheState, Context, FilterSpec, Kernel, LoadError, PluginSet, cache_state, compile_plugin,
+    read_plugin,
+};
 use shallot_tests::{ScriptedModel, ask, engine, guest, strings};
 
 fn scratch(name: &str) -> PathBuf {
@@ -109,7 +111,7 @@ async fn a_plugins_directory_layers_in_file_name_order_with_sidecar_configs() {
         .unwrap();
     }
     std::fs::write(dir.join("notes.txt"), "not a plugin").unwrap();
-    let specs = plugin::read_dir(&dir).unwrap();
+    let specs = shallot::read_dir(&dir).unwrap();
     let names: Vec<_> = specs
         .iter()
         .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
@@ -198,16 +200,13 @@ async fn a_bad_shallot_toml_names_the_problem() {
 
 #[tokio::test]
 async fn compiled_plugins_come_from_the_cache_the_second_time() {
-    let bytes = plugin::read(&guest("passthrough")).unwrap();
+    let bytes = read_plugin(&guest("passthrough")).unwrap();
     let engine = engine();
-    let first = plugin::compile(&engine, &guest("passthrough"), &bytes).unwrap();
-    let second = plugin::compile(&engine, &guest("passthrough"), &bytes).unwrap();
+    let first = compile_plugin(&engine, &guest("passthrough"), &bytes).unwrap();
+    let second = compile_plugin(&engine, &guest("passthrough"), &bytes).unwrap();
     assert!(!second.was_compiled(), "the cache served it");
     let _ = first;
-    assert_eq!(
-        plugin::cache_state(&engine, &bytes),
-        shallot::cache::CacheState::Cached
-    );
+    assert_eq!(cache_state(&engine, &bytes), CacheState::Cached);
 }
 
 #[tokio::test]
@@ -228,7 +227,7 @@ async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
     let mut warnings = Vec::new();
     let specs = vec![shallot_tests::spec("probe", "idle", json!({ "hooks": [] }))];
     let set = PluginSet::from_specs(&engine(), specs, &mut |event| {
-        if let plugin::LoadEvent::Warning { message } = event {
+        if let shallot::LoadEvent::Warning { message } = event {
             warnings.push(message.to_owned());
         }
     })
@@ -241,7 +240,7 @@ async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
     warnings.clear();
     let dir = scratch("empty-plugins");
     PluginSet::from_dir(&engine(), &dir, &mut |event| {
-        if let plugin::LoadEvent::Warning { message } = event {
+        if let shallot::LoadEvent::Warning { message } = event {
             warnings.push(message.to_owned());
         }
     })

@@ -2,8 +2,9 @@
 //! stream, the flush cascade, no flush on error, delivery only.
 
 use serde_json::json;
-use shallot::{ChainError, Context, ErrorKind, Kernel};
-use shallot_tests::{Reply, ScriptedModel, ask, load, spec, stream};
+use shallot::types::{Message, TurnRequest, TurnResult};
+use shallot::{ChainError, Context, ErrorKind, InvokeOptions, Kernel};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec, stream};
 
 fn transform(name: &str, config: serde_json::Value) -> (std::path::PathBuf, shallot::FilterSpec) {
     let mut config = config;
@@ -142,4 +143,26 @@ async fn every_model_stream_gets_fresh_transform_state() {
         sink.deliveries(),
         [vec!["ab"], vec!["c"], vec!["ab"], vec!["c"]]
     );
+}
+
+#[tokio::test]
+async fn a_sink_in_the_invoke_options_streams_any_entry_point() {
+    let plugins = load(vec![transform("a", json!({ "prefix": "A" }))]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![
+            Reply::tokens(&["x", "y"]),
+            Reply::tokens(&["z"]),
+        ]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let options = InvokeOptions::from(Context::new()).stream_to(sink.clone());
+    let response = kernel.chat(ask("hi"), options.clone()).await.unwrap();
+    assert_eq!(response.text(), "xy", "the result keeps the model's text");
+    let turn = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), options)
+        .await;
+    assert!(matches!(turn, TurnResult::Done(_)), "{turn:?}");
+    assert_eq!(sink.tokens(), ["Ax", "Ay", "Az"]);
 }

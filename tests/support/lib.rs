@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use shallot::plugin::FilterSpec;
+use shallot::FilterSpec;
 use shallot::types::{ChatRequest, Message};
 use shallot::{ChainError, Context, Engine, EngineConfig, Isolation, PluginSet};
 

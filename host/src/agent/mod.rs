@@ -11,8 +11,8 @@
 //!
 //! ```no_run
 //! use serde_json::{Value, json};
-//! use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
-//! use shallot::{Context, Decision, InvokeOptions, Kernel, LoopConfig, MemoryHistory};
+//! use shallot::types::{Decision, Message, ToolSpec, TurnRequest, TurnResult};
+//! use shallot::{Context, InvokeOptions, Kernel, LoopConfig, MemoryHistory};
 //! use shallot::{OpenAiConfig, OpenAiModel, ToolLoop};
 //!
 //! # async fn run() -> anyhow::Result<()> {

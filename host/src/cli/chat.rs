@@ -10,14 +10,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Args;
 use serde_json::{Value, json};
-use shallot::plugin::read_model;
 use shallot::types::{
     Content, ContentPart, FinishReason, Message, Token, ToolRequest, ToolResponse, TurnDone,
     TurnRequest, TurnResult,
 };
 use shallot::{
     ChainError, Context, EmbeddedModel, Engine, Filter, Hook, InvokeOptions, Kernel, LoopConfig,
-    MemoryHistory, Next, OpenAiConfig, OpenAiModel, Tool, ToolLoop,
+    MemoryHistory, Next, OpenAiConfig, OpenAiModel, Tool, ToolLoop, read_model,
 };
 
 use super::Source;

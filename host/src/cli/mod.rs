@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::plugin::LoadEvent;
-use shallot::{Engine, EngineConfig, PluginSet};
+use shallot::{Engine, EngineConfig, LoadEvent, PluginSet};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use shallot::cache::CacheState;
-use shallot::plugin::{self, FilterSpec, WIT_PACKAGE, WIT_VERSION};
-use shallot::{Engine, Hook, PluginSet};
+use shallot::{
+    CacheState, Engine, FilterSpec, Hook, LoadEvent, PluginSet, WIT_PACKAGE, WIT_VERSION,
+    cache_state, read_config, read_dir, read_plugin,
+};
 
 use super::{Source, human_size, report};
 
@@ -40,20 +41,20 @@ pub(crate) async fn run(engine: &Engine, command: PluginsCommand) -> anyhow::Res
 
 async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
     let specs = match (&source.plugins, &source.config) {
-        (Some(dir), _) => plugin::read_dir(dir)?,
-        (_, Some(file)) => plugin::read_config(file)?,
+        (Some(dir), _) => read_dir(dir)?,
+        (_, Some(file)) => read_config(file)?,
         (None, None) => anyhow::bail!("give --plugins DIR or --config FILE"),
     };
     let mut before: HashMap<PathBuf, CacheState> = HashMap::new();
     for (path, _) in &specs {
-        if let Ok(bytes) = plugin::read(path) {
-            before.insert(path.clone(), plugin::cache_state(engine, &bytes));
+        if let Ok(bytes) = read_plugin(path) {
+            before.insert(path.clone(), cache_state(engine, &bytes));
         }
     }
     let mut compile_times = HashMap::new();
     let set = PluginSet::from_specs(engine, specs, &mut |event| {
         report(&event);
-        if let plugin::LoadEvent::Loaded {
+        if let LoadEvent::Loaded {
             filter,
             compile_time: Some(t),
         } = event
@@ -140,7 +141,7 @@ async fn check(
         ..FilterSpec::default()
     };
     let set = PluginSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
-        if let plugin::LoadEvent::Compiling { .. } = event {
+        if let LoadEvent::Compiling { .. } = event {
             report(&event);
         }
     })

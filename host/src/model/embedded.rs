@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
-use crate::error::ChainError;
+use crate::types::ChainError;
 use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, ToolCall, Usage};
 
 /// The embedded default model (`shallot-echo`).

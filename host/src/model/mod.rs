@@ -18,10 +18,10 @@ pub use embedded::EmbeddedModel;
 pub use openai::{OpenAiConfig, OpenAiModel};
 
 use crate::context::Context;
-use crate::error::{ChainError, ErrorKind, Origin};
-use crate::invoke::Invoke;
+use crate::onion::Invoke;
+use crate::onion::TokenStream;
 use crate::onion::{Chat, Terminal};
-use crate::token_transform::TokenStream;
+use crate::types::{ChainError, ErrorKind, Origin};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
 
 /// Bounds on one model answer, so a broken or hostile model server cannot

@@ -2,7 +2,7 @@
 //! WIT) clones from a borrowed host value; writing (WIT to host) moves.
 
 use super::bindings::shallot::filter::types as wit;
-use crate::error::{ChainError, ErrorKind};
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{
     Content, ContentPart, FinishReason, Message, Role, TokenBatch, ToolCall, ToolCallRecord,
     ToolSpec, Usage,

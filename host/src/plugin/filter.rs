@@ -8,16 +8,19 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use wasmtime::component::ResourceAny;
 
+use futures::future::BoxFuture;
+
 use super::Plugin;
+use super::admission::Leased;
 use super::host::Scope;
 use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
-use crate::admission::Leased;
 use crate::engine::Engine;
-use crate::error::{Call, ChainError, ErrorKind};
-use crate::invoke::Invoke;
-use crate::onion::{Fctx, Hook, Next};
+use crate::onion::{Chat, Fctx, Guest, GuestTransform, Hook, Invoke, Next, Tool, Turn};
 use crate::sandbox::{self, Grants, Limits};
-use crate::types::TokenBatch;
+use crate::types::{
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, ToolRequest, ToolResponse,
+    TurnRequest, TurnResult,
+};
 
 /// How a filter's instances are shared.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,14 +261,14 @@ impl WasmFilter {
     }
 
     /// Runs this filter's hook for chain `K` as layer `id` of an invoke.
-    pub(crate) async fn around<K: WasmChain>(
-        self: &Arc<Self>,
+    async fn around<K: WasmChain>(
+        &self,
         id: usize,
         request: K::Request,
         next: Next<K>,
     ) -> K::Output {
         let invoke = next.invoke().clone();
-        let mut leased = match Leased::take(&invoke, id, self).await {
+        let mut leased = match Leased::take(&invoke, id).await {
             Ok(leased) => leased,
             Err(error) => return K::fail(error),
         };
@@ -294,13 +297,13 @@ impl WasmFilter {
     }
 
     /// Runs this filter's system-prompt hook as filter `id` of `invoke`.
-    pub(crate) async fn system_prompt(
-        self: &Arc<Self>,
+    async fn run_system_prompt(
+        &self,
         id: usize,
         invoke: &Arc<Invoke>,
         prompt: &str,
     ) -> Result<String, ChainError> {
-        let mut leased = Leased::take(invoke, id, self).await?;
+        let mut leased = Leased::take(invoke, id).await?;
         let instance = leased.instance();
         match instance.system_prompt(invoke.clone(), id, prompt).await {
             Ok(output) => {
@@ -312,15 +315,15 @@ impl WasmFilter {
     }
 
     /// A fresh token transformer for one stream of `invoke`.
-    pub(crate) async fn transformer(
-        self: &Arc<Self>,
+    async fn open_transformer(
+        self: Arc<Self>,
         id: usize,
         invoke: &Arc<Invoke>,
     ) -> Result<WasmTokenTransform, ChainError> {
-        let mut leased = Leased::take(invoke, id, self).await?;
+        let mut leased = Leased::take(invoke, id).await?;
         let resource = leased.instance().transformer(invoke.clone(), id).await?;
         Ok(WasmTokenTransform {
-            filter: self.clone(),
+            filter: self,
             id,
             leased,
             resource,
@@ -349,8 +352,57 @@ impl Drop for WasmFilter {
     }
 }
 
+impl Guest for WasmFilter {
+    fn around_chat(
+        self: Arc<Self>,
+        id: usize,
+        request: ChatRequest,
+        next: Next<Chat>,
+    ) -> BoxFuture<'static, Result<ChatResponse, ChainError>> {
+        Box::pin(async move { self.around::<Chat>(id, request, next).await })
+    }
+
+    fn around_tool(
+        self: Arc<Self>,
+        id: usize,
+        request: ToolRequest,
+        next: Next<Tool>,
+    ) -> BoxFuture<'static, Result<ToolResponse, ChainError>> {
+        Box::pin(async move { self.around::<Tool>(id, request, next).await })
+    }
+
+    fn around_turn(
+        self: Arc<Self>,
+        id: usize,
+        request: TurnRequest,
+        next: Next<Turn>,
+    ) -> BoxFuture<'static, TurnResult> {
+        Box::pin(async move { self.around::<Turn>(id, request, next).await })
+    }
+
+    fn system_prompt<'a>(
+        &'a self,
+        id: usize,
+        invoke: &'a Arc<Invoke>,
+        prompt: String,
+    ) -> BoxFuture<'a, Result<String, ChainError>> {
+        Box::pin(async move { self.run_system_prompt(id, invoke, &prompt).await })
+    }
+
+    fn transformer<'a>(
+        self: Arc<Self>,
+        id: usize,
+        invoke: &'a Arc<Invoke>,
+    ) -> BoxFuture<'a, Result<Box<dyn GuestTransform>, ChainError>> {
+        Box::pin(async move {
+            let transform = self.open_transformer(id, invoke).await?;
+            Ok(Box::new(transform) as Box<dyn GuestTransform>)
+        })
+    }
+}
+
 /// A wasm filter's token transformer for one stream, holding its instance.
-pub(crate) struct WasmTokenTransform {
+struct WasmTokenTransform {
     filter: Arc<WasmFilter>,
     id: usize,
     leased: Leased,
@@ -382,23 +434,27 @@ impl WasmTokenTransform {
             }
         }
     }
+}
 
-    pub(crate) async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
-        self.call(Some(tokens)).await
+impl GuestTransform for WasmTokenTransform {
+    fn step(&mut self, tokens: TokenBatch) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
+        Box::pin(self.call(Some(tokens)))
     }
 
-    pub(crate) async fn flush(&mut self) -> Result<TokenBatch, ChainError> {
-        self.call(None).await
+    fn flush(&mut self) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
+        Box::pin(self.call(None))
     }
 
     /// Drops the transformer in the guest and returns the instance.
-    pub(crate) async fn close(mut self) {
-        if self.leased.is_poisoned() {
-            return;
-        }
-        let dropped = self.leased.instance().drop_transformer(self.resource).await;
-        if dropped.is_ok() {
-            self.leased.release();
-        }
+    fn close(mut self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            if self.leased.is_poisoned() {
+                return;
+            }
+            let dropped = self.leased.instance().drop_transformer(self.resource).await;
+            if dropped.is_ok() {
+                self.leased.release();
+            }
+        })
     }
 }

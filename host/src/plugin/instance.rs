@@ -16,10 +16,10 @@ use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
 use super::host::{Continuation, HostState, Identity, Scope, internal};
-use crate::error::{Call, ChainError, ErrorKind};
-use crate::invoke::Invoke;
+use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits, TEXT_CAP};
+use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
 /// Everything needed to make a fresh instance of a configured filter.

@@ -16,8 +16,8 @@ use super::host::{HostState, Identity};
 use super::instance::{Blueprint, FilterInstance};
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
-use crate::error::ChainError;
 use crate::sandbox::{Grants, Limits};
+use crate::types::ChainError;
 
 /// The WIT package filters are built against.
 pub const WIT_PACKAGE: &str = "shallot:filter";

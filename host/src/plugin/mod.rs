@@ -2,13 +2,14 @@
 //! them, and running their hooks in sandboxed instances.
 //!
 //! `loader` reads and compiles one file; `set` loads a whole plugins
-//! directory or `shallot.toml`; `filter` is a configured filter and
-//! `instance` one of its instances (`crate::admission` hands them to
-//! invokes); `host` is what an instance imports; `convert` maps WIT types
-//! to ours.
+//! directory or a `shallot.toml`; `filter` is a configured filter (a
+//! [`Guest`](crate::onion::Guest) of the onion) and `instance` one of its
+//! instances, which `admission` reserves for invokes and hands to their
+//! calls; `host` is what an instance imports; `convert` maps WIT types to
+//! ours.
 
+mod admission;
 pub(crate) mod bindings;
-mod config;
 mod convert;
 mod filter;
 pub(crate) mod host;
@@ -16,8 +17,7 @@ mod instance;
 mod loader;
 mod set;
 
-pub use config::{read_config, read_dir, read_model};
-pub(crate) use filter::WasmTokenTransform;
+pub(crate) use admission::{CallKind, admit, need};
 pub use filter::{Isolation, WasmFilter};
 pub(crate) use instance::FilterInstance;
 pub use loader::{

@@ -1,5 +1,6 @@
-//! A plugin set: the configured wasm filters, in layer order, loaded from a
-//! plugins directory or a `shallot.toml`.
+//! A plugin set: the configured wasm filters, in layer order, loaded from
+//! specs (which `crate::config` reads from a plugins directory or a
+//! `shallot.toml`).
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -7,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::config::{read_config, read_dir};
 use super::filter::WasmFilter;
 use super::loader::{self, FilterSpec, LoadError, Plugin};
 use crate::engine::Engine;
@@ -45,25 +45,6 @@ pub struct PluginSet {
 }
 
 impl PluginSet {
-    /// Loads every `*.wasm` of `dir` in file-name order (sidecar `<stem>.json`
-    /// configs), each in `invoke` isolation.
-    pub async fn from_dir(
-        engine: &Engine,
-        dir: &Path,
-        progress: &mut dyn FnMut(LoadEvent<'_>),
-    ) -> Result<Self, LoadError> {
-        Self::from_specs(engine, read_dir(dir)?, progress).await
-    }
-
-    /// Loads the filters a `shallot.toml` lists.
-    pub async fn from_config(
-        engine: &Engine,
-        file: &Path,
-        progress: &mut dyn FnMut(LoadEvent<'_>),
-    ) -> Result<Self, LoadError> {
-        Self::from_specs(engine, read_config(file)?, progress).await
-    }
-
     /// Loads filters from plugin files and specs, in order. Each file is
     /// compiled once even if several filters use it.
     pub async fn from_specs(

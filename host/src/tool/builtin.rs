@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::ToolRegistry;
-use crate::error::{ChainError, ErrorKind};
 use crate::types::ToolSpec;
+use crate::types::{ChainError, ErrorKind};
 
 /// Registers the built-in tools.
 pub fn register(tools: &mut ToolRegistry) {

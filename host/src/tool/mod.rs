@@ -19,9 +19,9 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::context::Context;
-use crate::error::{ChainError, ErrorKind};
-use crate::invoke::Invoke;
+use crate::onion::Invoke;
 use crate::onion::{Terminal, Tool};
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{ToolRequest, ToolResponse, ToolSpec};
 
 type Handler =
@@ -75,6 +75,11 @@ impl ToolRegistry {
     /// The spec of the tool `name`.
     pub fn spec(&self, name: &str) -> Option<Arc<ToolSpec>> {
         self.tools.get(name).map(|tool| tool.spec.clone())
+    }
+
+    /// Every tool's spec, by name, shared.
+    pub(crate) fn shared_specs(&self) -> Vec<Arc<ToolSpec>> {
+        self.tools.values().map(|tool| tool.spec.clone()).collect()
     }
 
     /// Every tool's spec, by name.

@@ -1,5 +1,6 @@
 //! The host's own types for what flows through the chains: messages, the
-//! requests and responses of the chat, tool and turn chains, and tokens.
+//! requests and responses of the chat, tool and turn chains, tokens, and
+//! the typed errors they carry (re-exported at the crate root).
 //!
 //! These are what embedders and terminals use. The WIT types a filter sees
 //! are converted to and from them in one place, `plugin::convert`.
@@ -8,6 +9,7 @@
 //! what it touches.
 
 mod chat;
+pub(crate) mod error;
 mod message;
 mod token;
 mod tool;
@@ -15,6 +17,7 @@ mod turn;
 mod weight;
 
 pub use chat::{ChatRequest, ChatResponse, FinishReason, Usage};
+pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};

@@ -2,7 +2,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::{ChatResponse, Message, ToolCall};
-use crate::error::ChainError;
+use crate::types::ChainError;
 
 /// One agent turn: what the turn chain carries inward.
 #[derive(Debug, Clone)]

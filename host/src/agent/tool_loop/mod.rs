@@ -22,12 +22,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::history::{History, MemoryHistory};
-use crate::error::{ChainError, ErrorKind};
-use crate::invoke::Invoke;
+use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
-use crate::tool::ToolRegistry;
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, Message, ToolCall, ToolCallRecord, ToolRequest,
+    ChatRequest, ChatResponse, Decision, Message, ToolCall, ToolCallRecord, ToolRequest, ToolSpec,
     TurnRequest, TurnResult,
 };
 
@@ -87,6 +86,11 @@ impl ToolLoop {
 pub const CONVERSATION_ID: &str = "conversation_id";
 
 /// The conversation an invoke belongs to, from its context.
+/// The spec of the registered tool `name`.
+fn spec_of<'a>(tools: &'a [Arc<ToolSpec>], name: &str) -> Option<&'a Arc<ToolSpec>> {
+    tools.iter().find(|tool| tool.name == name)
+}
+
 fn conversation(invoke: &Invoke) -> Option<String> {
     invoke.context().get(CONVERSATION_ID).map(|id| match id {
         serde_json::Value::String(id) => id,
@@ -108,8 +112,8 @@ pub struct Paused {
 #[async_trait]
 impl Terminal<Turn> for ToolLoop {
     async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>) -> TurnResult {
-        let tools = invoke.core().tools();
-        let offered = Arc::new(tools.specs());
+        let tools = invoke.core().tools.as_slice();
+        let offered: Arc<Vec<ToolSpec>> = Arc::new(tools.iter().map(|t| (**t).clone()).collect());
         let history = self.history.as_ref();
         // Only the first run of a resumed invoke continues the paused turn;
         // a turn filter's re-entry after it runs a fresh loop.
@@ -166,7 +170,7 @@ impl Terminal<Turn> for ToolLoop {
                 return run.done(response);
             }
             let (held, free): (Vec<ToolCall>, Vec<ToolCall>) = calls.into_iter().partition(|c| {
-                self.config.pause_sensitive && tools.spec(&c.name).is_some_and(|t| t.sensitive)
+                self.config.pause_sensitive && spec_of(tools, &c.name).is_some_and(|t| t.sensitive)
             });
             let outcomes = self.run_tools(invoke, tools, &free).await;
             if held.is_empty() {
@@ -200,14 +204,14 @@ impl ToolLoop {
     async fn run_tools(
         &self,
         invoke: &Arc<Invoke>,
-        tools: &ToolRegistry,
+        tools: &[Arc<ToolSpec>],
         calls: &[ToolCall],
     ) -> Vec<Result<String, ChainError>> {
         let requests: Vec<Result<ToolRequest, ChainError>> = calls
             .iter()
-            .map(|call| match tools.spec(&call.name) {
+            .map(|call| match spec_of(tools, &call.name) {
                 Some(tool) => Ok(ToolRequest {
-                    tool,
+                    tool: tool.clone(),
                     call_id: Arc::from(call.id.as_str()),
                     arguments: Arc::from(call.arguments.as_str()),
                 }),

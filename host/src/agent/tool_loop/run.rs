@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use super::{Paused, conversation};
+use super::{Paused, conversation, spec_of};
 use crate::agent::History;
-use crate::error::{ChainError, ErrorKind, Origin};
-use crate::invoke::Invoke;
-use crate::tool::ToolRegistry;
+use crate::onion::Invoke;
+use crate::types::{ChainError, ErrorKind, Origin};
 use crate::types::{
-    ChatResponse, FinishReason, Message, Resumable, ToolCall, ToolCallRecord, TurnDone,
+    ChatResponse, FinishReason, Message, Resumable, ToolCall, ToolCallRecord, ToolSpec, TurnDone,
     TurnInterrupt, TurnRequest, TurnResult,
 };
 
@@ -112,7 +111,7 @@ impl<'a> Run<'a> {
     /// and none failed, ends the turn with their outputs as the answer.
     pub(super) fn settle(
         &mut self,
-        tools: &ToolRegistry,
+        tools: &[Arc<ToolSpec>],
         calls: Vec<ToolCall>,
         outcomes: Vec<Result<String, ChainError>>,
     ) -> Option<TurnResult> {
@@ -120,7 +119,7 @@ impl<'a> Run<'a> {
             && outcomes.iter().all(Result::is_ok)
             && calls
                 .iter()
-                .all(|c| tools.spec(&c.name).is_some_and(|t| t.return_direct));
+                .all(|c| spec_of(tools, &c.name).is_some_and(|t| t.return_direct));
         let answers: Vec<String> = outcomes
             .iter()
             .flatten()

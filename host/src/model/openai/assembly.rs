@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::super::ResponseLimits;
 use super::wire::{Chunk, answer, finish};
-use crate::error::ChainError;
+use crate::types::ChainError;
 use crate::types::{ChatResponse, ToolCall, Usage};
 
 /// A streamed answer as it is put together, chunk by chunk.

@@ -26,7 +26,7 @@ use self::assembly::Assembly;
 use self::wire::{Chunk, Completion, answer, finish, wire_message};
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
-use crate::error::{ChainError, ErrorKind};
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
 
 /// How to reach an OpenAI-compatible server.

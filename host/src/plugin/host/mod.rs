@@ -35,11 +35,11 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::types as wit;
 use super::convert;
-use crate::error::{Call, ChainError, ErrorKind, Origin};
-use crate::invoke::{Branch, Invoke};
+use crate::onion::{Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
 use crate::types::Weigh;
+use crate::types::{Call, ChainError, ErrorKind, Origin};
 
 /// Which filter an instance belongs to, for logs and error attribution.
 #[derive(Debug)]

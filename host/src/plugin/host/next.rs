@@ -5,11 +5,11 @@ use std::time::Duration;
 use wasmtime::component::Resource;
 
 use super::HostState;
-use crate::error::{Call, ChainError, ErrorKind};
 use crate::onion::{Chat, Tool, Turn};
 use crate::plugin::bindings::shallot::filter::{next, types as wit};
 use crate::plugin::convert;
 use crate::plugin::instance::WasmChain;
+use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
 
 impl HostState {

@@ -22,11 +22,8 @@
 
 use std::sync::Arc;
 
-use crate::error::ChainError;
-use crate::invoke::Invoke;
-use crate::onion::LayerFilter;
-use crate::plugin::WasmTokenTransform;
-use crate::types::{Token, TokenBatch};
+use super::{GuestTransform, Invoke, LayerFilter};
+use crate::types::{ChainError, Token, TokenBatch};
 
 /// Where a streaming caller receives tokens.
 pub trait TokenSink: Send + Sync {
@@ -58,21 +55,21 @@ pub trait TokenTransform: Send {
 
 enum Transformer {
     Native(Box<dyn TokenTransform>),
-    Wasm(Box<WasmTokenTransform>),
+    Guest(Box<dyn GuestTransform>),
 }
 
 impl Transformer {
     async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
         match self {
             Transformer::Native(t) => t.step(tokens),
-            Transformer::Wasm(t) => t.step(tokens).await,
+            Transformer::Guest(t) => t.step(tokens).await,
         }
     }
 
     async fn flush(&mut self) -> Result<TokenBatch, ChainError> {
         match self {
             Transformer::Native(t) => t.flush(),
-            Transformer::Wasm(t) => t.flush().await,
+            Transformer::Guest(t) => t.flush().await,
         }
     }
 }
@@ -99,8 +96,8 @@ impl TokenStream {
                     Some(transform) => Transformer::Native(transform),
                     None => continue,
                 },
-                LayerFilter::Wasm(filter) => {
-                    Transformer::Wasm(Box::new(filter.transformer(id, invoke).await?))
+                LayerFilter::Guest(filter) => {
+                    Transformer::Guest(filter.clone().transformer(id, invoke).await?)
                 }
             };
             layers.push(layer);
@@ -156,7 +153,7 @@ impl TokenStream {
 
     async fn release(self) {
         for layer in self.layers {
-            if let Transformer::Wasm(t) = layer {
+            if let Transformer::Guest(t) = layer {
                 t.close().await;
             }
         }

@@ -9,8 +9,17 @@
 //! reaches its private context (FCtx), kept by the invoke. Composition
 //! happens once per kernel; a call only walks the list.
 //!
-//! This module owns composition. It knows nothing of wasm: wasm layers are
-//! dispatched to `plugin::WasmFilter`.
+//! This module owns composition and the life of a call through it: an
+//! [`Invoke`] (`invoke`) and the token transforms of a stream
+//! (`token_transform`). It knows nothing of wasm: a sandboxed layer is a [`Guest`], which
+//! `plugin::WasmFilter` implements.
+
+mod invoke;
+mod token_transform;
+
+pub(crate) use invoke::Branch;
+pub use invoke::{Invoke, InvokeOptions};
+pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,11 +30,10 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
-use crate::error::{Call, ChainError, ErrorKind};
-use crate::invoke::{Branch, Invoke};
-use crate::plugin::WasmFilter;
-use crate::token_transform::TokenTransform;
-use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
+use crate::types::{
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, ToolRequest, ToolResponse,
+    ToolSpec, TurnRequest, TurnResult,
+};
 
 /// A filter hook: what a filter may implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -107,12 +115,12 @@ pub trait ChainKind: Send + Sync + Sized + 'static {
     ) -> BoxFuture<'a, Self::Output>;
 
     #[doc(hidden)]
-    fn around_wasm(
-        filter: Arc<WasmFilter>,
+    fn around_guest(
+        filter: Arc<dyn Guest>,
         id: usize,
         request: Self::Request,
         next: Next<Self>,
-    ) -> impl Future<Output = Self::Output> + Send + 'static;
+    ) -> BoxFuture<'static, Self::Output>;
 }
 
 /// The chat chain: around one model call.
@@ -139,13 +147,13 @@ impl ChainKind for Chat {
         f.around_chat(r, n)
     }
 
-    async fn around_wasm(
-        f: Arc<WasmFilter>,
+    fn around_guest(
+        f: Arc<dyn Guest>,
         id: usize,
         r: ChatRequest,
         n: Next<Self>,
-    ) -> Self::Output {
-        f.around::<Self>(id, r, n).await
+    ) -> BoxFuture<'static, Self::Output> {
+        f.around_chat(id, r, n)
     }
 }
 
@@ -166,13 +174,13 @@ impl ChainKind for Tool {
         f.around_tool(r, n)
     }
 
-    async fn around_wasm(
-        f: Arc<WasmFilter>,
+    fn around_guest(
+        f: Arc<dyn Guest>,
         id: usize,
         r: ToolRequest,
         n: Next<Self>,
-    ) -> Self::Output {
-        f.around::<Self>(id, r, n).await
+    ) -> BoxFuture<'static, Self::Output> {
+        f.around_tool(id, r, n)
     }
 }
 
@@ -193,13 +201,13 @@ impl ChainKind for Turn {
         f.around_turn(r, n)
     }
 
-    async fn around_wasm(
-        f: Arc<WasmFilter>,
+    fn around_guest(
+        f: Arc<dyn Guest>,
         id: usize,
         r: TurnRequest,
         n: Next<Self>,
-    ) -> Self::Output {
-        f.around::<Self>(id, r, n).await
+    ) -> BoxFuture<'static, Self::Output> {
+        f.around_turn(id, r, n)
     }
 }
 
@@ -271,11 +279,143 @@ pub trait Terminal<K: ChainKind>: Send + Sync + 'static {
     async fn call(&self, request: K::Request, invoke: &Arc<Invoke>) -> K::Output;
 }
 
+/// A filter run in a sandbox rather than as the host's own code (a wasm
+/// filter). The onion and the token chain call it through this; how it
+/// runs, and what it holds per invoke, is its own business.
+pub trait Guest: Send + Sync + 'static {
+    /// Its around-chat hook, as filter `id` of the invoke `next` belongs to.
+    fn around_chat(
+        self: Arc<Self>,
+        id: usize,
+        request: ChatRequest,
+        next: Next<Chat>,
+    ) -> BoxFuture<'static, Result<ChatResponse, ChainError>>;
+
+    /// Its around-tool hook.
+    fn around_tool(
+        self: Arc<Self>,
+        id: usize,
+        request: ToolRequest,
+        next: Next<Tool>,
+    ) -> BoxFuture<'static, Result<ToolResponse, ChainError>>;
+
+    /// Its around-turn hook.
+    fn around_turn(
+        self: Arc<Self>,
+        id: usize,
+        request: TurnRequest,
+        next: Next<Turn>,
+    ) -> BoxFuture<'static, TurnResult>;
+
+    /// Its system-prompt hook, as filter `id` of `invoke`.
+    fn system_prompt<'a>(
+        &'a self,
+        id: usize,
+        invoke: &'a Arc<Invoke>,
+        prompt: String,
+    ) -> BoxFuture<'a, Result<String, ChainError>>;
+
+    /// A fresh token transformer for one stream of `invoke`.
+    fn transformer<'a>(
+        self: Arc<Self>,
+        id: usize,
+        invoke: &'a Arc<Invoke>,
+    ) -> BoxFuture<'a, Result<Box<dyn GuestTransform>, ChainError>>;
+}
+
+/// A [`Guest`]'s token transformer for one stream.
+pub trait GuestTransform: Send {
+    /// Takes the next tokens and returns 0..N tokens for each.
+    fn step(&mut self, tokens: TokenBatch) -> BoxFuture<'_, Result<TokenBatch, ChainError>>;
+    /// The stream ended normally: what is still buffered.
+    fn flush(&mut self) -> BoxFuture<'_, Result<TokenBatch, ChainError>>;
+    /// The stream is over: releases what the transformer holds.
+    fn close(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
 /// A filter in a chain.
 #[derive(Clone)]
 pub(crate) enum LayerFilter {
     Native(Arc<dyn Filter>),
-    Wasm(Arc<WasmFilter>),
+    Guest(Arc<dyn Guest>),
+}
+
+/// A filter of a kernel, native or sandboxed.
+pub(crate) struct Entry {
+    pub name: Arc<str>,
+    pub hooks: Vec<Hook>,
+    pub init: Fctx,
+    pub filter: LayerFilter,
+}
+
+/// The composed kernel, shared by every invoke.
+pub(crate) struct Core {
+    pub filters: Vec<Entry>,
+    pub chat: Arc<Chain<Chat>>,
+    pub tool: Arc<Chain<Tool>>,
+    pub turn: Arc<Chain<Turn>>,
+    /// Filters with a token transform, in order.
+    pub token_layers: Vec<usize>,
+    /// The registered tools' specs, offered to the model by the tool loop.
+    pub tools: Vec<Arc<ToolSpec>>,
+}
+
+impl Core {
+    /// Composes the onions of `filters` over their terminals.
+    pub(crate) fn compose(
+        filters: Vec<Entry>,
+        chat: Arc<dyn Terminal<Chat>>,
+        tool: Arc<dyn Terminal<Tool>>,
+        turn: Arc<dyn Terminal<Turn>>,
+        tools: Vec<Arc<ToolSpec>>,
+    ) -> Self {
+        Core {
+            chat: chain(&filters, chat),
+            tool: chain(&filters, tool),
+            turn: chain(&filters, turn),
+            token_layers: filters
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| entry.hooks.contains(&Hook::TokenTransform))
+                .map(|(id, _)| id)
+                .collect(),
+            filters,
+            tools,
+        }
+    }
+
+    /// Runs the system-prompt pipeline of `invoke`: `prompt` through every
+    /// filter with the hook, in order.
+    pub(crate) async fn system_prompt(
+        &self,
+        invoke: &Arc<Invoke>,
+        mut prompt: String,
+    ) -> Result<String, ChainError> {
+        for (id, entry) in self.filters.iter().enumerate() {
+            if !entry.hooks.contains(&Hook::SystemPrompt) {
+                continue;
+            }
+            prompt = match &entry.filter {
+                LayerFilter::Native(filter) => filter.system_prompt(prompt).await?,
+                LayerFilter::Guest(filter) => filter.system_prompt(id, invoke, prompt).await?,
+            };
+        }
+        Ok(prompt)
+    }
+}
+
+/// The layers of chain `K`: the filters with its hook, in order.
+fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc<Chain<K>> {
+    let layers = filters
+        .iter()
+        .enumerate()
+        .filter(|(_, entry)| entry.hooks.contains(&K::HOOK))
+        .map(|(id, entry)| Layer {
+            id,
+            filter: entry.filter.clone(),
+        })
+        .collect();
+    Arc::new(Chain { layers, terminal })
 }
 
 /// One layer of a chain; `id` is the filter's position in the kernel's
@@ -397,8 +537,8 @@ impl<K: ChainKind> Next<K> {
         };
         match &layer.filter {
             LayerFilter::Native(filter) => K::around_native(filter.as_ref(), request, next).await,
-            LayerFilter::Wasm(filter) => {
-                K::around_wasm(filter.clone(), layer.id, request, next).await
+            LayerFilter::Guest(filter) => {
+                K::around_guest(filter.clone(), layer.id, request, next).await
             }
         }
     }

@@ -170,7 +170,7 @@ pub struct ChainError {
     pub origin: Option<Origin>,
     /// For a turn that stopped at a limit: what it had done by then (the
     /// tool calls made, the messages so far).
-    pub ran: Option<Arc<crate::types::TurnDone>>,
+    pub ran: Option<Arc<super::TurnDone>>,
 }
 
 impl ChainError {

@@ -10,24 +10,22 @@
 //! as long as the invoke: its FCtx and its writes to the shared context
 //! (charged to the writer until another write replaces them).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use serde_json::Value;
 
-use crate::admission::{Admission, Lease};
+use super::{Core, Fctx, Next, TokenSink};
 use crate::context::Context;
-use crate::error::ChainError;
-use crate::kernel::Core;
-use crate::onion::{Fctx, Next};
-use crate::token_transform::TokenSink;
+use crate::types::ChainError;
 use crate::types::{
     ChatRequest, ChatResponse, Decision, Resumable, ToolRequest, ToolResponse, Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
 /// converts into one.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct InvokeOptions {
     /// The shared context (conversation id, tenant, user, ...).
     pub context: Context,
@@ -35,6 +33,9 @@ pub struct InvokeOptions {
     /// the filters' system-prompt hooks. Applied innermost, just before the
     /// model: chat filters never see them and history never stores them.
     pub system_prompts: Vec<String>,
+    /// Where the model's answers stream to, through the token transforms;
+    /// `None` for a call that is not streamed (token transforms do not run).
+    pub sink: Option<Arc<dyn TokenSink>>,
 }
 
 impl InvokeOptions {
@@ -43,13 +44,29 @@ impl InvokeOptions {
         self.system_prompts.push(prompt.into());
         self
     }
+
+    /// Streams the model's answers through the token transforms to `sink`.
+    pub fn stream_to(mut self, sink: impl TokenSink + 'static) -> Self {
+        self.sink = Some(Arc::new(sink));
+        self
+    }
+}
+
+impl std::fmt::Debug for InvokeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InvokeOptions")
+            .field("context", &self.context)
+            .field("system_prompts", &self.system_prompts)
+            .field("streamed", &self.sink.is_some())
+            .finish()
+    }
 }
 
 impl From<Context> for InvokeOptions {
     fn from(context: Context) -> Self {
         InvokeOptions {
             context,
-            system_prompts: Vec::new(),
+            ..InvokeOptions::default()
         }
     }
 }
@@ -61,8 +78,9 @@ pub struct Invoke {
     context: Context,
     fctx: Mutex<Vec<Option<Fctx>>>,
     ledger: Mutex<Ledger>,
-    /// The instances reserved for this invoke, released when it ends.
-    admission: Admission,
+    /// What the invoke's guests reserved for it (their instances),
+    /// released when it ends.
+    reservation: Box<dyn Any + Send + Sync>,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompt: OnceLock<String>,
     /// A paused turn this invoke resumes, with the caller's decision.
@@ -84,7 +102,7 @@ impl Invoke {
         core: Arc<Core>,
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
-        admission: Admission,
+        reservation: Box<dyn Any + Send + Sync>,
     ) -> Self {
         let filters = core.filters.len();
         Invoke {
@@ -96,16 +114,16 @@ impl Invoke {
                 fctx: vec![0; filters],
                 writers: HashMap::new(),
             }),
-            admission,
+            reservation,
             sink,
             system_prompt: OnceLock::new(),
             resumed: Mutex::new(None),
         }
     }
 
-    /// Filter `id`'s instance lease in this invoke.
-    pub(crate) fn lease(&self, id: usize) -> &Lease {
-        &self.admission.leases[id]
+    /// What the guests reserved for this invoke, if it is a `T`.
+    pub(crate) fn reservation<T: 'static>(&self) -> Option<&T> {
+        self.reservation.downcast_ref()
     }
 
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
@@ -311,16 +329,5 @@ impl Branch {
     fn get(&self, id: usize) -> Option<Fctx> {
         let writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
         writes[id].clone().or_else(|| self.base[id].clone())
-    }
-}
-
-impl Drop for Invoke {
-    fn drop(&mut self) {
-        // Warm filters get their instances back; the rest are dropped.
-        for (id, lease) in self.admission.leases.iter_mut().enumerate() {
-            if let Some(filter) = self.core.filters[id].wasm() {
-                filter.reclaim(lease.drain());
-            }
-        }
     }
 }

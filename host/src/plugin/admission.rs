@@ -27,10 +27,9 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::error::{ChainError, ErrorKind};
-use crate::invoke::Invoke;
-use crate::onion::Hook;
-use crate::plugin::{FilterInstance, WasmFilter};
+use super::{FilterInstance, WasmFilter};
+use crate::onion::{Hook, Invoke};
+use crate::types::{ChainError, ErrorKind};
 
 /// What an invoke starts with; decides how many instances it reserves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,29 +85,50 @@ async fn acquire(
     }
 }
 
-/// What an admitted invoke holds: its instance reservations, released when
-/// the invoke ends.
+/// What an admitted invoke holds (its reservation, see `Invoke`): a lease
+/// per filter, released when the invoke ends.
 pub(crate) struct Admission {
-    pub leases: Box<[Lease]>,
+    leases: Box<[Lease]>,
     _permits: Vec<OwnedSemaphorePermit>,
+}
+
+impl Admission {
+    /// Filter `id`'s lease in `invoke`.
+    fn lease(invoke: &Invoke, id: usize) -> &Lease {
+        let admission: &Admission = invoke
+            .reservation()
+            .expect("every invoke is admitted by the kernel");
+        &admission.leases[id]
+    }
+}
+
+impl Drop for Admission {
+    /// Warm filters get their idle instances back; the rest are dropped.
+    fn drop(&mut self) {
+        for lease in &mut self.leases {
+            if let Some(filter) = lease.filter.take() {
+                filter.reclaim(lease.drain());
+            }
+        }
+    }
 }
 
 /// Reserves what an invoke of `call` through `filters` (by position, `None`
 /// for a native filter) may need, waiting at most the engine's queue
 /// timeout for each quota and for the engine's slots.
 pub(crate) async fn admit(
-    filters: &[Option<&Arc<WasmFilter>>],
+    filters: &[Option<Arc<WasmFilter>>],
     call: CallKind,
     stream: bool,
 ) -> Result<Admission, ChainError> {
     let needs: Vec<usize> = filters
         .iter()
-        .map(|filter| filter.map_or(0, |f| need(f.hooks(), call, stream)))
+        .map(|filter| filter.as_ref().map_or(0, |f| need(f.hooks(), call, stream)))
         .collect();
     let mut order: Vec<(&Arc<WasmFilter>, usize)> = filters
         .iter()
         .zip(&needs)
-        .filter_map(|(filter, &n)| filter.map(|filter| (filter, n)))
+        .filter_map(|(filter, &n)| filter.as_ref().map(|filter| (filter, n)))
         .filter(|&(_, n)| n > 0)
         .collect();
     let mut permits = Vec::with_capacity(order.len() + 1);
@@ -125,14 +145,19 @@ pub(crate) async fn admit(
         permits.push(acquire(engine.slots(), total, timeout, what).await?);
     }
     Ok(Admission {
-        leases: needs.into_iter().map(Lease::new).collect(),
+        leases: filters
+            .iter()
+            .zip(needs)
+            .map(|(filter, reserved)| Lease::new(filter.clone(), reserved))
+            .collect(),
         _permits: permits,
     })
 }
 
 /// One invoke's instances of one filter.
-#[derive(Default)]
-pub(crate) struct Lease {
+struct Lease {
+    /// The filter, `None` for a native one.
+    filter: Option<Arc<WasmFilter>>,
     /// Instances this invoke may create under its admission reservation.
     reserved: usize,
     state: Mutex<LeaseState>,
@@ -157,10 +182,12 @@ enum Take {
 }
 
 impl Lease {
-    fn new(reserved: usize) -> Self {
+    fn new(filter: Option<Arc<WasmFilter>>, reserved: usize) -> Self {
         Lease {
+            filter,
             reserved,
-            ..Default::default()
+            state: Mutex::default(),
+            returned: Notify::new(),
         }
     }
 
@@ -169,11 +196,15 @@ impl Lease {
     }
 
     /// The idle instances, for the filter to reclaim when the invoke ends.
-    pub(crate) fn drain(&mut self) -> Vec<FilterInstance> {
+    fn drain(&mut self) -> Vec<FilterInstance> {
         std::mem::take(&mut self.lock().idle)
     }
 
-    async fn take(&self, filter: &Arc<WasmFilter>) -> Result<FilterInstance, ChainError> {
+    async fn take(&self) -> Result<FilterInstance, ChainError> {
+        let filter = self
+            .filter
+            .as_ref()
+            .expect("only a wasm filter takes instances");
         loop {
             let returned = self.returned.notified();
             match self.try_take(filter) {
@@ -248,12 +279,8 @@ pub(crate) struct Leased {
 
 impl Leased {
     /// Takes an instance of filter `id` for `invoke`.
-    pub(crate) async fn take(
-        invoke: &Arc<Invoke>,
-        id: usize,
-        filter: &Arc<WasmFilter>,
-    ) -> Result<Self, ChainError> {
-        let instance = invoke.lease(id).take(filter).await?;
+    pub(crate) async fn take(invoke: &Arc<Invoke>, id: usize) -> Result<Self, ChainError> {
+        let instance = Admission::lease(invoke, id).take().await?;
         Ok(Leased {
             invoke: invoke.clone(),
             id,
@@ -274,7 +301,7 @@ impl Leased {
     /// The instance faulted: drop it now.
     pub(crate) fn poison(&mut self) {
         if self.instance.take().is_some() {
-            self.invoke.lease(self.id).lost();
+            Admission::lease(&self.invoke, self.id).lost();
         }
     }
 
@@ -285,7 +312,7 @@ impl Leased {
     /// The call went well: the instance goes back for reuse.
     pub(crate) fn release(mut self) {
         if let Some(instance) = self.instance.take() {
-            self.invoke.lease(self.id).give_back(instance);
+            Admission::lease(&self.invoke, self.id).give_back(instance);
         }
     }
 }
@@ -293,7 +320,7 @@ impl Leased {
 impl Drop for Leased {
     fn drop(&mut self) {
         if self.instance.take().is_some() {
-            self.invoke.lease(self.id).lost();
+            Admission::lease(&self.invoke, self.id).lost();
         }
     }
 }

@@ -1,4 +1,6 @@
-//! `shallot.toml`: an explicit, ordered list of filters.
+//! Configuration, at the head of the flow: a `shallot.toml` (an explicit,
+//! ordered list of filters, and the model) or a plugins directory, read into
+//! the specs a [`PluginSet`] loads.
 //!
 //! ```toml
 //! # Plugin paths are relative to this directory, itself relative to this
@@ -37,9 +39,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::filter::Isolation;
-use super::loader::{FilterSpec, LoadError};
+use crate::engine::Engine;
 use crate::model::OpenAiConfig;
+use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
 use crate::sandbox::{Grants, Limits};
 
 #[derive(Debug, Deserialize)]
@@ -218,6 +220,27 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
             ))
         })
         .collect()
+}
+
+impl PluginSet {
+    /// Loads every `*.wasm` of `dir` in file-name order (sidecar `<stem>.json`
+    /// configs), each in `invoke` isolation.
+    pub async fn from_dir(
+        engine: &Engine,
+        dir: &Path,
+        progress: &mut dyn FnMut(LoadEvent<'_>),
+    ) -> Result<Self, LoadError> {
+        Self::from_specs(engine, read_dir(dir)?, progress).await
+    }
+
+    /// Loads the filters a `shallot.toml` lists.
+    pub async fn from_config(
+        engine: &Engine,
+        file: &Path,
+        progress: &mut dyn FnMut(LoadEvent<'_>),
+    ) -> Result<Self, LoadError> {
+        Self::from_specs(engine, read_config(file)?, progress).await
+    }
 }
 
 #[cfg(test)]
