@@ -26,7 +26,7 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: context types sandbox cache compile engine onion plugin tool model agent kernel config
+//! layers: context types sandbox cache compile engine onion plugin tool model agent kernel config gateway
 //!
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
@@ -40,6 +40,8 @@
 //! - `tool`, `model`, `agent`: the terminals (tools, models, the tool loop).
 //! - `kernel`: builds the onions over the terminals and runs invokes.
 //! - `config`: `shallot.toml` and plugins directories, read into specs.
+//! - `gateway`: the OpenAI-compatible HTTP server in front of a kernel
+//!   (`shallot serve`).
 //!
 //! Every module is private; the items meant for users are re-exported here,
 //! each reachable by one path, except the data types, which live in
@@ -53,6 +55,7 @@ mod compile;
 mod config;
 mod context;
 mod engine;
+mod gateway;
 mod kernel;
 mod model;
 mod onion;
@@ -66,6 +69,7 @@ pub use cache::{Cache, CacheState};
 pub use config::{read_config, read_dir, read_model};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
+pub use gateway::{GatewayConfig, serve};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{

@@ -440,3 +440,71 @@ fn chat_without_prompts_reads_them_from_stdin_as_one_conversation() {
         "the second turn sees the first: {history:?}"
     );
 }
+
+/// One HTTP/1.1 request to `address`; the status line and the body.
+fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.lines().next().unwrap_or_default().to_owned();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
+        .env("CARGO_TARGET_DIR", target_dir())
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("shallot runs");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let address = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "no address: {said}"
+        );
+        said.push_str(&line);
+        if let Some(rest) = line.strip_prefix("shallot serve: http://") {
+            break rest.split_once("/v1").unwrap().0.to_owned();
+        }
+    };
+    assert!(said.contains("model 'shallot-echo'"), "{said}");
+    let (status, models) = http(&address, "GET", "/v1/models", "");
+    assert!(status.contains("200"), "{status}");
+    assert!(models.contains("shallot-echo"), "{models}");
+    let ask = r#"{"model":"shallot-echo","messages":[{"role":"user","content":"My deploy key is sk-live4f9a2b7c"}]}"#;
+    let (status, answer) = http(&address, "POST", "/v1/chat/completions", ask);
+    assert!(status.contains("200"), "{status}: {answer}");
+    assert!(answer.contains("chat.completion"), "{answer}");
+    assert!(
+        !answer.contains("sk-live4f9a2b7c"),
+        "token-redact holds: {answer}"
+    );
+
+    // SAFETY: signals the child this test started and still owns.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{status}: {rest}");
+    assert!(rest.contains("stopped"), "{rest}");
+}

@@ -12,6 +12,7 @@ mod concurrency;
 mod context;
 mod fctx;
 mod fuzz;
+mod gateway;
 mod hostile;
 mod loading;
 mod polyglot;

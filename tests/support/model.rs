@@ -22,7 +22,7 @@ pub enum Reply {
     Tokens(Vec<(String, Option<String>)>),
     /// Fails with this error.
     Fail(ChainError),
-    /// Streams these tokens, then the connection breaks.
+    /// Streams these tokens, then (a moment later) the connection breaks.
     BreakAfter(Vec<String>, ChainError),
     /// Answers with the text after a pause.
     Slow(Duration, String),
@@ -205,13 +205,17 @@ impl ChatModel for ScriptedModel {
                 .boxed()
             }
             Reply::Fail(error) => return Err(error),
-            Reply::BreakAfter(tokens, error) => stream::iter(
-                tokens
-                    .into_iter()
-                    .map(|t| token((t, None)))
-                    .chain([Err(error)]),
-            )
-            .boxed(),
+            Reply::BreakAfter(tokens, error) => {
+                // The break comes a moment after the tokens, so they arrive
+                // (and are delivered) first, as from a real connection.
+                let broken = stream::once(async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Err(error)
+                });
+                stream::iter(tokens.into_iter().map(|t| token((t, None))))
+                    .chain(broken)
+                    .boxed()
+            }
             Reply::Paced(tokens, pause) => {
                 let done = response(tokens.concat());
                 let paced = stream::iter(tokens).then(move |text| async move {

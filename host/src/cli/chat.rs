@@ -16,10 +16,10 @@ use shallot::types::{
 };
 use shallot::{
     ChainError, Context, EmbeddedModel, Engine, Filter, Hook, InvokeOptions, Kernel, LoopConfig,
-    MemoryHistory, Next, OpenAiConfig, OpenAiModel, Tool, ToolLoop, read_model,
+    MemoryHistory, Next, OpenAiModel, Tool, ToolLoop,
 };
 
-use super::Source;
+use super::{ModelArgs, Source};
 
 #[derive(Args)]
 pub(crate) struct ChatArgs {
@@ -50,17 +50,8 @@ pub(crate) struct ChatArgs {
     /// Pause between the embedded model's streamed tokens, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pace: u64,
-    /// Use the OpenAI-compatible server at this API base instead of the
-    /// embedded model, e.g. http://localhost:11434/v1 (Ollama),
-    /// http://localhost:8000/v1 (vLLM), https://api.openai.com/v1. The bearer
-    /// token comes from OPENAI_API_KEY. Without this flag: the `[model]` table
-    /// of --config, then OPENAI_BASE_URL / OPENAI_API_KEY, then the embedded
-    /// offline model.
-    #[arg(long, value_name = "URL")]
-    model_url: Option<String>,
-    /// The model to ask the server for [default: SHALLOT_MODEL, else gpt-4o-mini].
-    #[arg(long, value_name = "NAME")]
-    model: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// The prompts, sent one after another as turns of one conversation.
     /// Without any, prompts are read from stdin, one per line: a REPL on a
     /// terminal (Ctrl-D ends it), or a script from a pipe.
@@ -119,7 +110,7 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
     let mut builder = Kernel::builder()
         .plugins(&plugins)
         .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
-    builder = match server(&args)? {
+    builder = match args.model.server(&args.source)? {
         Some(server) => builder.model(OpenAiModel::new(server)?),
         None => builder.model(EmbeddedModel::new().with_delay(Duration::from_millis(args.pace))),
     };
@@ -219,34 +210,6 @@ impl Shown<'_> {
         }
         Ok(shown)
     }
-}
-
-/// The model server the flags, the config file or the environment name, in
-/// that order of precedence; `None` for the embedded model.
-fn server(args: &ChatArgs) -> anyhow::Result<Option<OpenAiConfig>> {
-    let configured = match &args.source.config {
-        Some(file) => read_model(file)?,
-        None => None,
-    };
-    let mut server = match (&args.model_url, configured.or_else(OpenAiConfig::from_env)) {
-        (Some(url), Some(server)) => Some(OpenAiConfig {
-            base_url: url.clone(),
-            ..server
-        }),
-        (Some(url), None) => Some(OpenAiConfig {
-            api_key: std::env::var("OPENAI_API_KEY").ok(),
-            ..OpenAiConfig::new(url, OpenAiConfig::default_model())
-        }),
-        (None, server) => server,
-    };
-    match (&mut server, &args.model) {
-        (Some(server), Some(model)) => server.model = model.clone(),
-        (None, Some(_)) => anyhow::bail!(
-            "--model names a model on a server: give the server with --model-url, a [model] table in --config, or OPENAI_BASE_URL"
-        ),
-        _ => {}
-    }
-    Ok(server)
 }
 
 fn name(value: &impl serde::Serialize) -> String {

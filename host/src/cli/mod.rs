@@ -3,13 +3,14 @@
 
 mod chat;
 mod plugins;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::{Engine, EngineConfig, LoadEvent, PluginSet};
+use shallot::{Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet, read_model};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///
@@ -37,6 +38,8 @@ struct Cli {
 enum Command {
     /// Send prompts through the filters to the model and print the answers.
     Chat(chat::ChatArgs),
+    /// Serve the filters as an OpenAI-compatible HTTP gateway.
+    Serve(serve::ServeArgs),
     /// Inspect plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
@@ -67,6 +70,52 @@ impl Source {
             }
         };
         Ok(set)
+    }
+}
+
+/// Which model the filters wrap.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ModelArgs {
+    /// Use the OpenAI-compatible server at this API base instead of the
+    /// embedded model, e.g. http://localhost:11434/v1 (Ollama),
+    /// http://localhost:8000/v1 (vLLM), https://api.openai.com/v1. The bearer
+    /// token comes from OPENAI_API_KEY. Without this flag: the `[model]` table
+    /// of --config, then OPENAI_BASE_URL / OPENAI_API_KEY, then the embedded
+    /// offline model.
+    #[arg(long, value_name = "URL")]
+    model_url: Option<String>,
+    /// The model to ask the server for [default: SHALLOT_MODEL, else gpt-4o-mini].
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+}
+
+impl ModelArgs {
+    /// The model server the flags, the config file or the environment
+    /// name, in that order of precedence; `None` for the embedded model.
+    pub(crate) fn server(&self, source: &Source) -> anyhow::Result<Option<OpenAiConfig>> {
+        let configured = match &source.config {
+            Some(file) => read_model(file)?,
+            None => None,
+        };
+        let mut server = match (&self.model_url, configured.or_else(OpenAiConfig::from_env)) {
+            (Some(url), Some(server)) => Some(OpenAiConfig {
+                base_url: url.clone(),
+                ..server
+            }),
+            (Some(url), None) => Some(OpenAiConfig {
+                api_key: std::env::var("OPENAI_API_KEY").ok(),
+                ..OpenAiConfig::new(url, OpenAiConfig::default_model())
+            }),
+            (None, server) => server,
+        };
+        match (&mut server, &self.model) {
+            (Some(server), Some(model)) => server.model = model.clone(),
+            (None, Some(_)) => anyhow::bail!(
+                "--model names a model on a server: give the server with --model-url, a [model] table in --config, or OPENAI_BASE_URL"
+            ),
+            _ => {}
+        }
+        Ok(server)
     }
 }
 
@@ -118,6 +167,7 @@ pub fn main() -> ExitCode {
         let engine = Engine::new(config)?;
         match cli.command {
             Command::Chat(args) => chat::run(&engine, args).await,
+            Command::Serve(args) => serve::run(&engine, args).await,
             Command::Plugins(command) => plugins::run(&engine, command).await,
         }
     });

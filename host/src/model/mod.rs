@@ -15,6 +15,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 
 pub use embedded::EmbeddedModel;
+pub(crate) use openai::wire;
 pub use openai::{OpenAiConfig, OpenAiModel};
 
 use crate::context::Context;

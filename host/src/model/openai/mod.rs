@@ -12,7 +12,7 @@
 //! `assembly` puts a streamed answer together chunk by chunk.
 
 mod assembly;
-mod wire;
+pub(crate) mod wire;
 
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::assembly::Assembly;
-use self::wire::{Chunk, Completion, answer, finish, wire_message};
+use self::wire::{Chunk, Completion, answer, finish, wire_message, wire_tool};
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
 use crate::types::{ChainError, ErrorKind};
@@ -122,11 +122,7 @@ impl OpenAiModel {
             "messages": request.messages.iter().map(wire_message).collect::<Vec<_>>(),
         });
         if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.parameters } }))
-                .collect();
+            let tools: Vec<Value> = request.tools.iter().map(wire_tool).collect();
             body["tools"] = Value::Array(tools);
         }
         for (key, value) in request.options.iter() {

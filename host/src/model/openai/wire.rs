@@ -1,14 +1,17 @@
-//! The chat-completions wire format: how our messages go out, and how the
-//! server's answers and stream chunks come back, in our terms.
+//! The chat-completions wire format, both ways: how our messages and tools
+//! go out and how a server's answers and stream chunks come back (the
+//! client), and how a client's messages and tools come in and our answers
+//! go out (the gateway).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::types::{
-    ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, Usage,
+    ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, ToolSpec, Usage,
 };
 
-pub(super) fn wire_message(m: &Message) -> Value {
+/// A message in the wire format.
+pub(crate) fn wire_message(m: &Message) -> Value {
     let role = match m.role {
         Role::System => "system",
         Role::User => "user",
@@ -47,6 +50,116 @@ pub(super) fn wire_message(m: &Message) -> Value {
         wire["tool_call_id"] = json!(id);
     }
     wire
+}
+
+/// A tool in the wire format.
+pub(crate) fn wire_tool(t: &ToolSpec) -> Value {
+    json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.parameters } })
+}
+
+/// A client's message, in our terms.
+pub(crate) fn message_from_wire(wire: &Value) -> Result<Message, String> {
+    let role = match wire["role"].as_str() {
+        Some("system" | "developer") => Role::System,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some("tool") => Role::Tool,
+        Some(other) => return Err(format!("unknown role '{other}'")),
+        None => return Err("a message has no `role`".to_owned()),
+    };
+    let content = match &wire["content"] {
+        Value::Null => None,
+        Value::String(text) => Some(Content::Text(text.clone())),
+        Value::Array(parts) => Some(Content::Parts(
+            parts.iter().map(part_from_wire).collect::<Result<_, _>>()?,
+        )),
+        _ => return Err("`content` must be a string, an array of parts or null".to_owned()),
+    };
+    let tool_calls = match &wire["tool_calls"] {
+        Value::Null => Vec::new(),
+        Value::Array(calls) => calls
+            .iter()
+            .map(|call| {
+                let text = |v: &Value, what: &str| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("a tool call has no `{what}`"))
+                };
+                Ok(ToolCall {
+                    id: text(&call["id"], "id")?,
+                    name: text(&call["function"]["name"], "function.name")?,
+                    arguments: call["function"]["arguments"]
+                        .as_str()
+                        .unwrap_or("{}")
+                        .to_owned(),
+                })
+            })
+            .collect::<Result<_, String>>()?,
+        _ => return Err("`tool_calls` must be an array".to_owned()),
+    };
+    let tool_call_id = wire["tool_call_id"].as_str().map(str::to_owned);
+    if role == Role::Tool && tool_call_id.is_none() {
+        return Err("a tool message has no `tool_call_id`".to_owned());
+    }
+    Ok(Message {
+        role,
+        content,
+        tool_calls,
+        tool_call_id,
+    })
+}
+
+fn part_from_wire(part: &Value) -> Result<ContentPart, String> {
+    match part["type"].as_str() {
+        Some("text") => Ok(ContentPart::Text {
+            text: part["text"].as_str().unwrap_or_default().to_owned(),
+        }),
+        Some("image_url") => Ok(ContentPart::Image {
+            url: part["image_url"]["url"]
+                .as_str()
+                .ok_or("an image part has no `image_url.url`")?
+                .to_owned(),
+            detail: part["image_url"]["detail"].as_str().map(str::to_owned),
+        }),
+        Some(other) => Err(format!("unsupported content part type '{other}'")),
+        None => Err("a content part has no `type`".to_owned()),
+    }
+}
+
+/// A client's tool, in our terms.
+pub(crate) fn tool_from_wire(wire: &Value) -> Result<ToolSpec, String> {
+    if wire["type"] != "function" {
+        return Err("only `function` tools are supported".to_owned());
+    }
+    let function = &wire["function"];
+    let name = function["name"]
+        .as_str()
+        .ok_or("a tool has no `function.name`")?;
+    let parameters = match &function["parameters"] {
+        Value::Null => json!({ "type": "object", "properties": {} }),
+        schema => schema.clone(),
+    };
+    let description = function["description"].as_str().unwrap_or_default();
+    Ok(ToolSpec::new(name, description, parameters))
+}
+
+/// Our finish reason, as the wire says it.
+pub(crate) fn wire_finish(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::ToolUse => "tool_calls",
+        FinishReason::LengthLimit => "length",
+        FinishReason::ContentFiltered | FinishReason::Refusal => "content_filter",
+        _ => "stop",
+    }
+}
+
+/// Token accounting as the wire says it.
+pub(crate) fn wire_usage(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+    })
 }
 
 /// The finish reason a provider reported, in our terms.

@@ -17,7 +17,8 @@ struct Misbehave {
     /// Where: configure, chat, tool, turn, system-prompt, step, flush,
     /// transformer (its constructor) or drop (its destructor).
     on: String,
-    /// What: trap, panic, loop, oom, sleep, error, evil-error, host-alloc,
+    /// What: trap, panic, loop, oom, sleep, error, block (a
+    /// content-filtered error), evil-error, host-alloc,
     /// hoard-handles,
     /// hoard-next, next-and-work, flood-next, flood-context, flood-log,
     /// write-then-trap, print (to stderr; panics on "boom"), mimic (builds
@@ -113,6 +114,10 @@ impl Misbehave {
                 assert!(!text.contains("boom"), "misbehave: asked to fail");
                 Ok(())
             }
+            "block" => Err(FilterError::new(
+                ErrorKind::ContentFiltered,
+                format!("misbehave: blocked in {at}"),
+            )),
             _ => Err(FilterError::new(
                 ErrorKind::Transient,
                 format!("misbehave: error in {at}"),

@@ -1,0 +1,494 @@
+//! An OpenAI-compatible gateway in front of a [`Kernel`]: any OpenAI client,
+//! in any language, gets the filters.
+//!
+//! `POST /v1/chat/completions` runs one chat-chain invoke per request
+//! (system-prompt hooks, around-chat filters, the model) and answers as
+//! OpenAI does: a JSON completion, or with `stream: true` server-sent
+//! chunks, tool calls included, and a usage chunk when
+//! `stream_options.include_usage` asks for it. What the client is shown of
+//! the answer's text always goes through the token transforms, streamed or
+//! not, so a redaction filter holds in both. The client runs its own tool
+//! loop: the tools it offers go to the model and the model's calls come
+//! back to it.
+//!
+//! Failures are OpenAI error objects with a status by their kind (see
+//! `wire::ApiError::chain`); a blocked answer is a `200` whose
+//! `finish_reason` is `content_filter`, as OpenAI does. A stream that fails
+//! after it started ends with an error event, never a silent truncation.
+//!
+//! `GET /v1/models` lists the model, `GET /healthz` says the process is up
+//! and `GET /readyz` that it serves, with the filters it runs.
+//!
+//! Bounds ([`GatewayConfig`]): a request body cap (`413`), a cap on
+//! concurrent requests with a bounded queue (`429` when the queue is full,
+//! `503` when a queued request waited too long, both with `Retry-After`),
+//! a per-request deadline (`504`), and on shutdown a bounded drain of the
+//! requests in flight.
+
+mod wire;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use self::wire::{ApiError, CompletionRequest, Head};
+use crate::context::Context;
+use crate::kernel::Kernel;
+use crate::model::wire::wire_finish;
+use crate::onion::{InvokeOptions, TokenSink};
+use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch};
+
+/// How a gateway serves, and its bounds.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The model name clients ask for (`model` in a request) and that
+    /// `/v1/models` lists.
+    pub model: String,
+    /// The largest request body accepted, in bytes (default 4 MiB).
+    pub max_body_bytes: usize,
+    /// Requests served at once (default 256).
+    pub max_concurrent: usize,
+    /// Requests that may wait for one of those places (default 1024);
+    /// beyond, `429`.
+    pub max_queued: usize,
+    /// How long a request may wait for a place (default 10 s); then `503`.
+    pub queue_timeout: Duration,
+    /// How long one request may take, streaming included (default 300 s);
+    /// then `504`, or an error event in a stream.
+    pub request_timeout: Duration,
+    /// On shutdown, how long requests in flight get to finish (default
+    /// 30 s).
+    pub drain_timeout: Duration,
+}
+
+impl GatewayConfig {
+    /// The defaults, serving `model`.
+    pub fn new(model: impl Into<String>) -> Self {
+        GatewayConfig {
+            model: model.into(),
+            max_body_bytes: 4 << 20,
+            max_concurrent: 256,
+            max_queued: 1024,
+            queue_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(300),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every request handler shares.
+struct Gateway {
+    kernel: Kernel,
+    config: GatewayConfig,
+    /// Places among the requests served at once.
+    places: Arc<Semaphore>,
+    /// Requests waiting for a place.
+    queued: AtomicUsize,
+}
+
+/// Serves `kernel` on `listener` until `shutdown` resolves, then stops
+/// accepting and gives the requests in flight `drain_timeout` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    kernel: Kernel,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let drain = config.drain_timeout;
+    let gateway = Arc::new(Gateway {
+        places: Arc::new(Semaphore::new(config.max_concurrent)),
+        queued: AtomicUsize::new(0),
+        kernel,
+        config,
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("unknown_url"),
+                "no such endpoint".to_owned(),
+            )
+        })
+        .layer(DefaultBodyLimit::max(gateway.config.max_body_bytes))
+        .with_state(gateway);
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = stopping.send(());
+    });
+    let server = server.into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        served = &mut server => served,
+        () = async {
+            let _ = stopped.await;
+            tokio::time::sleep(drain).await;
+        } => {
+            tracing::warn!("requests still in flight after the {drain:?} drain; stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let retry = matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        );
+        let mut response = (self.status, axum::Json(self.body)).into_response();
+        if retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{ "id": gateway.config.model, "object": "model", "created": 0, "owned_by": "shallot" }],
+    }))
+    .into_response()
+}
+
+async fn ready(State(gateway): State<Arc<Gateway>>) -> Response {
+    let filters: Vec<Value> = gateway
+        .kernel
+        .filters()
+        .map(|(name, hooks)| {
+            let hooks: Vec<&str> = hooks.iter().map(|h| h.as_str()).collect();
+            json!({ "name": name, "hooks": hooks })
+        })
+        .collect();
+    axum::Json(json!({ "ready": true, "model": gateway.config.model, "filters": filters }))
+        .into_response()
+}
+
+async fn completions(
+    State(gateway): State<Arc<Gateway>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match complete(gateway, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn complete(
+    gateway: Arc<Gateway>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "the request body is larger than {} bytes",
+                gateway.config.max_body_bytes
+            )
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, "invalid_request_error", None, message)
+    })?;
+    let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(format!(
+            "the request body is not a chat completion request: {e}"
+        ))
+    })?;
+    if request.model != gateway.config.model {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            format!(
+                "the model '{}' does not exist; this gateway serves '{}'",
+                request.model, gateway.config.model
+            ),
+        ));
+    }
+    let chat = request.chat_request().map_err(ApiError::invalid)?;
+    let place = gateway.place().await?;
+    let mut context = Context::new().with("model", request.model.as_str());
+    if let Some(user) = &request.user {
+        context = context.with("user", user.as_str());
+    }
+    let answer = Answer {
+        head: Head::new(&gateway.config.model),
+        include_usage: request.include_usage(),
+        context,
+        gateway,
+        _place: place,
+    };
+    if request.stream {
+        answer.stream(chat).await
+    } else {
+        answer.whole(chat).await
+    }
+}
+
+impl Gateway {
+    /// Waits for a place among the requests served at once: `429` if too
+    /// many already wait, `503` if the wait runs out.
+    async fn place(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        if let Ok(place) = self.places.clone().try_acquire_owned() {
+            return Ok(place);
+        }
+        let waiting = Waiting::join(&self.queued, self.config.max_queued).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("queue_full"),
+                format!(
+                    "{} requests are in progress and {} waiting; try again later",
+                    self.config.max_concurrent, self.config.max_queued
+                ),
+            )
+        })?;
+        let place = tokio::time::timeout(
+            self.config.queue_timeout,
+            self.places.clone().acquire_owned(),
+        )
+        .await;
+        drop(waiting);
+        match place {
+            Ok(Ok(place)) => Ok(place),
+            _ => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+                format!(
+                    "no place to serve the request within {} ms; try again later",
+                    self.config.queue_timeout.as_millis()
+                ),
+            )),
+        }
+    }
+}
+
+/// One request in the queue, counted until it leaves (served, refused or
+/// dropped with its connection).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn join(queued: &'a AtomicUsize, max: usize) -> Option<Self> {
+        queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(queued))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One admitted request: what its answer needs, and its place.
+struct Answer {
+    gateway: Arc<Gateway>,
+    head: Head,
+    include_usage: bool,
+    context: Context,
+    _place: OwnedSemaphorePermit,
+}
+
+impl Answer {
+    fn deadline(&self) -> Duration {
+        self.gateway.config.request_timeout
+    }
+
+    fn timed_out(&self) -> ChainError {
+        ChainError::new(
+            ErrorKind::Timeout,
+            format!(
+                "the request did not finish within {} ms",
+                self.deadline().as_millis()
+            ),
+        )
+    }
+
+    /// The text a client is shown of `response`: through the token
+    /// transforms.
+    async fn delivered(&self, response: &ChatResponse) -> Result<Option<String>, ChainError> {
+        match response.message.content {
+            None => Ok(None),
+            Some(_) => Ok(Some(
+                self.gateway
+                    .kernel
+                    .delivered_text(&response.text(), self.context.clone())
+                    .await?,
+            )),
+        }
+    }
+
+    /// A JSON completion.
+    async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
+        let answer = async {
+            let options = InvokeOptions::from(self.context.clone());
+            let response = self.gateway.kernel.chat(chat, options).await?;
+            let delivered = self.delivered(&response).await?;
+            Ok(self.head.completion(&response, delivered))
+        };
+        let answer = tokio::time::timeout(self.deadline(), answer)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out()))
+            .map_err(|e| ApiError::chain(&e))?;
+        Ok(axum::Json(answer).into_response())
+    }
+
+    /// Server-sent chunks. Nothing is sent before the chat's first event,
+    /// so a request that fails before any token gets its status, not a
+    /// stream.
+    async fn stream(self, chat: ChatRequest) -> Result<Response, ApiError> {
+        let (sender, mut events) = mpsc::unbounded_channel();
+        let kernel = self.gateway.kernel.clone();
+        let options = InvokeOptions::from(self.context.clone()).stream_to(Forward(sender.clone()));
+        let (deadline, timed_out) = (self.deadline(), self.timed_out());
+        tokio::spawn(async move {
+            let done = tokio::time::timeout(deadline, kernel.chat(chat, options))
+                .await
+                .unwrap_or(Err(timed_out));
+            let _ = sender.send(Streamed::Done(done));
+        });
+        let first = events.recv().await;
+        if let Some(Streamed::Done(Err(error))) = &first {
+            return Err(ApiError::chain(error));
+        }
+        let opening = self
+            .head
+            .chunk(json!({ "role": "assistant", "content": "" }), None);
+        let state = Chunks {
+            answer: self,
+            pending: first,
+            events,
+            delivered: false,
+            ended: false,
+        };
+        let chunks = futures::stream::unfold(state, Chunks::next).flatten();
+        let body = futures::stream::iter([opening]).chain(chunks).map(|chunk| {
+            let data = match chunk {
+                Value::String(done) => done,
+                chunk => chunk.to_string(),
+            };
+            Ok::<_, Infallible>(Event::default().data(data))
+        });
+        Ok(Sse::new(body)
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    }
+}
+
+/// What the streaming chat tells the response body.
+enum Streamed {
+    Tokens(String),
+    Done(Result<ChatResponse, ChainError>),
+}
+
+/// Forwards each batch the token transforms deliver to the response body.
+struct Forward(mpsc::UnboundedSender<Streamed>);
+
+impl TokenSink for Forward {
+    fn deliver(&self, tokens: &TokenBatch) {
+        let text = tokens.iter().map(|token| token.text).collect();
+        let _ = self.0.send(Streamed::Tokens(text));
+    }
+}
+
+/// The chunks of one streamed answer, event by event.
+struct Chunks {
+    answer: Answer,
+    pending: Option<Streamed>,
+    events: mpsc::UnboundedReceiver<Streamed>,
+    /// Whether any text was streamed (a filter that answers itself streams
+    /// none; its text is delivered whole at the end).
+    delivered: bool,
+    ended: bool,
+}
+
+impl Chunks {
+    async fn next(mut self) -> Option<(futures::stream::Iter<std::vec::IntoIter<Value>>, Self)> {
+        if self.ended {
+            return None;
+        }
+        let event = match self.pending.take() {
+            Some(event) => Some(event),
+            None => self.events.recv().await,
+        };
+        let chunks = match event {
+            Some(Streamed::Tokens(text)) => {
+                self.delivered = true;
+                vec![self.answer.head.chunk(json!({ "content": text }), None)]
+            }
+            Some(Streamed::Done(done)) => {
+                self.ended = true;
+                let mut chunks = match done {
+                    Ok(response) => self.last(&response).await,
+                    Err(error) => vec![ApiError::chain(&error).body],
+                };
+                chunks.push(Value::String("[DONE]".to_owned()));
+                chunks
+            }
+            None => {
+                self.ended = true;
+                let error =
+                    ChainError::new(ErrorKind::Internal, "the answer ended without a result");
+                vec![
+                    ApiError::chain(&error).body,
+                    Value::String("[DONE]".to_owned()),
+                ]
+            }
+        };
+        Some((futures::stream::iter(chunks), self))
+    }
+
+    /// The chunks after the last token: text a filter answered with (not
+    /// streamed), the tool calls, the finish reason, the usage.
+    async fn last(&self, response: &ChatResponse) -> Vec<Value> {
+        let head = &self.answer.head;
+        let mut chunks = Vec::new();
+        if !self.delivered {
+            match self.answer.delivered(response).await {
+                Ok(Some(text)) if !text.is_empty() => {
+                    chunks.push(head.chunk(json!({ "content": text }), None));
+                }
+                Ok(_) => {}
+                Err(error) => return vec![ApiError::chain(&error).body],
+            }
+        }
+        if !response.message.tool_calls.is_empty() {
+            chunks.push(head.tool_calls(&response.message.tool_calls));
+        }
+        let reason = wire_finish(response.finish_reason);
+        chunks.push(head.chunk(json!({}), Some(reason)));
+        if self.answer.include_usage {
+            chunks.push(head.usage(&response.usage));
+        }
+        chunks
+    }
+}

@@ -1,0 +1,231 @@
+//! The gateway's side of the chat-completions protocol: a client's request
+//! in our terms, and our answers, stream chunks and errors as OpenAI's
+//! clients expect them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::model::wire::{
+    message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
+};
+use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap, ToolCall, Usage};
+
+/// A `POST /v1/chat/completions` body. Fields the gateway does not handle
+/// itself (`temperature`, `max_tokens`, `tool_choice`, ...) go to the model
+/// as options.
+#[derive(Deserialize)]
+pub(super) struct CompletionRequest {
+    pub model: String,
+    messages: Vec<Value>,
+    #[serde(default)]
+    tools: Vec<Value>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(flatten)]
+    options: JsonMap,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+impl CompletionRequest {
+    /// Whether a streamed answer ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+
+    /// The request in our terms, or what is wrong with it.
+    pub fn chat_request(&self) -> Result<ChatRequest, String> {
+        if self.messages.is_empty() {
+            return Err("`messages` must not be empty".to_owned());
+        }
+        if self.options.get("n").is_some_and(|n| n != 1) {
+            return Err("only `n: 1` is supported".to_owned());
+        }
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message_from_wire(m).map_err(|e| format!("messages[{i}]: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = self
+            .tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool_from_wire(t).map_err(|e| format!("tools[{i}]: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut request = ChatRequest::new(messages).with_tools(tools);
+        for (key, value) in &self.options {
+            request = request.with_option(key, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Names one completion: `chatcmpl-` and a number unique in this process.
+pub(super) fn completion_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let started = *STARTED;
+    format!(
+        "chatcmpl-{started:x}{:06x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+static STARTED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(now);
+
+/// Seconds since the epoch, as `created` says it.
+pub(super) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The head every chunk and answer of one completion shares.
+pub(super) struct Head {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Head {
+    pub fn new(model: &str) -> Self {
+        Head {
+            id: completion_id(),
+            created: now(),
+            model: model.to_owned(),
+        }
+    }
+
+    /// A whole answer, its text as delivered through the token transforms.
+    pub fn completion(&self, response: &ChatResponse, delivered: Option<String>) -> Value {
+        let mut message = wire_message(&response.message);
+        message["content"] = delivered.map_or(Value::Null, Value::String);
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": wire_finish(response.finish_reason),
+            }],
+            "usage": wire_usage(&response.usage),
+        })
+    }
+
+    /// A stream chunk with `delta` and `finish_reason`.
+    pub fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason }],
+        })
+    }
+
+    /// The chunk that carries the answer's tool calls.
+    pub fn tool_calls(&self, calls: &[ToolCall]) -> Value {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                json!({
+                    "index": index,
+                    "id": c.id,
+                    "type": "function",
+                    "function": { "name": c.name, "arguments": c.arguments },
+                })
+            })
+            .collect();
+        self.chunk(json!({ "tool_calls": calls }), None)
+    }
+
+    /// The last chunk of a stream that asked for usage: no choices.
+    pub fn usage(&self, usage: &Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": wire_usage(usage),
+        })
+    }
+}
+
+/// An error as OpenAI's clients read it, with the HTTP status for it.
+pub(super) struct ApiError {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl ApiError {
+    /// An error the gateway itself raises (bad request, unknown model, ...).
+    pub fn new(status: StatusCode, kind: &str, code: Option<&str>, message: String) -> Self {
+        ApiError {
+            status,
+            body: json!({ "error": { "message": message, "type": kind, "param": null, "code": code } }),
+        }
+    }
+
+    /// A bad request body.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            message.into(),
+        )
+    }
+
+    /// A failure of the chain, its status by its kind: the message names
+    /// the filter or terminal it came from.
+    pub fn chain(error: &ChainError) -> Self {
+        let (status, kind, code) = match error.kind {
+            ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            ErrorKind::ContentFiltered => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("content_filter"),
+            ),
+            ErrorKind::Auth => (StatusCode::UNAUTHORIZED, "authentication_error", None),
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found_error", None),
+            ErrorKind::LimitExceeded => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("limit_exceeded"),
+            ),
+            ErrorKind::Overloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+            ),
+            ErrorKind::Transient => (StatusCode::BAD_GATEWAY, "server_error", Some("upstream")),
+            ErrorKind::Timeout => (StatusCode::GATEWAY_TIMEOUT, "server_error", Some("timeout")),
+            ErrorKind::PluginFault => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some("plugin_fault"),
+            ),
+            ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+        };
+        Self::new(status, kind, code, error.to_string())
+    }
+}

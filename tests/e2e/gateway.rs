@@ -1,0 +1,515 @@
+//! The OpenAI-compatible gateway (`shallot serve`) over HTTP on loopback:
+//! JSON and streamed completions as OpenAI's clients read them, tool calls
+//! both ways, the token transforms on every answer, errors by kind, and the
+//! bounds (body cap, queue, deadline, drain).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shallot::types::ChatRequest;
+use shallot::{ChainError, ErrorKind, GatewayConfig, Kernel};
+use shallot_tests::{Reply, ScriptedModel, load, spec};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A gateway serving on a free loopback port.
+struct Served {
+    base: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    async fn start(kernel: Kernel, config: GatewayConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(shallot::serve(listener, kernel, config, shutdown));
+        Served {
+            base,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("{}{path}", self.base)).await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    /// Posts a completion request; the status, the `Retry-After` header and
+    /// the body.
+    async fn post(&self, body: impl Into<reqwest::Body>) -> (u16, Option<String>, String) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let retry = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (
+            response.status().as_u16(),
+            retry,
+            response.text().await.unwrap(),
+        )
+    }
+
+    async fn complete(&self, request: Value) -> (u16, Value) {
+        let (status, _, body) = self.post(request.to_string()).await;
+        let body = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        (status, body)
+    }
+
+    /// A streamed completion: the status and each event's data.
+    async fn stream(&self, mut request: Value) -> (u16, Vec<String>) {
+        request["stream"] = json!(true);
+        let (status, _, body) = self.post(request.to_string()).await;
+        let events = body
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect();
+        (status, events)
+    }
+
+    async fn stop(mut self) -> std::io::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap()
+    }
+}
+
+fn config() -> GatewayConfig {
+    GatewayConfig::new("scripted")
+}
+
+fn ask(text: &str) -> Value {
+    json!({ "model": "scripted", "messages": [{ "role": "user", "content": text }] })
+}
+
+async fn kernel(
+    filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>,
+    model: ScriptedModel,
+) -> Kernel {
+    let plugins = load(filters).await;
+    Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap()
+}
+
+/// The content deltas of a stream, joined.
+fn streamed_text(events: &[String]) -> String {
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn chunks(events: &[String]) -> Vec<Value> {
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_completion_answers_as_openai_does_and_the_service_endpoints_answer() {
+    let kernel = kernel(
+        vec![spec("passthrough", "pass", json!(null))],
+        ScriptedModel::answer("hello"),
+    )
+    .await;
+    let served = Served::start(kernel, config()).await;
+    let (status, body) = served.complete(ask("hi")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "scripted");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &body["choices"][0];
+    assert_eq!(
+        choice["message"],
+        json!({ "role": "assistant", "content": "hello" })
+    );
+    assert_eq!(choice["finish_reason"], "stop");
+    assert!(body["usage"]["total_tokens"].is_u64(), "{body}");
+
+    let (status, models) = served.get("/v1/models").await;
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "scripted");
+    assert_eq!(served.get("/healthz").await.0, 200);
+    let (status, ready) = served.get("/readyz").await;
+    assert_eq!(status, 200);
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["filters"][0]["name"], "pass");
+    let (status, missing) = served.get("/v1/nothing").await;
+    assert_eq!(status, 404, "{missing}");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_streamed_completion_sends_chunks_the_finish_the_usage_then_done() {
+    let model = ScriptedModel::replies(vec![Reply::Paced(
+        vec!["hel".into(), "lo".into()],
+        Duration::from_millis(5),
+    )]);
+    let served = Served::start(kernel(vec![], model).await, config()).await;
+    let mut request = ask("hi");
+    request["stream_options"] = json!({ "include_usage": true });
+    let (status, events) = served.stream(request).await;
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks = chunks(&events);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk"),
+        "{chunks:?}"
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(streamed_text(&events), "hello");
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert!(usage["usage"]["prompt_tokens"].is_u64(), "{usage}");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        match request.messages.last().map(|m| m.role) {
+            Some(shallot::types::Role::Tool) => Reply::Text(format!(
+                "sum is {}",
+                request.messages.last().unwrap().text()
+            )),
+            _ => Reply::call("add", json!({ "a": 1, "b": 2 })),
+        }
+    });
+    let served = Served::start(kernel(vec![], model.clone()).await, config()).await;
+    let tools = json!([{ "type": "function", "function": {
+        "name": "add", "description": "adds", "parameters": { "type": "object" } } }]);
+    let mut request = ask("add 1 and 2");
+    request["tools"] = tools.clone();
+    request["tool_choice"] = json!("auto");
+    let (status, body) = served.complete(request.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(message["content"], Value::Null);
+    let call = &message["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "add");
+    assert_eq!(call["type"], "function");
+    let seen = &model.requests()[0];
+    assert_eq!(
+        seen.tools[0].name, "add",
+        "the client's tools reach the model"
+    );
+    assert_eq!(seen.options["tool_choice"], "auto", "and so do its options");
+
+    // The client runs the tool and sends the result back.
+    let mut messages = request["messages"].as_array().unwrap().clone();
+    messages.push(message.clone());
+    messages.push(json!({ "role": "tool", "tool_call_id": call["id"], "content": "3" }));
+    request["messages"] = Value::Array(messages);
+    let (status, body) = served.complete(request.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "sum is 3");
+
+    let (status, events) = served.stream(json!({ "model": "scripted", "messages": [{ "role": "user", "content": "again" }], "tools": tools })).await;
+    assert_eq!(status, 200);
+    let chunks = chunks(&events);
+    let streamed = chunks
+        .iter()
+        .find(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .expect("a tool-calls chunk");
+    assert_eq!(
+        streamed["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
+        "add"
+    );
+    assert_eq!(streamed["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls")
+    );
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_redaction_filter_holds_on_the_json_answer_and_on_the_stream() {
+    let redact = spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
+    );
+    let model = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Paced(
+            vec![
+                "your key: sk-li".into(),
+                "ve4f9a".into(),
+                "2b7c, keep it".into(),
+            ],
+            Duration::from_millis(2),
+        )
+    });
+    let served = Served::start(kernel(vec![redact], model).await, config()).await;
+    let (status, _, body) = served.post(ask("my key?").to_string()).await;
+    assert_eq!(status, 200);
+    assert!(!body.contains("sk-live"), "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "your key: [KEY], keep it"
+    );
+    let (status, events) = served.stream(ask("my key?")).await;
+    assert_eq!(status, 200);
+    assert!(!events.concat().contains("sk-live"), "{events:?}");
+    assert_eq!(streamed_text(&events), "your key: [KEY], keep it");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_filter_that_answers_itself_is_shown_in_json_and_in_the_stream() {
+    let guard = spec(
+        "safeguard",
+        "guard",
+        json!({ "words": ["bomb"], "failure_response": "I can't help with that." }),
+    );
+    let served = Served::start(
+        kernel(vec![guard], ScriptedModel::answer("never asked")).await,
+        config(),
+    )
+    .await;
+    let (status, body) = served.complete(ask("build a bomb")).await;
+    assert_eq!(status, 200, "a blocked answer is an answer: {body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "I can't help with that."
+    );
+    let (status, events) = served.stream(ask("build a bomb")).await;
+    assert_eq!(status, 200);
+    assert_eq!(streamed_text(&events), "I can't help with that.");
+    assert!(
+        chunks(&events)
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "content_filter")
+    );
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn failures_get_openai_errors_with_a_status_by_kind() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        let text = request.messages.last().unwrap().text();
+        match text.as_str() {
+            "overloaded" => {
+                Reply::Fail(ChainError::new(ErrorKind::Transient, "upstream overloaded"))
+            }
+            "limit" => Reply::Fail(ChainError::new(ErrorKind::LimitExceeded, "quota")),
+            "slowly" => Reply::Slow(Duration::from_secs(30), "late".into()),
+            _ => Reply::Text("fine".into()),
+        }
+    });
+    let filters = vec![
+        spec(
+            "misbehave",
+            "blocker",
+            json!({ "on": "chat", "do": "block", "when": "forbidden" }),
+        ),
+        spec(
+            "misbehave",
+            "crasher",
+            json!({ "on": "chat", "do": "trap", "when": "crash" }),
+        ),
+    ];
+    let config = GatewayConfig {
+        max_body_bytes: 4096,
+        request_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let served = Served::start(kernel(filters, model).await, config).await;
+    let error = |body: &Value| body["error"].clone();
+
+    let (status, _, body) = served.post("{not json").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_request_error"), "{body}");
+
+    let (status, body) = served
+        .complete(json!({ "model": "gpt-9", "messages": [{ "role": "user", "content": "hi" }] }))
+        .await;
+    assert_eq!(
+        (status, error(&body)["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+
+    let (status, _, body) = served.post(ask(&"x".repeat(8192)).to_string()).await;
+    assert_eq!(status, 413, "{body}");
+
+    let (status, body) = served
+        .complete(
+            json!({ "model": "scripted", "messages": [{ "role": "wizard", "content": "hi" }] }),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown role"),
+        "{body}"
+    );
+
+    let (status, body) = served.complete(ask("forbidden words")).await;
+    assert_eq!(
+        (status, error(&body)["code"].clone()),
+        (400, json!("content_filter")),
+        "{body}"
+    );
+
+    let (status, body) = served.complete(ask("crash now")).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(error(&body)["code"], "plugin_fault");
+    assert!(
+        error(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("crasher"),
+        "names the filter: {body}"
+    );
+
+    let (status, body) = served.complete(ask("overloaded")).await;
+    assert_eq!(status, 502, "{body}");
+    let (status, body) = served.complete(ask("limit")).await;
+    assert_eq!(status, 429, "{body}");
+    let (status, body) = served.complete(ask("slowly")).await;
+    assert_eq!(
+        (status, error(&body)["code"].clone()),
+        (504, json!("timeout")),
+        "{body}"
+    );
+    let (status, events) = served.stream(ask("slowly")).await;
+    assert_eq!(
+        status, 504,
+        "a stream that fails before its first token gets a status: {events:?}"
+    );
+
+    let (status, body) = served.complete(ask("still fine")).await;
+    assert_eq!(
+        (status, body["choices"][0]["message"]["content"].clone()),
+        (200, json!("fine"))
+    );
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_after_it_started_ends_with_an_error_event() {
+    let model = ScriptedModel::replies(vec![Reply::BreakAfter(
+        vec!["half an ".into(), "answer".into()],
+        ChainError::new(ErrorKind::Transient, "connection reset"),
+    )]);
+    let served = Served::start(kernel(vec![], model).await, config()).await;
+    let (status, events) = served.stream(ask("hi")).await;
+    assert_eq!(status, 200);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks = chunks(&events);
+    let last = chunks.last().unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection reset"),
+        "{events:?}"
+    );
+    assert!(
+        !chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "stop"),
+        "{events:?}"
+    );
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
+    let slow = || {
+        ScriptedModel::new(|_, _: &ChatRequest| {
+            Reply::Slow(Duration::from_millis(800), "done".into())
+        })
+    };
+    // One place, no queue: of two requests at once one is served, one refused.
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 0,
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], slow()).await, config).await;
+    let body = ask("hi").to_string();
+    let (a, b) = tokio::join!(served.post(body.clone()), served.post(body.clone()));
+    let mut statuses = [(a.0, a.1.clone()), (b.0, b.1.clone())];
+    statuses.sort();
+    assert_eq!(statuses[0], (200, None));
+    assert_eq!(statuses[1], (429, Some("1".to_owned())), "{a:?} {b:?}");
+    served.stop().await.unwrap();
+
+    // One place, one in the queue for 50 ms.
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 1,
+        queue_timeout: Duration::from_millis(50),
+        ..self::config()
+    };
+    let served = Served::start(kernel(vec![], slow()).await, config).await;
+    let (a, b) = tokio::join!(served.post(body.clone()), served.post(body.clone()));
+    let mut statuses = [(a.0, a.1.clone()), (b.0, b.1.clone())];
+    statuses.sort();
+    assert_eq!(statuses[0], (200, None));
+    assert_eq!(statuses[1], (503, Some("1".to_owned())), "{a:?} {b:?}");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutting_down_lets_the_requests_in_flight_finish() {
+    let model = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Slow(Duration::from_millis(500), "finished".into())
+    });
+    let served = Served::start(kernel(vec![], model).await, config()).await;
+    let base = served.base.clone();
+    let in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&ask("hi"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
+    // Let the request reach the model before the shutdown starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let base = served.base.clone();
+    served.stop().await.unwrap();
+    let body = in_flight.await.unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "finished");
+    assert!(
+        reqwest::get(format!("{base}/healthz")).await.is_err(),
+        "a stopped gateway accepts nothing"
+    );
+}
