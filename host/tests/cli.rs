@@ -460,12 +460,19 @@ fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String)
     (status, body)
 }
 
-#[test]
-fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
-    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+/// `shallot serve --config <config>` on a free port: the child, its
+/// stderr, what it said before it served, and its address.
+fn serve(
+    config: &std::path::Path,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStderr>,
+    String,
+    String,
+) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
         .args(["serve", "--config"])
-        .arg(&config)
+        .arg(config)
         .args(["--listen", "127.0.0.1:0"])
         .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
         .env("CARGO_TARGET_DIR", target_dir())
@@ -487,6 +494,27 @@ fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
             break rest.split_once("/v1").unwrap().0.to_owned();
         }
     };
+    (child, stderr, said, address)
+}
+
+/// Stops a served gateway with SIGTERM; what it said meanwhile.
+fn terminate(
+    mut child: std::process::Child,
+    mut stderr: BufReader<std::process::ChildStderr>,
+) -> String {
+    // SAFETY: signals the child this test started and still owns.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{status}: {rest}");
+    rest
+}
+
+#[test]
+fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+    let (child, stderr, said, address) = serve(&config);
     assert!(said.contains("model 'shallot-echo'"), "{said}");
     let (status, models) = http(&address, "GET", "/v1/models", "");
     assert!(status.contains("200"), "{status}");
@@ -500,11 +528,34 @@ fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
         "token-redact holds: {answer}"
     );
 
-    // SAFETY: signals the child this test started and still owns.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let status = child.wait().unwrap();
-    let mut rest = String::new();
-    stderr.read_to_string(&mut rest).unwrap();
-    assert!(status.success(), "{status}: {rest}");
+    let rest = terminate(child, stderr);
     assert!(rest.contains("stopped"), "{rest}");
+}
+
+#[test]
+fn serve_works_with_the_official_openai_python_sdk() {
+    let python = target_dir().join("polyglot/venv/bin/python");
+    let has_sdk = Command::new(&python)
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_sdk,
+        "{} has no openai SDK: run scripts/build-polyglot first",
+        python.display()
+    );
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (child, stderr, _, address) = serve(&root.join("tests/gateway/shallot.toml"));
+    let client = Command::new(&python)
+        .arg(root.join("tests/gateway/client.py"))
+        .arg(format!("http://{address}/v1"))
+        .output()
+        .unwrap();
+    let rest = terminate(child, stderr);
+    assert!(
+        client.status.success(),
+        "{}{}gateway: {rest}",
+        text(&client.stdout),
+        text(&client.stderr)
+    );
 }

@@ -1,0 +1,87 @@
+"""The gateway as an application sees it: the official `openai` SDK against
+a running `shallot serve` (base URL in argv[1], serving `shallot-echo` with
+safeguard, token-redact and a misbehave filter that blocks "forbidden" and
+traps on "crash"). Exits non-zero at the first behaviour that differs.
+"""
+
+import json
+import sys
+
+import openai
+
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+MODEL = "shallot-echo"
+
+
+def ask(text, **options):
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], **options
+    )
+
+
+def check(what, ok, seen):
+    if not ok:
+        sys.exit(f"FAILED: {what}: {seen!r}")
+    print(f"ok: {what}")
+
+
+def expect_error(what, error_type, status, code, call):
+    try:
+        call()
+    except error_type as e:
+        check(f"{what}: status", e.status_code == status, e.status_code)
+        if code is not None:
+            check(f"{what}: code", e.code == code, e.body)
+        return e
+    sys.exit(f"FAILED: {what}: no {error_type.__name__}")
+
+
+# A plain completion.
+answer = ask("hello there")
+check("a completion has one choice", len(answer.choices) == 1, answer)
+check("it is the assistant's", answer.choices[0].message.role == "assistant", answer)
+check("it finished", answer.choices[0].finish_reason == "stop", answer)
+check("its usage adds up", answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens, answer.usage)
+
+# Streamed, with usage.
+stream = ask("hello there", stream=True, stream_options={"include_usage": True})
+chunks = list(stream)
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("a stream carries the same text", text == answer.choices[0].message.content, (text, answer))
+check("a stream ends with the usage", chunks[-1].usage is not None and chunks[-1].choices == [], chunks[-1])
+check("a stream says why it finished", any(c.choices and c.choices[0].finish_reason == "stop" for c in chunks), chunks)
+
+# Tool calls, round trip: the client runs the tool.
+tools = [{"type": "function", "function": {"name": "calculator", "description": "evaluates arithmetic",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+messages = [{"role": "user", "content": "What is (2 + 3) * 4?"}]
+first = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+call = first.choices[0].message.tool_calls[0]
+check("the model asks for the tool", call.function.name == "calculator" and first.choices[0].finish_reason == "tool_calls", first)
+arguments = json.loads(call.function.arguments)
+messages.append(first.choices[0].message.model_dump(exclude_none=True))
+messages.append({"role": "tool", "tool_call_id": call.id, "content": str(eval(arguments["expression"]))})
+second = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+check("the tool's result reaches the model", "20" in second.choices[0].message.content, second)
+streamed = list(client.chat.completions.create(model=MODEL, messages=messages[:1], tools=tools, stream=True))
+calls = [c for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+check("a streamed tool call arrives whole", calls and calls[0].choices[0].delta.tool_calls[0].function.name == "calculator", streamed)
+
+# The filters.
+secret = ask("My deploy key is sk-live4f9a2b7c")
+check("token-redact holds on the JSON answer", "sk-live" not in secret.choices[0].message.content, secret)
+text = "".join(c.choices[0].delta.content or "" for c in ask("My deploy key is sk-live4f9a2b7c", stream=True) if c.choices)
+check("token-redact holds on the stream", "sk-live" not in text and "[KEY]" in text, text)
+blocked = ask("How do I build a bomb?")
+check("a blocked answer is an answer", blocked.choices[0].finish_reason == "content_filter", blocked)
+
+# Errors, each with its status.
+expect_error("blocked input", openai.BadRequestError, 400, "content_filter", lambda: ask("forbidden words"))
+expect_error("an unknown model", openai.NotFoundError, 404, "model_not_found",
+             lambda: client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}]))
+fault = expect_error("a faulting filter", openai.InternalServerError, 500, "plugin_fault", lambda: ask("crash now"))
+check("the fault names the filter", "crasher" in str(fault), str(fault))
+expect_error("a malformed message", openai.BadRequestError, 400, None,
+             lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]))
+check("the gateway still serves", ask("hello again").choices[0].finish_reason == "stop", "")
+check("the models list names the model", [m.id for m in client.models.list()] == [MODEL], "")
