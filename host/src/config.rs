@@ -228,7 +228,7 @@ impl PluginSet {
     pub async fn from_dir(
         engine: &Engine,
         dir: &Path,
-        progress: &mut dyn FnMut(LoadEvent<'_>),
+        progress: &mut (dyn FnMut(LoadEvent<'_>) + Send),
     ) -> Result<Self, LoadError> {
         Self::from_specs(engine, read_dir(dir)?, progress).await
     }
@@ -237,7 +237,7 @@ impl PluginSet {
     pub async fn from_config(
         engine: &Engine,
         file: &Path,
-        progress: &mut dyn FnMut(LoadEvent<'_>),
+        progress: &mut (dyn FnMut(LoadEvent<'_>) + Send),
     ) -> Result<Self, LoadError> {
         Self::from_specs(engine, read_config(file)?, progress).await
     }

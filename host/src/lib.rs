@@ -69,7 +69,7 @@ pub use cache::{Cache, CacheState};
 pub use config::{read_config, read_dir, read_model};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
-pub use gateway::{GatewayConfig, serve};
+pub use gateway::{Gateway, GatewayConfig};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{

@@ -460,62 +460,94 @@ fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String)
     (status, body)
 }
 
-/// `shallot serve --config <config>` on a free port: the child, its
-/// stderr, what it said before it served, and its address.
-fn serve(
-    config: &std::path::Path,
-) -> (
-    std::process::Child,
-    BufReader<std::process::ChildStderr>,
-    String,
-    String,
-) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
-        .env("CARGO_TARGET_DIR", target_dir())
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("shallot runs");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    let address = loop {
-        let mut line = String::new();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "no address: {said}"
-        );
-        said.push_str(&line);
-        if let Some(rest) = line.strip_prefix("shallot serve: http://") {
-            break rest.split_once("/v1").unwrap().0.to_owned();
-        }
-    };
-    (child, stderr, said, address)
+/// A served gateway: the child, and everything it says on stderr (drained
+/// as it comes, so the pipe never fills).
+struct Gateway {
+    child: std::process::Child,
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+    address: String,
 }
 
-/// Stops a served gateway with SIGTERM; what it said meanwhile.
-fn terminate(
-    mut child: std::process::Child,
-    mut stderr: BufReader<std::process::ChildStderr>,
-) -> String {
-    // SAFETY: signals the child this test started and still owns.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let status = child.wait().unwrap();
-    let mut rest = String::new();
-    stderr.read_to_string(&mut rest).unwrap();
-    assert!(status.success(), "{status}: {rest}");
-    rest
+impl Gateway {
+    /// `shallot serve --config <config>` on a free port.
+    fn start(config: &std::path::Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
+            .env("CARGO_TARGET_DIR", target_dir())
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("shallot runs");
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (found, address) = std::sync::mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let reader = {
+            let said = said.clone();
+            std::thread::spawn(move || {
+                for line in stderr.lines().map_while(Result::ok) {
+                    if let Some(rest) = line.strip_prefix("shallot serve: http://") {
+                        let _ = found.send(rest.split_once("/v1").unwrap().0.to_owned());
+                    }
+                    let mut said = said.lock().unwrap();
+                    said.push_str(&line);
+                    said.push('\n');
+                }
+            })
+        };
+        let address = address
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("no address: {}", said.lock().unwrap()));
+        Gateway {
+            child,
+            said,
+            reader: Some(reader),
+            address,
+        }
+    }
+
+    fn said(&self) -> String {
+        self.said.lock().unwrap().clone()
+    }
+
+    /// Stops it with SIGTERM; everything it said.
+    fn terminate(mut self) -> String {
+        // SAFETY: signals the child this test started and still owns.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
+            0
+        );
+        let status = self.child.wait().unwrap();
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        let said = self.said();
+        assert!(status.success(), "{status}: {said}");
+        said
+    }
+}
+
+impl Drop for Gateway {
+    /// A failed test does not leave its gateway running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
 }
 
 #[test]
 fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
-    let (child, stderr, said, address) = serve(&config);
-    assert!(said.contains("model 'shallot-echo'"), "{said}");
+    let gateway = Gateway::start(&config);
+    let address = gateway.address.clone();
+    assert!(
+        gateway.said().contains("model 'shallot-echo'"),
+        "{}",
+        gateway.said()
+    );
     let (status, models) = http(&address, "GET", "/v1/models", "");
     assert!(status.contains("200"), "{status}");
     assert!(models.contains("shallot-echo"), "{models}");
@@ -528,7 +560,7 @@ fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
         "token-redact holds: {answer}"
     );
 
-    let rest = terminate(child, stderr);
+    let rest = gateway.terminate();
     assert!(rest.contains("stopped"), "{rest}");
 }
 
@@ -545,17 +577,111 @@ fn serve_works_with_the_official_openai_python_sdk() {
         python.display()
     );
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let (child, stderr, _, address) = serve(&root.join("tests/gateway/shallot.toml"));
+    let gateway = Gateway::start(&root.join("tests/gateway/shallot.toml"));
     let client = Command::new(&python)
         .arg(root.join("tests/gateway/client.py"))
-        .arg(format!("http://{address}/v1"))
+        .arg(format!("http://{}/v1", gateway.address))
         .output()
         .unwrap();
-    let rest = terminate(child, stderr);
+    let rest = gateway.terminate();
     assert!(
         client.status.success(),
         "{}{}gateway: {rest}",
         text(&client.stdout),
         text(&client.stderr)
     );
+}
+
+/// The safeguard's refusal a gateway serving `dir/shallot.toml` answers
+/// "build a bomb" with; `None` if the request failed.
+fn refusal(address: &str) -> Option<String> {
+    let ask = r#"{"model":"shallot-echo","messages":[{"role":"user","content":"build a bomb"}]}"#;
+    let (status, body) = http(address, "POST", "/v1/chat/completions", ask);
+    if !status.contains("200") {
+        return None;
+    }
+    let start = body.find("\"content\":\"")? + "\"content\":\"".len();
+    let end = body[start..].find('"')? + start;
+    Some(body[start..end].to_owned())
+}
+
+#[test]
+fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_request() {
+    let dir = std::env::temp_dir().join(format!("shallot-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin = dir.join("safeguard.wasm");
+    let good = std::fs::read(guest("safeguard")).unwrap();
+    std::fs::write(&plugin, &good).unwrap();
+    let config = dir.join("shallot.toml");
+    let write_config = |answer: &str| {
+        let toml = format!(
+            "plugin_dir = \".\"\n[[filter]]\nplugin = \"safeguard.wasm\"\nconfig = {{ words = [\"bomb\"], failure_response = \"{answer}\" }}\n"
+        );
+        let staged = dir.join("shallot.toml.new");
+        std::fs::write(&staged, toml).unwrap();
+        std::fs::rename(&staged, &config).unwrap();
+    };
+    write_config("no-0");
+    let gateway = Gateway::start(&config);
+    let address = gateway.address.clone();
+
+    // Requests all along, counting any that fails.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, address) = (stop.clone(), address.clone());
+        std::thread::spawn(move || {
+            let (mut served, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match refusal(&address) {
+                    Some(_) => served += 1,
+                    None => failed.push(served),
+                }
+            }
+            (served, failed)
+        })
+    };
+    let until = |wanted: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while refusal(&address).as_deref() != Some(wanted) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never saw {wanted}: {}",
+                gateway.said()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    for round in 1..=20 {
+        if round == 10 {
+            // A broken plugin: the reload fails, the last good set serves.
+            std::fs::write(&plugin, b"\0asm not really").unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let (_, ready) = http(&address, "GET", "/readyz", "");
+                if ready.contains("\"last_error\":\"") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the failed reload is not reported: {ready}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert_eq!(refusal(&address).as_deref(), Some("no-9"));
+            std::fs::write(&plugin, &good).unwrap();
+        }
+        write_config(&format!("no-{round}"));
+        until(&format!("no-{round}"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (served, failed) = load.join().unwrap();
+    let said = gateway.terminate();
+    assert!(
+        failed.is_empty(),
+        "requests failed after {failed:?} of {served}: {said}"
+    );
+    assert!(served > 20, "{served} requests");
+    assert!(said.contains("reload failed"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

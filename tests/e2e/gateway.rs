@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shallot::types::ChatRequest;
-use shallot::{ChainError, ErrorKind, GatewayConfig, Kernel};
+use shallot::{ChainError, ErrorKind, Gateway, GatewayConfig, Kernel};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -22,13 +22,17 @@ struct Served {
 
 impl Served {
     async fn start(kernel: Kernel, config: GatewayConfig) -> Self {
+        Self::gateway(Gateway::new(kernel, "scripted", config)).await
+    }
+
+    async fn gateway(gateway: Gateway) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(shallot::serve(listener, kernel, config, shutdown));
+        let task = tokio::spawn(async move { gateway.serve(listener, shutdown).await });
         Served {
             base,
             stop: Some(stop),
@@ -87,7 +91,7 @@ impl Served {
 }
 
 fn config() -> GatewayConfig {
-    GatewayConfig::new("scripted")
+    GatewayConfig::default()
 }
 
 fn ask(text: &str) -> Value {
@@ -323,6 +327,10 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
                 Reply::Fail(ChainError::new(ErrorKind::Transient, "upstream overloaded"))
             }
             "limit" => Reply::Fail(ChainError::new(ErrorKind::LimitExceeded, "quota")),
+            "badkey" => Reply::Fail(ChainError::new(
+                ErrorKind::Auth,
+                "Incorrect API key provided: sk-abc...wxyz",
+            )),
             "slowly" => Reply::Slow(Duration::from_secs(30), "late".into()),
             _ => Reply::Text("fine".into()),
         }
@@ -396,8 +404,31 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
 
     let (status, body) = served.complete(ask("overloaded")).await;
     assert_eq!(status, 502, "{body}");
-    let (status, body) = served.complete(ask("limit")).await;
-    assert_eq!(status, 429, "{body}");
+    let (status, retry, body) = served.post(ask("limit").to_string()).await;
+    assert_eq!(
+        (status, retry),
+        (429, None),
+        "a quota is not worth an immediate retry: {body}"
+    );
+    let (status, _, body) = served.post(ask("badkey").to_string()).await;
+    assert_eq!(
+        status, 502,
+        "the gateway's own credentials are not the client's problem: {body}"
+    );
+    assert!(
+        !body.contains("sk-abc"),
+        "the model server's words are not repeated: {body}"
+    );
+    let (status, body) = served
+        .complete(json!({ "model": "scripted", "messages": [{ "role": "user", "content": "hi" }], "tools": null, "stream": null, "n": null }))
+        .await;
+    assert_eq!(
+        status, 200,
+        "nulls mean defaults, as OpenAI reads them: {body}"
+    );
+    let (status, body) = served.get("/v1/chat/completions").await;
+    assert_eq!(status, 405, "{body}");
+    assert!(body.contains("method_not_allowed"), "{body}");
     let (status, body) = served.complete(ask("slowly")).await;
     assert_eq!(
         (status, error(&body)["code"].clone()),
@@ -512,4 +543,57 @@ async fn shutting_down_lets_the_requests_in_flight_finish() {
         reqwest::get(format!("{base}/healthz")).await.is_err(),
         "a stopped gateway accepts nothing"
     );
+}
+
+#[tokio::test]
+async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_theirs() {
+    let slow_a = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Slow(Duration::from_millis(400), "from a".into())
+    });
+    let gateway = Gateway::new(kernel(vec![], slow_a).await, "scripted", config());
+    let served = Served::gateway(gateway.clone()).await;
+    let base = served.base.clone();
+    let in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&ask("hi"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gateway.swap(
+        kernel(vec![], ScriptedModel::answer("from b")).await,
+        "scripted",
+    );
+    let (status, body) = served.complete(ask("hi")).await;
+    assert_eq!(
+        (status, body["choices"][0]["message"]["content"].clone()),
+        (200, json!("from b"))
+    );
+    let body = in_flight.await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "from a",
+        "it finished on its kernel"
+    );
+
+    gateway.reload_failed("plugins/broken.wasm: not a component");
+    let (_, ready) = served.get("/readyz").await;
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["reloads"]["swapped"], 1);
+    assert_eq!(ready["reloads"]["failed"], 1);
+    assert_eq!(
+        ready["reloads"]["last_error"],
+        "plugins/broken.wasm: not a component"
+    );
+    let (status, body) = served.complete(ask("hi")).await;
+    assert_eq!(
+        (status, body["choices"][0]["message"]["content"].clone()),
+        (200, json!("from b")),
+        "the last good set serves"
+    );
+    served.stop().await.unwrap();
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::{Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet, read_model};
+use shallot::{Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet, read_config, read_model};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///
@@ -116,6 +116,31 @@ impl ModelArgs {
             _ => {}
         }
         Ok(server)
+    }
+}
+
+impl Source {
+    /// The directories whose changes change the set: the plugins
+    /// directory, or the config file's and each of its plugins'.
+    pub(crate) fn watched(&self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        if let Some(dir) = &self.plugins {
+            dirs.push(dir.clone());
+        }
+        if let Some(file) = &self.config {
+            let parent = |path: &std::path::Path| {
+                path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
+            };
+            dirs.push(parent(file));
+            if let Ok(specs) = read_config(file) {
+                dirs.extend(specs.iter().map(|(path, _)| parent(path)));
+            }
+        }
+        dirs.sort();
+        dirs.dedup();
+        dirs
     }
 }
 

@@ -5,8 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use shallot::{ChatModel, EmbeddedModel, Engine, GatewayConfig, Kernel, OpenAiModel};
+use notify::{RecursiveMode, Watcher};
+use shallot::{ChatModel, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, OpenAiModel};
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
 
 use super::{ModelArgs, Source};
 
@@ -15,7 +18,10 @@ use super::{ModelArgs, Source};
 /// `GET /v1/models`, `GET /healthz` and `GET /readyz`. Each request is one
 /// chat through the filters; what the client is shown of an answer goes
 /// through the token transforms. Point any OpenAI client's `base_url` at
-/// `http://<listen>/v1`, with the model this prints. SIGTERM or Ctrl-C
+/// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
+/// the config file or a plugin, reloads: the new set is compiled while the
+/// old one serves, then swapped in (requests in flight finish on theirs); a
+/// broken one is reported and the old set keeps serving. SIGTERM or Ctrl-C
 /// stops accepting and lets the requests in flight finish.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
@@ -27,11 +33,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// The largest request body accepted (413 beyond).
-    #[arg(long, value_name = "KIB", default_value_t = 4096)]
-    max_body_kib: usize,
+    #[arg(long, value_name = "KIB", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    max_body_kib: u32,
     /// Requests served at once.
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    max_concurrent: usize,
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrent: u32,
     /// Requests that may wait for a place (429 beyond, with Retry-After).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_queued: usize,
@@ -48,6 +54,47 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let (kernel, model) = build(engine, &args).await?;
+    let config = GatewayConfig {
+        max_body_bytes: args.max_body_kib as usize * 1024,
+        max_concurrent: args.max_concurrent as usize,
+        max_queued: args.max_queued,
+        queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+        request_timeout: Duration::from_millis(args.request_timeout_ms),
+        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+    };
+    // Installed before the address is printed: a supervisor may signal as
+    // soon as it reads it.
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let stopped = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    };
+    // Watching too, so that no change after the address is printed is
+    // missed.
+    let reloads = Reloads::watch(&args.source)?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let address = listener.local_addr()?;
+    eprintln!(
+        "shallot serve: http://{address}/v1 (model '{model}', {} filters); SIGHUP or a changed file reloads, SIGTERM or Ctrl-C stops",
+        kernel.filters().count()
+    );
+    let gateway = Gateway::new(kernel, model, config);
+    let reloading = tokio::spawn(reload(engine.clone(), args, gateway.clone(), reloads));
+    gateway.serve(listener, stopped).await?;
+    reloading.abort();
+    eprintln!("shallot serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the filters and builds the kernel the gateway serves, with its
+/// model's name.
+async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Kernel, String)> {
     let plugins = args.source.load(engine).await?;
     let builder = Kernel::builder().plugins(&plugins);
     let (builder, model) = match args.model.server(&args.source)? {
@@ -62,41 +109,83 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
             (builder.model(model), name)
         }
     };
-    let kernel = builder.build()?;
-    let config = GatewayConfig {
-        max_body_bytes: args.max_body_kib * 1024,
-        max_concurrent: args.max_concurrent,
-        max_queued: args.max_queued,
-        queue_timeout: Duration::from_millis(args.queue_timeout_ms),
-        request_timeout: Duration::from_millis(args.request_timeout_ms),
-        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
-        ..GatewayConfig::new(model.as_str())
-    };
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let address = listener.local_addr()?;
-    eprintln!(
-        "shallot serve: http://{address}/v1 (model '{model}', {} filters); SIGTERM or Ctrl-C stops",
-        kernel.filters().count()
-    );
-    shallot::serve(listener, kernel, config, stopped()).await?;
-    eprintln!("shallot serve: stopped");
-    Ok(ExitCode::SUCCESS)
+    Ok((builder.build()?, model))
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn stopped() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+/// What asks for a reload: SIGHUP, and changes to the config file or a
+/// plugin.
+struct Reloads {
+    changes: mpsc::UnboundedReceiver<()>,
+    hangups: Signal,
+    /// Kept alive for as long as changes are wanted.
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Reloads {
+    fn watch(source: &Source) -> anyhow::Result<Self> {
+        let (changed, changes) = mpsc::unbounded_channel();
+        let watcher = match watch(source, changed) {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                eprintln!("shallot serve: not watching files ({e}); SIGHUP still reloads");
+                None
             }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+        };
+        Ok(Reloads {
+            changes,
+            hangups: signal(SignalKind::hangup())?,
+            _watcher: watcher,
+        })
     }
+
+    /// Waits for the next reload to be asked for, and for its changes to
+    /// settle (an editor or a copy writes in several steps).
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.changes.recv() => {}
+            _ = self.hangups.recv() => {}
+        }
+        tokio::time::sleep(SETTLE).await;
+        while self.changes.try_recv().is_ok() {}
+    }
+}
+
+/// Reloads whenever asked: the new set is loaded and compiled while the old
+/// one serves, then swapped in; a broken one leaves the old set serving and
+/// is reported.
+async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
+    loop {
+        reloads.next().await;
+        match build(&engine, &args).await {
+            Ok((kernel, model)) => {
+                let filters = kernel.filters().count();
+                gateway.swap(kernel, model.as_str());
+                eprintln!("shallot serve: reloaded (model '{model}', {filters} filters)");
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                eprintln!("shallot serve: reload failed, still serving the previous set: {error}");
+                gateway.reload_failed(error);
+            }
+        }
+    }
+}
+
+/// How long changes must stop before a reload starts.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Watches the config file's directory and every plugin's directory.
+fn watch(
+    source: &Source,
+    changed: mpsc::UnboundedSender<()>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
+            let _ = changed.send(());
+        }
+    })?;
+    for dir in source.watched() {
+        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    }
+    Ok(watcher)
 }

@@ -17,7 +17,10 @@
 //! after it started ends with an error event, never a silent truncation.
 //!
 //! `GET /v1/models` lists the model, `GET /healthz` says the process is up
-//! and `GET /readyz` that it serves, with the filters it runs.
+//! and `GET /readyz` that it serves, with the filters it runs and its
+//! reloads. [`Gateway::swap`] serves a new kernel from the next request on
+//! (`shallot serve` reloads on SIGHUP and on changed files); a request
+//! finishes on the kernel it started with.
 //!
 //! Bounds ([`GatewayConfig`]): a request body cap (`413`), a cap on
 //! concurrent requests with a bounded queue (`429` when the queue is full,
@@ -29,8 +32,8 @@ mod wire;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -53,12 +56,9 @@ use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch};
 
-/// How a gateway serves, and its bounds.
+/// A gateway's bounds.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// The model name clients ask for (`model` in a request) and that
-    /// `/v1/models` lists.
-    pub model: String,
     /// The largest request body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: usize,
     /// Requests served at once (default 256).
@@ -76,11 +76,9 @@ pub struct GatewayConfig {
     pub drain_timeout: Duration,
 }
 
-impl GatewayConfig {
-    /// The defaults, serving `model`.
-    pub fn new(model: impl Into<String>) -> Self {
+impl Default for GatewayConfig {
+    fn default() -> Self {
         GatewayConfig {
-            model: model.into(),
             max_body_bytes: 4 << 20,
             max_concurrent: 256,
             max_queued: 1024,
@@ -91,73 +89,151 @@ impl GatewayConfig {
     }
 }
 
+/// An OpenAI-compatible gateway in front of a kernel. Cheap to clone: the
+/// clones are one gateway, so a reloader can [`swap`](Gateway::swap) in a
+/// new kernel while [`serve`](Gateway::serve) runs.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
 /// What every request handler shares.
-struct Gateway {
-    kernel: Kernel,
+struct Shared {
     config: GatewayConfig,
+    /// The kernel being served and its model's name; a request takes both
+    /// when it starts and finishes on them, whatever is swapped in meanwhile.
+    served: RwLock<Served>,
     /// Places among the requests served at once.
     places: Arc<Semaphore>,
     /// Requests waiting for a place.
     queued: AtomicUsize,
+    /// Swaps so far, and the last reload that failed since the last swap.
+    reloads: Mutex<Reloads>,
 }
 
-/// Serves `kernel` on `listener` until `shutdown` resolves, then stops
-/// accepting and gives the requests in flight `drain_timeout` to finish.
-pub async fn serve(
-    listener: TcpListener,
+#[derive(Clone)]
+struct Served {
     kernel: Kernel,
-    config: GatewayConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let drain = config.drain_timeout;
-    let gateway = Arc::new(Gateway {
-        places: Arc::new(Semaphore::new(config.max_concurrent)),
-        queued: AtomicUsize::new(0),
-        kernel,
-        config,
-    });
-    let app = Router::new()
-        .route("/v1/chat/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("unknown_url"),
-                "no such endpoint".to_owned(),
-            )
-        })
-        .layer(DefaultBodyLimit::max(gateway.config.max_body_bytes))
-        .with_state(gateway);
-    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = stopping.send(());
-    });
-    let server = server.into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        served = &mut server => served,
-        () = async {
-            let _ = stopped.await;
-            tokio::time::sleep(drain).await;
-        } => {
-            tracing::warn!("requests still in flight after the {drain:?} drain; stopping anyway");
-            Ok(())
+    model: Arc<str>,
+}
+
+#[derive(Default)]
+struct Reloads {
+    swapped: u64,
+    failed: u64,
+    last_error: Option<String>,
+}
+
+impl Gateway {
+    /// A gateway serving `kernel` under the model name `model` (what
+    /// clients ask for and `/v1/models` lists).
+    pub fn new(kernel: Kernel, model: impl Into<String>, config: GatewayConfig) -> Self {
+        Gateway {
+            shared: Arc::new(Shared {
+                places: Arc::new(Semaphore::new(config.max_concurrent)),
+                queued: AtomicUsize::new(0),
+                served: RwLock::new(Served {
+                    kernel,
+                    model: model.into().into(),
+                }),
+                reloads: Mutex::new(Reloads::default()),
+                config,
+            }),
         }
+    }
+
+    /// Serves `kernel` (under `model`) from now on: requests in flight
+    /// finish on the kernel they started with.
+    pub fn swap(&self, kernel: Kernel, model: impl Into<String>) {
+        *self
+            .shared
+            .served
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Served {
+            kernel,
+            model: model.into().into(),
+        };
+        let mut reloads = self.shared.reloads();
+        reloads.swapped += 1;
+        reloads.last_error = None;
+    }
+
+    /// Records a reload that failed (the old kernel keeps serving):
+    /// `/readyz` shows it until the next swap.
+    pub fn reload_failed(&self, error: impl Into<String>) {
+        let mut reloads = self.shared.reloads();
+        reloads.failed += 1;
+        reloads.last_error = Some(error.into());
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops accepting
+    /// and gives the requests in flight `drain_timeout` to finish.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let drain = self.shared.config.drain_timeout;
+        let app = Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .route("/v1/models", get(models))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready))
+            .fallback(|| async {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    Some("unknown_url"),
+                    "no such endpoint".to_owned(),
+                )
+            })
+            .method_not_allowed_fallback(|| async {
+                ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "invalid_request_error",
+                    Some("method_not_allowed"),
+                    "this endpoint does not take that method".to_owned(),
+                )
+            })
+            .layer(DefaultBodyLimit::max(self.shared.config.max_body_bytes))
+            .with_state(self.shared.clone());
+        let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stopping.send(());
+        });
+        let server = server.into_future();
+        tokio::pin!(server);
+        tokio::select! {
+            served = &mut server => served,
+            () = async {
+                let _ = stopped.await;
+                tokio::time::sleep(drain).await;
+            } => {
+                tracing::warn!("requests still in flight after the {drain:?} drain; stopping anyway");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn served(&self) -> Served {
+        self.served
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn reloads(&self) -> MutexGuard<'_, Reloads> {
+        self.reloads.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retry = matches!(
-            self.status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        );
         let mut response = (self.status, axum::Json(self.body)).into_response();
-        if retry {
+        if self.retry {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -166,16 +242,18 @@ impl IntoResponse for ApiError {
     }
 }
 
-async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
+async fn models(State(gateway): State<Arc<Shared>>) -> Response {
+    let served = gateway.served();
     axum::Json(json!({
         "object": "list",
-        "data": [{ "id": gateway.config.model, "object": "model", "created": 0, "owned_by": "shallot" }],
+        "data": [{ "id": &*served.model, "object": "model", "created": 0, "owned_by": "shallot" }],
     }))
     .into_response()
 }
 
-async fn ready(State(gateway): State<Arc<Gateway>>) -> Response {
-    let filters: Vec<Value> = gateway
+async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
+    let served = gateway.served();
+    let filters: Vec<Value> = served
         .kernel
         .filters()
         .map(|(name, hooks)| {
@@ -183,12 +261,18 @@ async fn ready(State(gateway): State<Arc<Gateway>>) -> Response {
             json!({ "name": name, "hooks": hooks })
         })
         .collect();
-    axum::Json(json!({ "ready": true, "model": gateway.config.model, "filters": filters }))
-        .into_response()
+    let reloads = gateway.reloads();
+    axum::Json(json!({
+        "ready": true,
+        "model": &*served.model,
+        "filters": filters,
+        "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
+    }))
+    .into_response()
 }
 
 async fn completions(
-    State(gateway): State<Arc<Gateway>>,
+    State(gateway): State<Arc<Shared>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     match complete(gateway, body).await {
@@ -198,7 +282,7 @@ async fn completions(
 }
 
 async fn complete(
-    gateway: Arc<Gateway>,
+    gateway: Arc<Shared>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|rejection| {
@@ -218,14 +302,15 @@ async fn complete(
             "the request body is not a chat completion request: {e}"
         ))
     })?;
-    if request.model != gateway.config.model {
+    let served = gateway.served();
+    if request.model != *served.model {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             Some("model_not_found"),
             format!(
                 "the model '{}' does not exist; this gateway serves '{}'",
-                request.model, gateway.config.model
+                request.model, served.model
             ),
         ));
     }
@@ -236,20 +321,21 @@ async fn complete(
         context = context.with("user", user.as_str());
     }
     let answer = Answer {
-        head: Head::new(&gateway.config.model),
+        head: Head::new(&served.model),
         include_usage: request.include_usage(),
         context,
-        gateway,
-        _place: place,
+        kernel: served.kernel,
+        deadline: gateway.config.request_timeout,
+        place: Some(place),
     };
-    if request.stream {
+    if request.stream() {
         answer.stream(chat).await
     } else {
         answer.whole(chat).await
     }
 }
 
-impl Gateway {
+impl Shared {
     /// Waits for a place among the requests served at once: `429` if too
     /// many already wait, `503` if the wait runs out.
     async fn place(&self) -> Result<OwnedSemaphorePermit, ApiError> {
@@ -257,10 +343,9 @@ impl Gateway {
             return Ok(place);
         }
         let waiting = Waiting::join(&self.queued, self.config.max_queued).ok_or_else(|| {
-            ApiError::new(
+            ApiError::busy(
                 StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                Some("queue_full"),
+                "queue_full",
                 format!(
                     "{} requests are in progress and {} waiting; try again later",
                     self.config.max_concurrent, self.config.max_queued
@@ -275,10 +360,9 @@ impl Gateway {
         drop(waiting);
         match place {
             Ok(Ok(place)) => Ok(place),
-            _ => Err(ApiError::new(
+            _ => Err(ApiError::busy(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                Some("overloaded"),
+                "overloaded",
                 format!(
                     "no place to serve the request within {} ms; try again later",
                     self.config.queue_timeout.as_millis()
@@ -311,24 +395,23 @@ impl Drop for Waiting<'_> {
 
 /// One admitted request: what its answer needs, and its place.
 struct Answer {
-    gateway: Arc<Gateway>,
+    /// The kernel being served when the request started.
+    kernel: Kernel,
     head: Head,
     include_usage: bool,
     context: Context,
-    _place: OwnedSemaphorePermit,
+    deadline: Duration,
+    /// The request's place, held while its chat runs.
+    place: Option<OwnedSemaphorePermit>,
 }
 
 impl Answer {
-    fn deadline(&self) -> Duration {
-        self.gateway.config.request_timeout
-    }
-
     fn timed_out(&self) -> ChainError {
         ChainError::new(
             ErrorKind::Timeout,
             format!(
                 "the request did not finish within {} ms",
-                self.deadline().as_millis()
+                self.deadline.as_millis()
             ),
         )
     }
@@ -339,8 +422,7 @@ impl Answer {
         match response.message.content {
             None => Ok(None),
             Some(_) => Ok(Some(
-                self.gateway
-                    .kernel
+                self.kernel
                     .delivered_text(&response.text(), self.context.clone())
                     .await?,
             )),
@@ -351,11 +433,11 @@ impl Answer {
     async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
         let answer = async {
             let options = InvokeOptions::from(self.context.clone());
-            let response = self.gateway.kernel.chat(chat, options).await?;
+            let response = self.kernel.chat(chat, options).await?;
             let delivered = self.delivered(&response).await?;
             Ok(self.head.completion(&response, delivered))
         };
-        let answer = tokio::time::timeout(self.deadline(), answer)
+        let answer = tokio::time::timeout(self.deadline, answer)
             .await
             .unwrap_or_else(|_| Err(self.timed_out()))
             .map_err(|e| ApiError::chain(&e))?;
@@ -365,16 +447,23 @@ impl Answer {
     /// Server-sent chunks. Nothing is sent before the chat's first event,
     /// so a request that fails before any token gets its status, not a
     /// stream.
-    async fn stream(self, chat: ChatRequest) -> Result<Response, ApiError> {
+    async fn stream(mut self, chat: ChatRequest) -> Result<Response, ApiError> {
         let (sender, mut events) = mpsc::unbounded_channel();
-        let kernel = self.gateway.kernel.clone();
+        let kernel = self.kernel.clone();
         let options = InvokeOptions::from(self.context.clone()).stream_to(Forward(sender.clone()));
-        let (deadline, timed_out) = (self.deadline(), self.timed_out());
+        let (deadline, timed_out) = (self.deadline, self.timed_out());
+        // The chat runs on its own, holding the request's place, until it
+        // ends, its deadline passes or the client goes away.
+        let place = self.place.take();
         tokio::spawn(async move {
-            let done = tokio::time::timeout(deadline, kernel.chat(chat, options))
-                .await
-                .unwrap_or(Err(timed_out));
-            let _ = sender.send(Streamed::Done(done));
+            let _place = place;
+            let chat = tokio::time::timeout(deadline, kernel.chat(chat, options));
+            tokio::select! {
+                done = chat => {
+                    let _ = sender.send(Streamed::Done(done.unwrap_or(Err(timed_out))));
+                }
+                () = sender.closed() => {}
+            }
         });
         let first = events.recv().await;
         if let Some(Streamed::Done(Err(error))) = &first {

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use crate::model::wire::{
     message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
 };
-use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap, ToolCall, Usage};
+use crate::types::{
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap, ToolCall, Usage,
+};
 
 /// A `POST /v1/chat/completions` body. Fields the gateway does not handle
 /// itself (`temperature`, `max_tokens`, `tool_choice`, ...) go to the model
@@ -22,9 +24,9 @@ pub(super) struct CompletionRequest {
     pub model: String,
     messages: Vec<Value>,
     #[serde(default)]
-    tools: Vec<Value>,
+    tools: Option<Vec<Value>>,
     #[serde(default)]
-    pub stream: bool,
+    stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
     #[serde(default)]
@@ -40,6 +42,11 @@ struct StreamOptions {
 }
 
 impl CompletionRequest {
+    /// Whether the answer is streamed.
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
     /// Whether a streamed answer ends with a usage chunk.
     pub fn include_usage(&self) -> bool {
         self.stream_options
@@ -52,7 +59,11 @@ impl CompletionRequest {
         if self.messages.is_empty() {
             return Err("`messages` must not be empty".to_owned());
         }
-        if self.options.get("n").is_some_and(|n| n != 1) {
+        if self
+            .options
+            .get("n")
+            .is_some_and(|n| !n.is_null() && n != 1)
+        {
             return Err("only `n: 1` is supported".to_owned());
         }
         let messages = self
@@ -64,6 +75,7 @@ impl CompletionRequest {
         let tools = self
             .tools
             .iter()
+            .flatten()
             .enumerate()
             .map(|(i, t)| tool_from_wire(t).map_err(|e| format!("tools[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -174,6 +186,9 @@ impl Head {
 pub(super) struct ApiError {
     pub status: StatusCode,
     pub body: Value,
+    /// Worth retrying soon (`Retry-After: 1`): the gateway or the engine was
+    /// busy, not the request wrong or over a quota.
+    pub retry: bool,
 }
 
 impl ApiError {
@@ -182,6 +197,20 @@ impl ApiError {
         ApiError {
             status,
             body: json!({ "error": { "message": message, "type": kind, "param": null, "code": code } }),
+            retry: false,
+        }
+    }
+
+    /// The same, worth retrying soon.
+    pub fn busy(status: StatusCode, code: &str, message: String) -> Self {
+        let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+            "rate_limit_error"
+        } else {
+            "server_error"
+        };
+        ApiError {
+            retry: true,
+            ..Self::new(status, kind, Some(code), message)
         }
     }
 
@@ -196,8 +225,24 @@ impl ApiError {
     }
 
     /// A failure of the chain, its status by its kind: the message names
-    /// the filter or terminal it came from.
+    /// the filter or terminal it came from. The model server refusing the
+    /// gateway's own credentials is the gateway's problem, not the
+    /// client's: a `502` that does not repeat the server's words (they can
+    /// quote the key).
     pub fn chain(error: &ChainError) -> Self {
+        let upstream = error
+            .origin
+            .as_ref()
+            .is_none_or(|origin| origin.call == Call::Terminal);
+        if error.kind == ErrorKind::Auth && upstream {
+            tracing::warn!("the model server refused the gateway's credentials: {error}");
+            return Self::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("upstream_auth"),
+                "the model server refused the gateway's credentials".to_owned(),
+            );
+        }
         let (status, kind, code) = match error.kind {
             ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
             ErrorKind::ContentFiltered => (
@@ -206,17 +251,16 @@ impl ApiError {
                 Some("content_filter"),
             ),
             ErrorKind::Auth => (StatusCode::UNAUTHORIZED, "authentication_error", None),
-            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found_error", None),
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error", None),
             ErrorKind::LimitExceeded => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 Some("limit_exceeded"),
             ),
-            ErrorKind::Overloaded => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                Some("overloaded"),
-            ),
+            ErrorKind::Overloaded => {
+                let message = error.to_string();
+                return Self::busy(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message);
+            }
             ErrorKind::Transient => (StatusCode::BAD_GATEWAY, "server_error", Some("upstream")),
             ErrorKind::Timeout => (StatusCode::GATEWAY_TIMEOUT, "server_error", Some("timeout")),
             ErrorKind::PluginFault => (

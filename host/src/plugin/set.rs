@@ -50,7 +50,7 @@ impl PluginSet {
     pub async fn from_specs(
         engine: &Engine,
         specs: Vec<(PathBuf, FilterSpec)>,
-        progress: &mut dyn FnMut(LoadEvent<'_>),
+        progress: &mut (dyn FnMut(LoadEvent<'_>) + Send),
     ) -> Result<Self, LoadError> {
         if specs.is_empty() {
             progress(LoadEvent::Warning {
@@ -109,7 +109,7 @@ const SLOW_COMPILE: Duration = Duration::from_millis(500);
 async fn compile(
     engine: &Engine,
     path: &Path,
-    progress: &mut dyn FnMut(LoadEvent<'_>),
+    progress: &mut (dyn FnMut(LoadEvent<'_>) + Send),
 ) -> Result<(Arc<Plugin>, Option<Duration>), LoadError> {
     let bytes = loader::read(path)?;
     let size = bytes.len() as u64;

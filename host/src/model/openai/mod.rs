@@ -153,7 +153,7 @@ impl OpenAiModel {
             let (error, retry_after) = match post.send().await {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => status_error(response).await,
-                Err(e) => (transport_error(&e), None),
+                Err(e) => (transport_error(e), None),
             };
             let retryable = matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout);
             if !retryable || attempt >= self.config.max_retries {
@@ -201,7 +201,10 @@ async fn status_error(response: reqwest::Response) -> (ChainError, Option<Durati
     )
 }
 
-fn transport_error(error: &reqwest::Error) -> ChainError {
+fn transport_error(error: reqwest::Error) -> ChainError {
+    // Without the URL: it may carry credentials (`user:pass@`, `?api-key=`)
+    // and the error may reach a gateway's clients.
+    let error = error.without_url();
     if error.is_timeout() {
         ChainError::new(
             ErrorKind::Timeout,
