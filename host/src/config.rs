@@ -38,6 +38,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::engine::Engine;
 use crate::model::OpenAiConfig;
@@ -51,6 +52,55 @@ struct ConfigFile {
     #[serde(default, rename = "filter")]
     filters: Vec<toml::Spanned<FilterEntry>>,
     model: Option<OpenAiConfig>,
+    #[serde(default, rename = "key")]
+    keys: Vec<KeyEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    name: String,
+    #[serde(default)]
+    tenant: Option<String>,
+    sha256: Option<String>,
+    env: Option<String>,
+}
+
+/// A key a client of the gateway presents (`Authorization: Bearer ...`),
+/// kept only as its SHA-256.
+#[derive(Clone)]
+pub struct ClientKey {
+    /// Who holds it, for the filters (context `key`) and the logs.
+    pub name: String,
+    /// The tenant it belongs to (context `tenant`), if any.
+    pub tenant: Option<String>,
+    sha256: [u8; 32],
+}
+
+impl ClientKey {
+    /// A key from its secret text.
+    pub fn new(name: impl Into<String>, tenant: Option<String>, secret: &str) -> Self {
+        ClientKey {
+            name: name.into(),
+            tenant,
+            sha256: Sha256::digest(secret.as_bytes()).into(),
+        }
+    }
+
+    /// Whether `secret` is this key.
+    pub fn matches(&self, secret: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        digest == self.sha256
+    }
+}
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientKey")
+            .field("name", &self.name)
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +138,70 @@ pub fn read_model(file: &Path) -> Result<Option<OpenAiConfig>, LoadError> {
         }
         model
     }))
+}
+
+/// Reads a `shallot.toml`'s client keys (`[[key]]` tables), for the
+/// gateway: each with a `name`, an optional `tenant`, and the key as its
+/// hex `sha256` or the name of the environment variable (`env`) that holds
+/// it.
+///
+/// ```toml
+/// [[key]]
+/// name = "billing-app"
+/// tenant = "acme"
+/// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+///
+/// [[key]]
+/// name = "ops"
+/// env = "SHALLOT_OPS_KEY"
+/// ```
+pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
+    let bad = |message: String| LoadError::Config {
+        path: file.into(),
+        message,
+    };
+    parse(file)?
+        .0
+        .keys
+        .into_iter()
+        .map(|key| {
+            let named = |what: &str| bad(format!("key '{}': {what}", key.name));
+            match (&key.sha256, &key.env) {
+                (Some(hex), None) => {
+                    let sha256 = decode_sha256(hex)
+                        .ok_or_else(|| named("`sha256` must be 64 hex digits"))?;
+                    Ok(ClientKey {
+                        name: key.name.clone(),
+                        tenant: key.tenant.clone(),
+                        sha256,
+                    })
+                }
+                (None, Some(var)) => {
+                    let secret = std::env::var(var).map_err(|_| {
+                        named(&format!("the environment variable {var} is not set"))
+                    })?;
+                    Ok(ClientKey::new(
+                        key.name.clone(),
+                        key.tenant.clone(),
+                        &secret,
+                    ))
+                }
+                _ => Err(named("give exactly one of `sha256` and `env`")),
+            }
+        })
+        .collect()
+}
+
+fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(digest)
 }
 
 /// Reads a `shallot.toml` into plugin paths and filter specs, in order.
@@ -245,6 +359,48 @@ impl PluginSet {
 
 #[cfg(test)]
 mod tests {
+    use super::read_keys;
+
+    #[test]
+    fn client_keys_come_hashed_or_from_the_environment_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("shallot-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("shallot.toml");
+        let write = |text: &str| std::fs::write(&file, text).unwrap();
+        // SAFETY: no other test reads or writes this variable.
+        unsafe { std::env::set_var("SHALLOT_TEST_OPS_KEY", "sk-ops") };
+        write(concat!(
+            "[[key]]\nname = \"billing\"\ntenant = \"acme\"\n",
+            "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
+            "[[key]]\nname = \"ops\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
+        ));
+        let keys = read_keys(&file).unwrap();
+        assert_eq!(keys[0].tenant.as_deref(), Some("acme"));
+        assert!(keys[0].matches("shallot-test-key") && !keys[0].matches("sk-ops"));
+        assert!(keys[1].matches("sk-ops"));
+        assert!(
+            !format!("{keys:?}").contains("a92667"),
+            "Debug shows no digest"
+        );
+        for (text, says) in [
+            ("[[key]]\nname = \"x\"\nsha256 = \"abc\"\n", "64 hex digits"),
+            ("[[key]]\nname = \"x\"\n", "exactly one of"),
+            (
+                "[[key]]\nname = \"x\"\nenv = \"SHALLOT_TEST_UNSET_KEY\"\n",
+                "is not set",
+            ),
+            (
+                "[[key]]\nname = \"x\"\nsecret = \"plain\"\n",
+                "unknown field",
+            ),
+        ] {
+            write(text);
+            let error = read_keys(&file).unwrap_err().to_string();
+            assert!(error.contains(says), "{error}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::expand;
 
     #[test]

@@ -66,7 +66,7 @@ pub mod types;
 
 pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, ToolLoop};
 pub use cache::{Cache, CacheState};
-pub use config::{read_config, read_dir, read_model};
+pub use config::{ClientKey, read_config, read_dir, read_keys, read_model};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use gateway::{Gateway, GatewayConfig};

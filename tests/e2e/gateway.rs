@@ -597,3 +597,76 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
     );
     served.stop().await.unwrap();
 }
+
+/// Answers with the tenant and key name the gateway put in the context.
+struct WhoAsks;
+
+#[async_trait::async_trait]
+impl shallot::Filter for WhoAsks {
+    fn name(&self) -> &str {
+        "who-asks"
+    }
+
+    async fn around_chat(
+        &self,
+        _: ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        let context = next.context();
+        let text = format!(
+            "{} of {}",
+            context.get("key").unwrap(),
+            context.get("tenant").unwrap()
+        );
+        Ok(shallot::types::ChatResponse::new(
+            shallot::types::Message::assistant(text),
+            shallot::types::FinishReason::Complete,
+        ))
+    }
+}
+
+#[tokio::test]
+async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
+    let kernel = Kernel::builder().filter(WhoAsks).build().unwrap();
+    let gateway = Gateway::new(kernel, "scripted", config());
+    gateway.set_keys(vec![
+        shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
+        shallot::ClientKey::new("ops", None, "sk-ops"),
+    ]);
+    let served = Served::gateway(gateway).await;
+    let post = |key: Option<&'static str>| {
+        let url = format!("{}/v1/chat/completions", served.base);
+        async move {
+            let mut request = reqwest::Client::new().post(url).json(&ask("hi"));
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            let response = request.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, body) = post(None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = post(Some("sk-wrong")).await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    assert!(
+        !body.to_string().contains("sk-"),
+        "no key is echoed: {body}"
+    );
+    let (status, body) = post(Some("sk-billing")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "\"billing\" of \"acme\""
+    );
+    let (status, _) = served.get("/v1/models").await;
+    assert_eq!(status, 401, "the models list needs a key too");
+    assert_eq!(served.get("/healthz").await.0, 200, "probes do not");
+    served.stop().await.unwrap();
+}

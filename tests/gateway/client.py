@@ -1,7 +1,7 @@
 """The gateway as an application sees it: the official `openai` SDK against
 a running `shallot serve` (base URL in argv[1], serving `shallot-echo` with
 safeguard, token-redact and a misbehave filter that blocks "forbidden" and
-traps on "crash"). Exits non-zero at the first behaviour that differs.
+traps on "crash", to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
 """
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import openai
 
-client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+client = openai.OpenAI(base_url=sys.argv[1], api_key="shallot-test-key", max_retries=0)
 MODEL = "shallot-echo"
 
 
@@ -83,5 +83,8 @@ fault = expect_error("a faulting filter", openai.InternalServerError, 500, "plug
 check("the fault names the filter", "crasher" in str(fault), str(fault))
 expect_error("a malformed message", openai.BadRequestError, 400, None,
              lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]))
+intruder = openai.OpenAI(base_url=sys.argv[1], api_key="sk-wrong", max_retries=0)
+expect_error("a bad key", openai.AuthenticationError, 401, "invalid_api_key",
+             lambda: intruder.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}]))
 check("the gateway still serves", ask("hello again").choices[0].finish_reason == "stop", "")
 check("the models list names the model", [m.id for m in client.models.list()] == [MODEL], "")

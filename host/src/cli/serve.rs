@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 use notify::{RecursiveMode, Watcher};
-use shallot::{ChatModel, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, OpenAiModel};
+use shallot::{
+    ChatModel, ClientKey, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, OpenAiModel,
+    read_keys,
+};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
@@ -21,8 +24,10 @@ use super::{ModelArgs, Source};
 /// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
 /// the config file or a plugin, reloads: the new set is compiled while the
 /// old one serves, then swapped in (requests in flight finish on theirs); a
-/// broken one is reported and the old set keeps serving. SIGTERM or Ctrl-C
-/// stops accepting and lets the requests in flight finish.
+/// broken one is reported and the old set keeps serving. With `[[key]]`
+/// tables in the config, clients must present one of those keys (`401`
+/// otherwise). SIGTERM or Ctrl-C stops accepting and lets the requests in
+/// flight finish.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
     #[command(flatten)]
@@ -54,7 +59,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let (kernel, model) = build(engine, &args).await?;
+    let (kernel, model, keys) = build(engine, &args).await?;
     let config = GatewayConfig {
         max_body_bytes: args.max_body_kib as usize * 1024,
         max_concurrent: args.max_concurrent as usize,
@@ -85,6 +90,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         kernel.filters().count()
     );
     let gateway = Gateway::new(kernel, model, config);
+    gateway.set_keys(keys);
     let reloading = tokio::spawn(reload(engine.clone(), args, gateway.clone(), reloads));
     gateway.serve(listener, stopped).await?;
     reloading.abort();
@@ -93,8 +99,15 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
 }
 
 /// Loads the filters and builds the kernel the gateway serves, with its
-/// model's name.
-async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Kernel, String)> {
+/// model's name and the client keys of the config file.
+async fn build(
+    engine: &Engine,
+    args: &ServeArgs,
+) -> anyhow::Result<(Kernel, String, Vec<ClientKey>)> {
+    let keys = match &args.source.config {
+        Some(file) => read_keys(file)?,
+        None => Vec::new(),
+    };
     let plugins = args.source.load(engine).await?;
     let builder = Kernel::builder().plugins(&plugins);
     let (builder, model) = match args.model.server(&args.source)? {
@@ -109,7 +122,7 @@ async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Kernel, Str
             (builder.model(model), name)
         }
     };
-    Ok((builder.build()?, model))
+    Ok((builder.build()?, model, keys))
 }
 
 /// What asks for a reload: SIGHUP, and changes to the config file or a
@@ -157,8 +170,9 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
     loop {
         reloads.next().await;
         match build(&engine, &args).await {
-            Ok((kernel, model)) => {
+            Ok((kernel, model, keys)) => {
                 let filters = kernel.filters().count();
+                gateway.set_keys(keys);
                 gateway.swap(kernel, model.as_str());
                 eprintln!("shallot serve: reloaded (model '{model}', {filters} filters)");
             }

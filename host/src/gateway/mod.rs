@@ -40,7 +40,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -50,6 +50,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use self::wire::{ApiError, CompletionRequest, Head};
+use crate::config::ClientKey;
 use crate::context::Context;
 use crate::kernel::Kernel;
 use crate::model::wire::wire_finish;
@@ -115,6 +116,42 @@ struct Shared {
 struct Served {
     kernel: Kernel,
     model: Arc<str>,
+    /// The keys clients must present; none: the gateway is open.
+    keys: Arc<[ClientKey]>,
+}
+
+impl Served {
+    /// The key a request presents, if keys are required: `401` when it
+    /// presents none or an unknown one.
+    fn authorize(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, ApiError> {
+        if self.keys.is_empty() {
+            return Ok(None);
+        }
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim);
+        let unauthorized = |code: Option<&str>, message: &str| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                code,
+                message.to_owned(),
+            )
+        };
+        let Some(presented) = presented else {
+            return Err(unauthorized(
+                None,
+                "no API key: send one as `Authorization: Bearer <key>`",
+            ));
+        };
+        self.keys
+            .iter()
+            .find(|key| key.matches(presented))
+            .map(Some)
+            .ok_or_else(|| unauthorized(Some("invalid_api_key"), "the API key is not valid"))
+    }
 }
 
 #[derive(Default)]
@@ -135,6 +172,7 @@ impl Gateway {
                 served: RwLock::new(Served {
                     kernel,
                     model: model.into().into(),
+                    keys: Arc::new([]),
                 }),
                 reloads: Mutex::new(Reloads::default()),
                 config,
@@ -145,17 +183,30 @@ impl Gateway {
     /// Serves `kernel` (under `model`) from now on: requests in flight
     /// finish on the kernel they started with.
     pub fn swap(&self, kernel: Kernel, model: impl Into<String>) {
-        *self
-            .shared
-            .served
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Served {
-            kernel,
-            model: model.into().into(),
-        };
+        {
+            let mut served = self
+                .shared
+                .served
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            served.kernel = kernel;
+            served.model = model.into().into();
+        }
         let mut reloads = self.shared.reloads();
         reloads.swapped += 1;
         reloads.last_error = None;
+    }
+
+    /// Requires every `/v1` request to present one of `keys` (`Authorization:
+    /// Bearer <key>`; `401` otherwise); with none, the gateway is open. The
+    /// key's name and tenant go into the invoke's shared context (`key`,
+    /// `tenant`) for the filters.
+    pub fn set_keys(&self, keys: Vec<ClientKey>) {
+        self.shared
+            .served
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys = keys.into();
     }
 
     /// Records a reload that failed (the old kernel keeps serving):
@@ -242,8 +293,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-async fn models(State(gateway): State<Arc<Shared>>) -> Response {
+async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let served = gateway.served();
+    if let Err(error) = served.authorize(&headers) {
+        return error.into_response();
+    }
     axum::Json(json!({
         "object": "list",
         "data": [{ "id": &*served.model, "object": "model", "created": 0, "owned_by": "shallot" }],
@@ -273,9 +327,10 @@ async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
 
 async fn completions(
     State(gateway): State<Arc<Shared>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match complete(gateway, body).await {
+    match complete(gateway, &headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -283,8 +338,11 @@ async fn completions(
 
 async fn complete(
     gateway: Arc<Shared>,
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let served = gateway.served();
+    let key = served.authorize(headers)?;
     let body = body.map_err(|rejection| {
         let status = rejection.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -302,7 +360,6 @@ async fn complete(
             "the request body is not a chat completion request: {e}"
         ))
     })?;
-    let served = gateway.served();
     if request.model != *served.model {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -320,11 +377,17 @@ async fn complete(
     if let Some(user) = &request.user {
         context = context.with("user", user.as_str());
     }
+    if let Some(key) = key {
+        context = context.with("key", key.name.as_str());
+        if let Some(tenant) = &key.tenant {
+            context = context.with("tenant", tenant.as_str());
+        }
+    }
     let answer = Answer {
         head: Head::new(&served.model),
         include_usage: request.include_usage(),
         context,
-        kernel: served.kernel,
+        kernel: served.kernel.clone(),
         deadline: gateway.config.request_timeout,
         place: Some(place),
     };
