@@ -670,3 +670,52 @@ async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
     assert_eq!(served.get("/healthz").await.0, 200, "probes do not");
     served.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
+    let gateway = Gateway::new(
+        kernel(vec![], ScriptedModel::answer("hello")).await,
+        "scripted",
+        config(),
+    );
+    let served = Served::gateway(gateway.clone()).await;
+    served.complete(ask("hi")).await;
+    served.complete(ask("hi")).await;
+    served.stream(ask("hi")).await;
+    served
+        .complete(json!({ "model": "made-up", "messages": [] }))
+        .await;
+    gateway.swap(
+        kernel(
+            vec![spec("passthrough", "pass", json!(null))],
+            ScriptedModel::answer("hi"),
+        )
+        .await,
+        "scripted",
+    );
+    gateway.reload_failed("broken");
+    let (status, metrics) = served.get("/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        r#"shallot_gateway_requests_total{model="scripted",mode="json",status="200"} 2"#,
+        r#"shallot_gateway_requests_total{model="scripted",mode="stream",status="200"} 1"#,
+        r#"shallot_gateway_requests_total{model="scripted",mode="json",status="404"} 1"#,
+        r#"shallot_gateway_request_seconds_count{model="scripted"} 4"#,
+        r#"shallot_gateway_requests_in_progress 0"#,
+        r#"shallot_gateway_requests_waiting 0"#,
+        r#"shallot_gateway_filters 1"#,
+        r#"shallot_gateway_reloads_total{outcome="swapped"} 1"#,
+        r#"shallot_gateway_reloads_total{outcome="failed"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    assert!(
+        metrics.contains(r#"shallot_gateway_tokens_total{model="scripted",direction="out"}"#),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("made-up"),
+        "labels are never what a client made up"
+    );
+    served.stop().await.unwrap();
+}

@@ -18,7 +18,8 @@ use super::{ModelArgs, Source};
 
 /// Serves `POST /v1/chat/completions` (JSON and `stream: true` SSE, tools
 /// and tool calls passed through: the client runs its own tool loop),
-/// `GET /v1/models`, `GET /healthz` and `GET /readyz`. Each request is one
+/// `GET /v1/models`, `GET /healthz`, `GET /readyz` and `GET /metrics`
+/// (Prometheus). Each request is one
 /// chat through the filters; what the client is shown of an answer goes
 /// through the token transforms. Point any OpenAI client's `base_url` at
 /// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to

@@ -16,9 +16,9 @@
 //! `finish_reason` is `content_filter`, as OpenAI does. A stream that fails
 //! after it started ends with an error event, never a silent truncation.
 //!
-//! `GET /v1/models` lists the model, `GET /healthz` says the process is up
-//! and `GET /readyz` that it serves, with the filters it runs and its
-//! reloads. [`Gateway::swap`] serves a new kernel from the next request on
+//! `GET /v1/models` lists the model, `GET /healthz` says the process is up,
+//! `GET /readyz` that it serves, with the filters it runs and its reloads,
+//! and `GET /metrics` gives Prometheus its counters (`metrics`). [`Gateway::swap`] serves a new kernel from the next request on
 //! (`shallot serve` reloads on SIGHUP and on changed files); a request
 //! finishes on the kernel it started with.
 //!
@@ -28,13 +28,14 @@
 //! a per-request deadline (`504`), and on shutdown a bounded drain of the
 //! requests in flight.
 
+mod metrics;
 mod wire;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -45,10 +46,12 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use self::metrics::Metrics;
 use self::wire::{ApiError, CompletionRequest, Head};
 use crate::config::ClientKey;
 use crate::context::Context;
@@ -110,6 +113,7 @@ struct Shared {
     queued: AtomicUsize,
     /// Swaps so far, and the last reload that failed since the last swap.
     reloads: Mutex<Reloads>,
+    metrics: Metrics,
 }
 
 #[derive(Clone)]
@@ -175,9 +179,18 @@ impl Gateway {
                     keys: Arc::new([]),
                 }),
                 reloads: Mutex::new(Reloads::default()),
+                metrics: Metrics::new(),
                 config,
             }),
         }
+        .counting_filters()
+    }
+
+    /// Sets the filters gauge to the set being served.
+    fn counting_filters(self) -> Self {
+        let filters = self.shared.served().kernel.filters().count();
+        self.shared.metrics.filters.set(filters as i64);
+        self
     }
 
     /// Serves `kernel` (under `model`) from now on: requests in flight
@@ -195,6 +208,10 @@ impl Gateway {
         let mut reloads = self.shared.reloads();
         reloads.swapped += 1;
         reloads.last_error = None;
+        drop(reloads);
+        self.shared.metrics.reload(true);
+        let filters = self.shared.served().kernel.filters().count();
+        self.shared.metrics.filters.set(filters as i64);
     }
 
     /// Requires every `/v1` request to present one of `keys` (`Authorization:
@@ -215,6 +232,7 @@ impl Gateway {
         let mut reloads = self.shared.reloads();
         reloads.failed += 1;
         reloads.last_error = Some(error.into());
+        self.shared.metrics.reload(false);
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
@@ -230,6 +248,7 @@ impl Gateway {
             .route("/v1/models", get(models))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
+            .route("/metrics", get(exposition))
             .fallback(|| async {
                 ApiError::new(
                     StatusCode::NOT_FOUND,
@@ -325,15 +344,37 @@ async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
     .into_response()
 }
 
+async fn exposition(State(gateway): State<Arc<Shared>>) -> Response {
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        gateway.metrics.encode(),
+    )
+        .into_response()
+}
+
 async fn completions(
     State(gateway): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match complete(gateway, &headers, body).await {
+    let started = Instant::now();
+    let response = match complete(gateway.clone(), &headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
-    }
+    };
+    let stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    // Labelled by the model served, never the one asked for: clients do
+    // not get to make up label values.
+    let model = gateway.served().model;
+    let seconds = started.elapsed().as_secs_f64();
+    gateway
+        .metrics
+        .request(&model, stream, response.status().as_u16(), seconds);
+    response
 }
 
 async fn complete(
@@ -390,6 +431,7 @@ async fn complete(
         kernel: served.kernel.clone(),
         deadline: gateway.config.request_timeout,
         place: Some(place),
+        shared: gateway.clone(),
     };
     if request.stream() {
         answer.stream(chat).await
@@ -401,11 +443,18 @@ async fn complete(
 impl Shared {
     /// Waits for a place among the requests served at once: `429` if too
     /// many already wait, `503` if the wait runs out.
-    async fn place(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        if let Ok(place) = self.places.clone().try_acquire_owned() {
-            return Ok(place);
+    async fn place(&self) -> Result<Place, ApiError> {
+        let placed = |permit| {
+            self.metrics.in_progress.inc();
+            Place {
+                _permit: permit,
+                in_progress: self.metrics.in_progress.clone(),
+            }
+        };
+        if let Ok(permit) = self.places.clone().try_acquire_owned() {
+            return Ok(placed(permit));
         }
-        let waiting = Waiting::join(&self.queued, self.config.max_queued).ok_or_else(|| {
+        let waiting = Waiting::join(self).ok_or_else(|| {
             ApiError::busy(
                 StatusCode::TOO_MANY_REQUESTS,
                 "queue_full",
@@ -422,7 +471,7 @@ impl Shared {
         .await;
         drop(waiting);
         match place {
-            Ok(Ok(place)) => Ok(place),
+            Ok(Ok(permit)) => Ok(placed(permit)),
             _ => Err(ApiError::busy(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
@@ -435,29 +484,47 @@ impl Shared {
     }
 }
 
+/// A request's place among those served at once, counted until it is
+/// given back.
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    in_progress: Gauge,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.in_progress.dec();
+    }
+}
+
 /// One request in the queue, counted until it leaves (served, refused or
 /// dropped with its connection).
-struct Waiting<'a>(&'a AtomicUsize);
+struct Waiting<'a>(&'a Shared);
 
 impl<'a> Waiting<'a> {
-    fn join(queued: &'a AtomicUsize, max: usize) -> Option<Self> {
-        queued
+    fn join(shared: &'a Shared) -> Option<Self> {
+        let max = shared.config.max_queued;
+        shared
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
-            .ok()
-            .map(|_| Waiting(queued))
+            .ok()?;
+        shared.metrics.waiting.inc();
+        Some(Waiting(shared))
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        self.0.metrics.waiting.dec();
     }
 }
 
 /// One admitted request: what its answer needs, and its place.
 struct Answer {
+    shared: Arc<Shared>,
     /// The kernel being served when the request started.
     kernel: Kernel,
     head: Head,
@@ -465,7 +532,7 @@ struct Answer {
     context: Context,
     deadline: Duration,
     /// The request's place, held while its chat runs.
-    place: Option<OwnedSemaphorePermit>,
+    place: Option<Place>,
 }
 
 impl Answer {
@@ -497,6 +564,7 @@ impl Answer {
         let answer = async {
             let options = InvokeOptions::from(self.context.clone());
             let response = self.kernel.chat(chat, options).await?;
+            self.shared.metrics.usage(&self.head.model, &response.usage);
             let delivered = self.delivered(&response).await?;
             Ok(self.head.completion(&response, delivered))
         };
@@ -641,6 +709,8 @@ impl Chunks {
         if self.answer.include_usage {
             chunks.push(head.usage(&response.usage));
         }
+        let metrics = &self.answer.shared.metrics;
+        metrics.usage(&head.model, &response.usage);
         chunks
     }
 }
