@@ -54,6 +54,63 @@ struct ConfigFile {
     model: Option<OpenAiConfig>,
     #[serde(default, rename = "key")]
     keys: Vec<KeyEntry>,
+    #[serde(default, rename = "route")]
+    routes: Vec<RouteEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteEntry {
+    model: String,
+    #[serde(default)]
+    mode: RouteMode,
+    filters: Option<Vec<String>>,
+    upstream: Option<UpstreamEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum UpstreamEntry {
+    Named(String),
+    Server(OpenAiConfig),
+}
+
+/// How a gateway route runs a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    /// One request is one chat through the filters; the client runs its
+    /// own tool loop.
+    #[default]
+    Proxy,
+    /// One request is one agent turn: the turn filters and the tool loop,
+    /// with the gateway's own tools; the final answer comes back.
+    Agent,
+}
+
+/// What a route's model is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// The embedded offline model.
+    Embedded,
+    /// An OpenAI-compatible server.
+    Server(OpenAiConfig),
+}
+
+/// A gateway route, as a `shallot.toml` `[[route]]` table gives it: the
+/// public model name, its mode, the filters it runs (names of `[[filter]]`
+/// entries, in order; all of them when not given) and its model (the
+/// `[model]` table when not given, else the embedded model).
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// The name clients ask for.
+    pub model: String,
+    /// Proxy or agent.
+    pub mode: RouteMode,
+    /// The filters, by name, outermost first; `None`: every filter.
+    pub filters: Option<Vec<String>>,
+    /// The model behind it; `None`: the config's default.
+    pub upstream: Option<Upstream>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,6 +259,61 @@ fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
         *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
     }
     Some(digest)
+}
+
+/// Reads a `shallot.toml`'s gateway routes (`[[route]]` tables), in order.
+///
+/// ```toml
+/// [[route]]
+/// model = "support"                      # what clients ask for
+/// mode = "proxy"                         # or "agent": one agent turn per request
+/// filters = ["logging", "guard"]         # [[filter]] names, in order (default: all)
+/// upstream = { base_url = "http://localhost:8000/v1", model = "Qwen/Qwen2.5-7B-Instruct" }
+///
+/// [[route]]
+/// model = "demo"
+/// upstream = "embedded"                  # the offline model
+/// ```
+///
+/// An upstream without `api_key` takes `OPENAI_API_KEY`.
+pub fn read_routes(file: &Path) -> Result<Vec<RouteSpec>, LoadError> {
+    let bad = |message: String| LoadError::Config {
+        path: file.into(),
+        message,
+    };
+    let mut seen = std::collections::HashSet::new();
+    parse(file)?
+        .0
+        .routes
+        .into_iter()
+        .map(|route| {
+            if !seen.insert(route.model.clone()) {
+                return Err(bad(format!("two routes serve the model '{}'", route.model)));
+            }
+            let upstream = match route.upstream {
+                None => None,
+                Some(UpstreamEntry::Named(name)) if name == "embedded" => Some(Upstream::Embedded),
+                Some(UpstreamEntry::Named(name)) => {
+                    return Err(bad(format!(
+                        "route '{}': upstream '{name}' is neither \"embedded\" nor a server table",
+                        route.model
+                    )));
+                }
+                Some(UpstreamEntry::Server(mut server)) => {
+                    if server.api_key.is_none() {
+                        server.api_key = std::env::var("OPENAI_API_KEY").ok();
+                    }
+                    Some(Upstream::Server(server))
+                }
+            };
+            Ok(RouteSpec {
+                model: route.model,
+                mode: route.mode,
+                filters: route.filters,
+                upstream,
+            })
+        })
+        .collect()
 }
 
 /// Reads a `shallot.toml` into plugin paths and filter specs, in order.

@@ -66,10 +66,13 @@ pub mod types;
 
 pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, ToolLoop};
 pub use cache::{Cache, CacheState};
-pub use config::{ClientKey, read_config, read_dir, read_keys, read_model};
+pub use config::{
+    ClientKey, RouteMode, RouteSpec, Upstream, read_config, read_dir, read_keys, read_model,
+    read_routes,
+};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
-pub use gateway::{Gateway, GatewayConfig};
+pub use gateway::{Gateway, GatewayConfig, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{

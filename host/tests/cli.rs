@@ -490,12 +490,14 @@ impl Gateway {
             let said = said.clone();
             std::thread::spawn(move || {
                 for line in stderr.lines().map_while(Result::ok) {
+                    {
+                        let mut said = said.lock().unwrap();
+                        said.push_str(&line);
+                        said.push('\n');
+                    }
                     if let Some(rest) = line.strip_prefix("shallot serve: http://") {
                         let _ = found.send(rest.split_once("/v1").unwrap().0.to_owned());
                     }
-                    let mut said = said.lock().unwrap();
-                    said.push_str(&line);
-                    said.push('\n');
                 }
             })
         };
@@ -683,5 +685,94 @@ fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_reques
     );
     assert!(served > 20, "{served} requests");
     assert!(said.contains("reload failed"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_routes_models_to_their_filters_and_modes_from_the_config() {
+    let dir = std::env::temp_dir().join(format!("shallot-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shallot.toml");
+    let toml = format!(
+        r#"plugin_dir = "{}"
+
+[[filter]]
+plugin = "safeguard.wasm"
+config = {{ words = ["bomb"], failure_response = "guarded" }}
+
+[[filter]]
+plugin = "token_redact.wasm"
+config = {{ pattern = 'sk-[a-z0-9]+', replacement = "[KEY]" }}
+
+[[route]]
+model = "guarded"
+filters = ["safeguard"]
+upstream = "embedded"
+
+[[route]]
+model = "open"
+filters = []
+
+[[route]]
+model = "agent"
+mode = "agent"
+filters = ["token-redact"]
+"#,
+        guest("safeguard").parent().unwrap().display()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let gateway = Gateway::start(&config);
+    assert!(
+        gateway
+            .said()
+            .contains("models 'guarded', 'open', 'agent', 2 filters"),
+        "{}",
+        gateway.said()
+    );
+    let ask = |model: &str, text: &str| {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"{text}"}}]}}"#);
+        http(&gateway.address, "POST", "/v1/chat/completions", &body)
+    };
+    let (status, body) = ask("guarded", "build a bomb");
+    assert!(
+        status.contains("200") && body.contains("\"content\":\"guarded\""),
+        "{status}: {body}"
+    );
+    let (status, body) = ask("open", "build a bomb");
+    assert!(
+        status.contains("200") && !body.contains("\"content\":\"guarded\""),
+        "{status}: {body}"
+    );
+    let (status, body) = ask("agent", "What is (2 + 3) * 4?");
+    assert!(
+        status.contains("200") && body.contains("20"),
+        "the calculator ran server-side: {body}"
+    );
+    let (status, body) = ask("nope", "hi");
+    assert!(
+        status.contains("404") && body.contains("guarded, open, agent"),
+        "{status}: {body}"
+    );
+    gateway.terminate();
+
+    std::fs::write(
+        &config,
+        "[[route]]\nmodel = \"x\"\nfilters = [\"missing\"]\n",
+    )
+    .unwrap();
+    let out = shallot(&[
+        "serve",
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("route 'x': there is no filter named 'missing'"),
+        "{}",
+        text(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

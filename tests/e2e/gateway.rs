@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shallot::types::ChatRequest;
-use shallot::{ChainError, ErrorKind, Gateway, GatewayConfig, Kernel};
+use shallot::{ChainError, ErrorKind, Gateway, GatewayConfig, Kernel, Route, RouteMode};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -22,7 +22,7 @@ struct Served {
 
 impl Served {
     async fn start(kernel: Kernel, config: GatewayConfig) -> Self {
-        Self::gateway(Gateway::new(kernel, "scripted", config)).await
+        Self::gateway(Gateway::new(vec![Route::proxy("scripted", kernel)], config)).await
     }
 
     async fn gateway(gateway: Gateway) -> Self {
@@ -159,7 +159,8 @@ async fn a_completion_answers_as_openai_does_and_the_service_endpoints_answer() 
     let (status, ready) = served.get("/readyz").await;
     assert_eq!(status, 200);
     let ready: Value = serde_json::from_str(&ready).unwrap();
-    assert_eq!(ready["filters"][0]["name"], "pass");
+    assert_eq!(ready["routes"][0]["filters"][0]["name"], "pass");
+    assert_eq!(ready["routes"][0]["mode"], "proxy");
     let (status, missing) = served.get("/v1/nothing").await;
     assert_eq!(status, 404, "{missing}");
     served.stop().await.unwrap();
@@ -550,7 +551,10 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
     let slow_a = ScriptedModel::new(|_, _: &ChatRequest| {
         Reply::Slow(Duration::from_millis(400), "from a".into())
     });
-    let gateway = Gateway::new(kernel(vec![], slow_a).await, "scripted", config());
+    let gateway = Gateway::new(
+        vec![Route::proxy("scripted", kernel(vec![], slow_a).await)],
+        config(),
+    );
     let served = Served::gateway(gateway.clone()).await;
     let base = served.base.clone();
     let in_flight = tokio::spawn(async move {
@@ -565,10 +569,10 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
             .unwrap()
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    gateway.swap(
-        kernel(vec![], ScriptedModel::answer("from b")).await,
+    gateway.swap(vec![Route::proxy(
         "scripted",
-    );
+        kernel(vec![], ScriptedModel::answer("from b")).await,
+    )]);
     let (status, body) = served.complete(ask("hi")).await;
     assert_eq!(
         (status, body["choices"][0]["message"]["content"].clone()),
@@ -628,7 +632,7 @@ impl shallot::Filter for WhoAsks {
 #[tokio::test]
 async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
     let kernel = Kernel::builder().filter(WhoAsks).build().unwrap();
-    let gateway = Gateway::new(kernel, "scripted", config());
+    let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
     gateway.set_keys(vec![
         shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
         shallot::ClientKey::new("ops", None, "sk-ops"),
@@ -673,11 +677,8 @@ async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
 
 #[tokio::test]
 async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
-    let gateway = Gateway::new(
-        kernel(vec![], ScriptedModel::answer("hello")).await,
-        "scripted",
-        config(),
-    );
+    let hello = kernel(vec![], ScriptedModel::answer("hello")).await;
+    let gateway = Gateway::new(vec![Route::proxy("scripted", hello)], config());
     let served = Served::gateway(gateway.clone()).await;
     served.complete(ask("hi")).await;
     served.complete(ask("hi")).await;
@@ -685,22 +686,20 @@ async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
     served
         .complete(json!({ "model": "made-up", "messages": [] }))
         .await;
-    gateway.swap(
-        kernel(
-            vec![spec("passthrough", "pass", json!(null))],
-            ScriptedModel::answer("hi"),
-        )
-        .await,
-        "scripted",
-    );
+    let passing = kernel(
+        vec![spec("passthrough", "pass", json!(null))],
+        ScriptedModel::answer("hi"),
+    )
+    .await;
+    gateway.swap(vec![Route::proxy("scripted", passing)]);
     gateway.reload_failed("broken");
     let (status, metrics) = served.get("/metrics").await;
     assert_eq!(status, 200);
     for line in [
         r#"shallot_gateway_requests_total{model="scripted",mode="json",status="200"} 2"#,
         r#"shallot_gateway_requests_total{model="scripted",mode="stream",status="200"} 1"#,
-        r#"shallot_gateway_requests_total{model="scripted",mode="json",status="404"} 1"#,
-        r#"shallot_gateway_request_seconds_count{model="scripted"} 4"#,
+        r#"shallot_gateway_requests_total{model="",mode="json",status="404"} 1"#,
+        r#"shallot_gateway_request_seconds_count{model="scripted"} 3"#,
         r#"shallot_gateway_requests_in_progress 0"#,
         r#"shallot_gateway_requests_waiting 0"#,
         r#"shallot_gateway_filters 1"#,
@@ -717,5 +716,87 @@ async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
         !metrics.contains("made-up"),
         "labels are never what a client made up"
     );
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loop() {
+    let redact = spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[a-z]+", "replacement": "[KEY]", "window": 16 }),
+    );
+    let leaky = || ScriptedModel::answer("the key is sk-abc");
+    let filtered = kernel(vec![redact], leaky()).await;
+    let raw = kernel(vec![], leaky()).await;
+    // The agent route's model asks for the tool, then answers with its result.
+    let agent_model = ScriptedModel::new(|_, request: &ChatRequest| {
+        match request.messages.last().map(|m| m.role) {
+            Some(shallot::types::Role::Tool) => Reply::Text(format!(
+                "the sum is {}",
+                request.messages.last().unwrap().text()
+            )),
+            _ => Reply::call("add", json!({ "a": 2, "b": 3 })),
+        }
+    });
+    let adder = shallot::types::ToolSpec::new("add", "adds", json!({ "type": "object" }));
+    let agent = Kernel::builder()
+        .model(agent_model)
+        .tool(adder, |args: Value, _| async move {
+            Ok(json!(
+                args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap()
+            ))
+        })
+        .build()
+        .unwrap();
+    let routes = vec![
+        Route::proxy("filtered", filtered),
+        Route::proxy("raw", raw),
+        Route {
+            model: "agent".into(),
+            kernel: agent,
+            mode: RouteMode::Agent,
+        },
+    ];
+    let served = Served::gateway(Gateway::new(routes, config())).await;
+    let ask_model = |model: &str| json!({ "model": model, "messages": [{ "role": "user", "content": "key?" }] });
+    let (_, body) = served.complete(ask_model("filtered")).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "the key is [KEY]");
+    assert_eq!(body["model"], "filtered");
+    let (_, body) = served.complete(ask_model("raw")).await;
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "the key is sk-abc"
+    );
+    let (status, body) = served.complete(ask_model("agent")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "the sum is 5",
+        "the tool ran server-side"
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let (status, events) = served.stream(ask_model("agent")).await;
+    assert_eq!(status, 200);
+    assert!(
+        streamed_text(&events).ends_with("the sum is 5"),
+        "{events:?}"
+    );
+    let mut with_tools = ask_model("agent");
+    with_tools["tools"] = json!([{ "type": "function", "function": { "name": "x" } }]);
+    let (status, body) = served.complete(with_tools).await;
+    assert_eq!(status, 400, "an agent route runs its own tools: {body}");
+    let (_, models) = served.get("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["filtered", "raw", "agent"]);
+    let (_, ready) = served.get("/readyz").await;
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["routes"][2]["mode"], "agent");
+    assert_eq!(ready["routes"][0]["filters"][0]["name"], "redact");
     served.stop().await.unwrap();
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::Args;
 use notify::{RecursiveMode, Watcher};
 use shallot::{
-    ChatModel, ClientKey, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, OpenAiModel,
-    read_keys,
+    ChatModel, ClientKey, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, KernelBuilder,
+    OpenAiConfig, OpenAiModel, Route, RouteMode, Upstream, read_keys, read_routes,
 };
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -25,7 +25,10 @@ use super::{ModelArgs, Source};
 /// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
 /// the config file or a plugin, reloads: the new set is compiled while the
 /// old one serves, then swapped in (requests in flight finish on theirs); a
-/// broken one is reported and the old set keeps serving. With `[[key]]`
+/// broken one is reported and the old set keeps serving. `[[route]]` tables
+/// in the config serve several models, each with its filters, upstream and
+/// mode (`proxy`, or `agent`: one agent turn per request with the
+/// gateway's tools); without them, one model through every filter. With `[[key]]`
 /// tables in the config, clients must present one of those keys (`401`
 /// otherwise). SIGTERM or Ctrl-C stops accepting and lets the requests in
 /// flight finish.
@@ -60,7 +63,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let (kernel, model, keys) = build(engine, &args).await?;
+    let (routes, keys) = build(engine, &args).await?;
     let config = GatewayConfig {
         max_body_bytes: args.max_body_kib as usize * 1024,
         max_concurrent: args.max_concurrent as usize,
@@ -87,10 +90,10 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let address = listener.local_addr()?;
     eprintln!(
-        "shallot serve: http://{address}/v1 (model '{model}', {} filters); SIGHUP or a changed file reloads, SIGTERM or Ctrl-C stops",
-        kernel.filters().count()
+        "shallot serve: http://{address}/v1 ({}); SIGHUP or a changed file reloads, SIGTERM or Ctrl-C stops",
+        describe(&routes)
     );
-    let gateway = Gateway::new(kernel, model, config);
+    let gateway = Gateway::new(routes, config);
     gateway.set_keys(keys);
     let reloading = tokio::spawn(reload(engine.clone(), args, gateway.clone(), reloads));
     gateway.serve(listener, stopped).await?;
@@ -99,19 +102,67 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-/// Loads the filters and builds the kernel the gateway serves, with its
-/// model's name and the client keys of the config file.
-async fn build(
-    engine: &Engine,
-    args: &ServeArgs,
-) -> anyhow::Result<(Kernel, String, Vec<ClientKey>)> {
-    let keys = match &args.source.config {
-        Some(file) => read_keys(file)?,
-        None => Vec::new(),
+/// Loads the filters and builds the routes the gateway serves (the
+/// config's `[[route]]` tables; without any, one proxy route over every
+/// filter and the model the flags, `[model]` or the environment name),
+/// with the config's client keys.
+async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
+    let (keys, specs) = match &args.source.config {
+        Some(file) => (read_keys(file)?, read_routes(file)?),
+        None => (Vec::new(), Vec::new()),
     };
     let plugins = args.source.load(engine).await?;
-    let builder = Kernel::builder().plugins(&plugins);
-    let (builder, model) = match args.model.server(&args.source)? {
+    let default = args.model.server(&args.source)?;
+    if specs.is_empty() {
+        let (builder, model) = with_model(Kernel::builder().plugins(&plugins), default)?;
+        return Ok((vec![Route::proxy(model, builder.build()?)], keys));
+    }
+    let mut routes = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let mut builder = Kernel::builder();
+        match &spec.filters {
+            None => builder = builder.plugins(&plugins),
+            Some(names) => {
+                for name in names {
+                    let filter = plugins
+                        .filters()
+                        .iter()
+                        .find(|f| f.name() == name)
+                        .ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "route '{}': there is no filter named '{name}'",
+                                spec.model
+                            )
+                        })?;
+                    builder = builder.wasm(filter.clone());
+                }
+            }
+        }
+        let upstream = match spec.upstream {
+            None => default.clone(),
+            Some(Upstream::Embedded) => None,
+            Some(Upstream::Server(server)) => Some(server),
+        };
+        let (mut builder, _) = with_model(builder, upstream)?;
+        if spec.mode == RouteMode::Agent {
+            builder = builder.builtin_tools();
+        }
+        routes.push(Route {
+            model: spec.model,
+            kernel: builder.build()?,
+            mode: spec.mode,
+        });
+    }
+    Ok((routes, keys))
+}
+
+/// `builder` over the server `upstream` (`None`: the embedded model), and
+/// that model's name.
+fn with_model(
+    builder: KernelBuilder,
+    upstream: Option<OpenAiConfig>,
+) -> anyhow::Result<(KernelBuilder, String)> {
+    Ok(match upstream {
         Some(server) => {
             let model = OpenAiModel::new(server)?;
             let name = model.name().to_owned();
@@ -122,8 +173,15 @@ async fn build(
             let name = model.name().to_owned();
             (builder.model(model), name)
         }
-    };
-    Ok((builder.build()?, model, keys))
+    })
+}
+
+/// How `routes` are announced: their models, and their filters in all.
+fn describe(routes: &[Route]) -> String {
+    let models: Vec<&str> = routes.iter().map(|r| r.model.as_str()).collect();
+    let filters: usize = routes.iter().map(|r| r.kernel.filters().count()).sum();
+    let noun = if models.len() == 1 { "model" } else { "models" };
+    format!("{noun} '{}', {filters} filters", models.join("', '"))
 }
 
 /// What asks for a reload: SIGHUP, and changes to the config file or a
@@ -171,11 +229,11 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
     loop {
         reloads.next().await;
         match build(&engine, &args).await {
-            Ok((kernel, model, keys)) => {
-                let filters = kernel.filters().count();
+            Ok((routes, keys)) => {
+                let described = describe(&routes);
                 gateway.set_keys(keys);
-                gateway.swap(kernel, model.as_str());
-                eprintln!("shallot serve: reloaded (model '{model}', {filters} filters)");
+                gateway.swap(routes);
+                eprintln!("shallot serve: reloaded ({described})");
             }
             Err(e) => {
                 let error = format!("{e:#}");

@@ -53,12 +53,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use self::metrics::Metrics;
 use self::wire::{ApiError, CompletionRequest, Head};
-use crate::config::ClientKey;
+use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::kernel::Kernel;
 use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
-use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch};
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, TurnRequest, TurnResult,
+};
 
 /// A gateway's bounds.
 #[derive(Debug, Clone)]
@@ -104,8 +106,8 @@ pub struct Gateway {
 /// What every request handler shares.
 struct Shared {
     config: GatewayConfig,
-    /// The kernel being served and its model's name; a request takes both
-    /// when it starts and finishes on them, whatever is swapped in meanwhile.
+    /// The routes being served; a request takes its route when it starts
+    /// and finishes on it, whatever is swapped in meanwhile.
     served: RwLock<Served>,
     /// Places among the requests served at once.
     places: Arc<Semaphore>,
@@ -116,15 +118,45 @@ struct Shared {
     metrics: Metrics,
 }
 
+/// One model a gateway serves: the name clients ask for, the kernel (the
+/// filters over the model) behind it, and how a request runs through it.
+#[derive(Clone)]
+pub struct Route {
+    /// The name clients ask for (`model` in a request, `/v1/models`).
+    pub model: String,
+    /// The filters and the model.
+    pub kernel: Kernel,
+    /// A chat through the filters, or a whole agent turn.
+    pub mode: RouteMode,
+}
+
+impl Route {
+    /// A proxy route: one request is one chat through `kernel`'s filters.
+    pub fn proxy(model: impl Into<String>, kernel: Kernel) -> Self {
+        Route {
+            model: model.into(),
+            kernel,
+            mode: RouteMode::Proxy,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Served {
-    kernel: Kernel,
-    model: Arc<str>,
+    routes: Arc<[Route]>,
     /// The keys clients must present; none: the gateway is open.
     keys: Arc<[ClientKey]>,
 }
 
 impl Served {
+    fn route(&self, model: &str) -> Option<&Route> {
+        self.routes.iter().find(|route| route.model == model)
+    }
+
+    fn filters(&self) -> usize {
+        self.routes.iter().map(|r| r.kernel.filters().count()).sum()
+    }
+
     /// The key a request presents, if keys are required: `401` when it
     /// presents none or an unknown one.
     fn authorize(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, ApiError> {
@@ -166,16 +198,14 @@ struct Reloads {
 }
 
 impl Gateway {
-    /// A gateway serving `kernel` under the model name `model` (what
-    /// clients ask for and `/v1/models` lists).
-    pub fn new(kernel: Kernel, model: impl Into<String>, config: GatewayConfig) -> Self {
+    /// A gateway serving `routes`, each under its model name.
+    pub fn new(routes: Vec<Route>, config: GatewayConfig) -> Self {
         Gateway {
             shared: Arc::new(Shared {
                 places: Arc::new(Semaphore::new(config.max_concurrent)),
                 queued: AtomicUsize::new(0),
                 served: RwLock::new(Served {
-                    kernel,
-                    model: model.into().into(),
+                    routes: routes.into(),
                     keys: Arc::new([]),
                 }),
                 reloads: Mutex::new(Reloads::default()),
@@ -188,29 +218,25 @@ impl Gateway {
 
     /// Sets the filters gauge to the set being served.
     fn counting_filters(self) -> Self {
-        let filters = self.shared.served().kernel.filters().count();
+        let filters = self.shared.served().filters();
         self.shared.metrics.filters.set(filters as i64);
         self
     }
 
-    /// Serves `kernel` (under `model`) from now on: requests in flight
-    /// finish on the kernel they started with.
-    pub fn swap(&self, kernel: Kernel, model: impl Into<String>) {
-        {
-            let mut served = self
-                .shared
-                .served
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            served.kernel = kernel;
-            served.model = model.into().into();
-        }
+    /// Serves `routes` from now on: requests in flight finish on the route
+    /// they started with.
+    pub fn swap(&self, routes: Vec<Route>) {
+        self.shared
+            .served
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .routes = routes.into();
         let mut reloads = self.shared.reloads();
         reloads.swapped += 1;
         reloads.last_error = None;
         drop(reloads);
         self.shared.metrics.reload(true);
-        let filters = self.shared.served().kernel.filters().count();
+        let filters = self.shared.served().filters();
         self.shared.metrics.filters.set(filters as i64);
     }
 
@@ -317,28 +343,39 @@ async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMap) -> Respo
     if let Err(error) = served.authorize(&headers) {
         return error.into_response();
     }
-    axum::Json(json!({
-        "object": "list",
-        "data": [{ "id": &*served.model, "object": "model", "created": 0, "owned_by": "shallot" }],
-    }))
-    .into_response()
+    let models: Vec<Value> = served
+        .routes
+        .iter()
+        .map(|route| json!({ "id": route.model, "object": "model", "created": 0, "owned_by": "shallot" }))
+        .collect();
+    axum::Json(json!({ "object": "list", "data": models })).into_response()
 }
 
 async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
     let served = gateway.served();
-    let filters: Vec<Value> = served
-        .kernel
-        .filters()
-        .map(|(name, hooks)| {
-            let hooks: Vec<&str> = hooks.iter().map(|h| h.as_str()).collect();
-            json!({ "name": name, "hooks": hooks })
+    let routes: Vec<Value> = served
+        .routes
+        .iter()
+        .map(|route| {
+            let filters: Vec<Value> = route
+                .kernel
+                .filters()
+                .map(|(name, hooks)| {
+                    let hooks: Vec<&str> = hooks.iter().map(|h| h.as_str()).collect();
+                    json!({ "name": name, "hooks": hooks })
+                })
+                .collect();
+            let mode = match route.mode {
+                RouteMode::Proxy => "proxy",
+                RouteMode::Agent => "agent",
+            };
+            json!({ "model": route.model, "mode": mode, "filters": filters })
         })
         .collect();
     let reloads = gateway.reloads();
     axum::Json(json!({
         "ready": true,
-        "model": &*served.model,
-        "filters": filters,
+        "routes": routes,
         "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
     }))
     .into_response()
@@ -359,7 +396,8 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
-    let response = match complete(gateway.clone(), &headers, body).await {
+    let mut routed = None;
+    let response = match complete(gateway.clone(), &headers, body, &mut routed).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     };
@@ -367,9 +405,9 @@ async fn completions(
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
-    // Labelled by the model served, never the one asked for: clients do
-    // not get to make up label values.
-    let model = gateway.served().model;
+    // Labelled by the route's model, never by what a client asked for:
+    // clients do not get to make up label values.
+    let model = routed.unwrap_or_default();
     let seconds = started.elapsed().as_secs_f64();
     gateway
         .metrics
@@ -381,6 +419,7 @@ async fn complete(
     gateway: Arc<Shared>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    routed: &mut Option<String>,
 ) -> Result<Response, ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
@@ -401,18 +440,27 @@ async fn complete(
             "the request body is not a chat completion request: {e}"
         ))
     })?;
-    if request.model != *served.model {
+    let Some(route) = served.route(&request.model) else {
+        let models: Vec<&str> = served.routes.iter().map(|r| r.model.as_str()).collect();
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             Some("model_not_found"),
             format!(
-                "the model '{}' does not exist; this gateway serves '{}'",
-                request.model, served.model
+                "the model '{}' does not exist; this gateway serves {}",
+                request.model,
+                models.join(", ")
             ),
         ));
-    }
+    };
+    *routed = Some(route.model.clone());
     let chat = request.chat_request().map_err(ApiError::invalid)?;
+    if route.mode == RouteMode::Agent && !chat.tools.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "the model '{}' runs its own tools: send no `tools`",
+            route.model
+        )));
+    }
     let place = gateway.place().await?;
     let mut context = Context::new().with("model", request.model.as_str());
     if let Some(user) = &request.user {
@@ -425,10 +473,11 @@ async fn complete(
         }
     }
     let answer = Answer {
-        head: Head::new(&served.model),
+        head: Head::new(&route.model),
+        mode: route.mode,
         include_usage: request.include_usage(),
         context,
-        kernel: served.kernel.clone(),
+        kernel: route.kernel.clone(),
         deadline: gateway.config.request_timeout,
         place: Some(place),
         shared: gateway.clone(),
@@ -525,6 +574,7 @@ impl Drop for Waiting<'_> {
 /// One admitted request: what its answer needs, and its place.
 struct Answer {
     shared: Arc<Shared>,
+    mode: RouteMode,
     /// The kernel being served when the request started.
     kernel: Kernel,
     head: Head,
@@ -563,7 +613,7 @@ impl Answer {
     async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
         let answer = async {
             let options = InvokeOptions::from(self.context.clone());
-            let response = self.kernel.chat(chat, options).await?;
+            let response = run(&self.kernel, self.mode, chat, options).await?;
             self.shared.metrics.usage(&self.head.model, &response.usage);
             let delivered = self.delivered(&response).await?;
             Ok(self.head.completion(&response, delivered))
@@ -580,7 +630,7 @@ impl Answer {
     /// stream.
     async fn stream(mut self, chat: ChatRequest) -> Result<Response, ApiError> {
         let (sender, mut events) = mpsc::unbounded_channel();
-        let kernel = self.kernel.clone();
+        let (kernel, mode) = (self.kernel.clone(), self.mode);
         let options = InvokeOptions::from(self.context.clone()).stream_to(Forward(sender.clone()));
         let (deadline, timed_out) = (self.deadline, self.timed_out());
         // The chat runs on its own, holding the request's place, until it
@@ -588,7 +638,7 @@ impl Answer {
         let place = self.place.take();
         tokio::spawn(async move {
             let _place = place;
-            let chat = tokio::time::timeout(deadline, kernel.chat(chat, options));
+            let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
             tokio::select! {
                 done = chat => {
                     let _ = sender.send(Streamed::Done(done.unwrap_or(Err(timed_out))));
@@ -621,6 +671,37 @@ impl Answer {
         Ok(Sse::new(body)
             .keep_alive(KeepAlive::default())
             .into_response())
+    }
+}
+
+/// Runs `chat` as the route's mode asks: a chat through the filters, or an
+/// agent turn (the client sends the whole conversation, so no stored
+/// history is loaded) whose final answer is the response.
+async fn run(
+    kernel: &Kernel,
+    mode: RouteMode,
+    chat: ChatRequest,
+    options: InvokeOptions,
+) -> Result<ChatResponse, ChainError> {
+    match mode {
+        RouteMode::Proxy => kernel.chat(chat, options).await,
+        RouteMode::Agent => {
+            let turn = TurnRequest {
+                load_history: false,
+                ..TurnRequest::new(chat.messages.to_vec())
+            };
+            match kernel.turn(turn, options).await {
+                TurnResult::Done(done) => Ok(done.response),
+                TurnResult::Interrupt(paused) => Err(ChainError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "the turn paused for approval ({}); a gateway cannot approve",
+                        paused.reason
+                    ),
+                )),
+                TurnResult::Error(error) => Err(error),
+            }
+        }
     }
 }
 
