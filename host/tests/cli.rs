@@ -472,10 +472,16 @@ struct Gateway {
 impl Gateway {
     /// `shallot serve --config <config>` on a free port.
     fn start(config: &std::path::Path) -> Self {
+        Self::start_with(config, &[])
+    }
+
+    /// The same, with more arguments.
+    fn start_with(config: &std::path::Path, more: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
             .args(["serve", "--config"])
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])
+            .args(more)
             .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
             .env("CARGO_TARGET_DIR", target_dir())
             .env_remove("OPENAI_BASE_URL")
@@ -543,7 +549,7 @@ impl Drop for Gateway {
 #[test]
 fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
-    let gateway = Gateway::start(&config);
+    let gateway = Gateway::start_with(&config, &["-v", "--log-format", "json"]);
     let address = gateway.address.clone();
     assert!(
         gateway.said().contains("model 'shallot-echo'"),
@@ -564,6 +570,20 @@ fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
 
     let rest = gateway.terminate();
     assert!(rest.contains("stopped"), "{rest}");
+    let answered = rest
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|line| line["fields"]["message"] == "answered")
+        .unwrap_or_else(|| panic!("a JSON log line per request: {rest}"));
+    assert_eq!(answered["fields"]["status"], 200);
+    assert_eq!(answered["span"]["model"], "shallot-echo");
+    assert!(
+        answered["span"]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("chatcmpl-")
+    );
 }
 
 #[test]

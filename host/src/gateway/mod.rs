@@ -50,6 +50,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tracing::Instrument;
 
 use self::metrics::Metrics;
 use self::wire::{ApiError, CompletionRequest, Head};
@@ -397,7 +398,15 @@ async fn completions(
 ) -> Response {
     let started = Instant::now();
     let mut routed = None;
-    let response = match complete(gateway.clone(), &headers, body, &mut routed).await {
+    let span = tracing::info_span!(
+        "request",
+        id = tracing::field::Empty,
+        model = tracing::field::Empty
+    );
+    let response = match complete(gateway.clone(), &headers, body, &mut routed)
+        .instrument(span.clone())
+        .await
+    {
         Ok(response) => response,
         Err(error) => error.into_response(),
     };
@@ -412,6 +421,14 @@ async fn completions(
     gateway
         .metrics
         .request(&model, stream, response.status().as_u16(), seconds);
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            stream,
+            ms = seconds * 1000.0,
+            "answered"
+        );
+    });
     response
 }
 
@@ -454,6 +471,7 @@ async fn complete(
         ));
     };
     *routed = Some(route.model.clone());
+    tracing::Span::current().record("model", route.model.as_str());
     let chat = request.chat_request().map_err(ApiError::invalid)?;
     if route.mode == RouteMode::Agent && !chat.tools.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -472,8 +490,10 @@ async fn complete(
             context = context.with("tenant", tenant.as_str());
         }
     }
+    let head = Head::new(&route.model);
+    tracing::Span::current().record("id", head.id.as_str());
     let answer = Answer {
-        head: Head::new(&route.model),
+        head,
         mode: route.mode,
         include_usage: request.include_usage(),
         context,
@@ -636,7 +656,8 @@ impl Answer {
         // The chat runs on its own, holding the request's place, until it
         // ends, its deadline passes or the client goes away.
         let place = self.place.take();
-        tokio::spawn(async move {
+        let span = tracing::Span::current();
+        let chatting = async move {
             let _place = place;
             let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
             tokio::select! {
@@ -645,7 +666,8 @@ impl Answer {
                 }
                 () = sender.closed() => {}
             }
-        });
+        };
+        tokio::spawn(chatting.instrument(span));
         let first = events.recv().await;
         if let Some(Streamed::Done(Err(error))) = &first {
             return Err(ApiError::chain(error));
