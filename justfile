@@ -26,6 +26,11 @@ test: build-guests build-polyglot
 bench: build-guests build-polyglot
     cargo bench -p shallot-bench
 
+# The gateway against a mock model server, directly and through LiteLLM
+# (installs wrk and LiteLLM on first use).
+bench-gateway:
+    scripts/bench-gateway
+
 # The demo: the built-in filters over the embedded model, streaming.
 demo: build-guests
     cargo run --bin shallot -- chat --config plugins/shallot.toml --stream \

@@ -45,6 +45,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use futures::StreamExt;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
@@ -295,6 +296,11 @@ impl Gateway {
             .layer(DefaultBodyLimit::max(self.shared.config.max_body_bytes))
             .with_state(self.shared.clone());
         let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Chunks go out as they are written: without it, a small SSE chunk
+        // waits for the client's delayed ACK (40 ms).
+        let listener = listener.tap_io(|connection| {
+            let _ = connection.set_nodelay(true);
+        });
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             let _ = stopping.send(());

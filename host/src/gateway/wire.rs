@@ -83,6 +83,9 @@ impl CompletionRequest {
         for (key, value) in &self.options {
             request = request.with_option(key, value.clone());
         }
+        if let Some(user) = &self.user {
+            request = request.with_option("user", Value::String(user.clone()));
+        }
         Ok(request)
     }
 }

@@ -75,28 +75,36 @@ pub(crate) fn message_from_wire(wire: &Value) -> Result<Message, String> {
         )),
         _ => return Err("`content` must be a string, an array of parts or null".to_owned()),
     };
-    let tool_calls = match &wire["tool_calls"] {
-        Value::Null => Vec::new(),
-        Value::Array(calls) => calls
-            .iter()
-            .map(|call| {
-                let text = |v: &Value, what: &str| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("a tool call has no `{what}`"))
-                };
-                Ok(ToolCall {
-                    id: text(&call["id"], "id")?,
-                    name: text(&call["function"]["name"], "function.name")?,
-                    arguments: call["function"]["arguments"]
-                        .as_str()
-                        .unwrap_or("{}")
-                        .to_owned(),
+    let tool_calls =
+        match &wire["tool_calls"] {
+            Value::Null => Vec::new(),
+            Value::Array(calls) => calls
+                .iter()
+                .map(|call| {
+                    let text = |v: &Value, what: &str| {
+                        v.as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| format!("a tool call has no `{what}`"))
+                    };
+                    let arguments = match &call["function"]["arguments"] {
+                        Value::String(text) => text.clone(),
+                        Value::Null => "{}".to_owned(),
+                        Value::Object(_) => call["function"]["arguments"].to_string(),
+                        _ => {
+                            return Err(
+                                "a tool call's `function.arguments` must be a string".to_owned()
+                            );
+                        }
+                    };
+                    Ok(ToolCall {
+                        id: text(&call["id"], "id")?,
+                        name: text(&call["function"]["name"], "function.name")?,
+                        arguments,
+                    })
                 })
-            })
-            .collect::<Result<_, String>>()?,
-        _ => return Err("`tool_calls` must be an array".to_owned()),
-    };
+                .collect::<Result<_, String>>()?,
+            _ => return Err("`tool_calls` must be an array".to_owned()),
+        };
     let tool_call_id = wire["tool_call_id"].as_str().map(str::to_owned);
     if role == Role::Tool && tool_call_id.is_none() {
         return Err("a tool message has no `tool_call_id`".to_owned());
@@ -113,6 +121,10 @@ fn part_from_wire(part: &Value) -> Result<ContentPart, String> {
     match part["type"].as_str() {
         Some("text") => Ok(ContentPart::Text {
             text: part["text"].as_str().unwrap_or_default().to_owned(),
+        }),
+        // An assistant's earlier refusal, sent back as history.
+        Some("refusal") => Ok(ContentPart::Text {
+            text: part["refusal"].as_str().unwrap_or_default().to_owned(),
         }),
         Some("image_url") => Ok(ContentPart::Image {
             url: part["image_url"]["url"]

@@ -1,0 +1,42 @@
+//! A fast OpenAI-compatible model server for the gateway benchmark
+//! (`scripts/bench-gateway`): every chat completion is answered at once
+//! with the same short answer, as JSON or, with `"stream": true`, as
+//! server-sent chunks. `mock_upstream 127.0.0.1:9100`.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+
+const ANSWER: &str = r#"{"id":"chatcmpl-mock","object":"chat.completion","created":0,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":"The answer is 42."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
+
+const STREAM: &str = concat!(
+    "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"mock\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"The answer \"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"mock\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"is 42.\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"mock\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"mock\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5,\"total_tokens\":17}}\n\n",
+    "data: [DONE]\n\n",
+);
+
+async fn complete(body: Bytes) -> Response {
+    let streamed = body
+        .windows(b"\"stream\":true".len())
+        .any(|w| w == b"\"stream\":true");
+    if streamed {
+        ([(header::CONTENT_TYPE, "text/event-stream")], STREAM).into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "application/json")], ANSWER).into_response()
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let address = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:9100".to_owned());
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    eprintln!("mock upstream: http://{address}/v1");
+    let app = Router::new().route("/v1/chat/completions", post(complete));
+    axum::serve(listener, app).await
+}
