@@ -212,6 +212,7 @@ async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
     let mut request = ask("add 1 and 2");
     request["tools"] = tools.clone();
     request["tool_choice"] = json!("auto");
+    request["user"] = json!("user-7");
     let (status, body) = served.complete(request.clone()).await;
     assert_eq!(status, 200, "{body}");
     let message = &body["choices"][0]["message"];
@@ -226,6 +227,7 @@ async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
         "the client's tools reach the model"
     );
     assert_eq!(seen.options["tool_choice"], "auto", "and so do its options");
+    assert_eq!(seen.options["user"], "user-7", "and its end user's id");
 
     // The client runs the tool and sends the result back.
     let mut messages = request["messages"].as_array().unwrap().clone();

@@ -75,36 +75,35 @@ pub(crate) fn message_from_wire(wire: &Value) -> Result<Message, String> {
         )),
         _ => return Err("`content` must be a string, an array of parts or null".to_owned()),
     };
-    let tool_calls =
-        match &wire["tool_calls"] {
-            Value::Null => Vec::new(),
-            Value::Array(calls) => calls
-                .iter()
-                .map(|call| {
-                    let text = |v: &Value, what: &str| {
-                        v.as_str()
-                            .map(str::to_owned)
-                            .ok_or_else(|| format!("a tool call has no `{what}`"))
-                    };
-                    let arguments = match &call["function"]["arguments"] {
-                        Value::String(text) => text.clone(),
-                        Value::Null => "{}".to_owned(),
-                        Value::Object(_) => call["function"]["arguments"].to_string(),
-                        _ => {
-                            return Err(
-                                "a tool call's `function.arguments` must be a string".to_owned()
-                            );
-                        }
-                    };
-                    Ok(ToolCall {
-                        id: text(&call["id"], "id")?,
-                        name: text(&call["function"]["name"], "function.name")?,
-                        arguments,
-                    })
+    let tool_calls = match &wire["tool_calls"] {
+        Value::Null => Vec::new(),
+        Value::Array(calls) => calls
+            .iter()
+            .map(|call| {
+                let text = |v: &Value, what: &str| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("a tool call has no `{what}`"))
+                };
+                let arguments = match &call["function"]["arguments"] {
+                    Value::String(text) => text.clone(),
+                    Value::Null => "{}".to_owned(),
+                    Value::Object(_) => call["function"]["arguments"].to_string(),
+                    _ => {
+                        return Err(
+                            "a tool call's `function.arguments` must be a string".to_owned()
+                        );
+                    }
+                };
+                Ok(ToolCall {
+                    id: text(&call["id"], "id")?,
+                    name: text(&call["function"]["name"], "function.name")?,
+                    arguments,
                 })
-                .collect::<Result<_, String>>()?,
-            _ => return Err("`tool_calls` must be an array".to_owned()),
-        };
+            })
+            .collect::<Result<_, String>>()?,
+        _ => return Err("`tool_calls` must be an array".to_owned()),
+    };
     let tool_call_id = wire["tool_call_id"].as_str().map(str::to_owned);
     if role == Role::Tool && tool_call_id.is_none() {
         return Err("a tool message has no `tool_call_id`".to_owned());
@@ -312,6 +311,43 @@ mod tests {
         );
         assert_eq!(finish(None, true), FinishReason::ToolUse);
         assert_eq!(finish(Some("weird"), false), FinishReason::Unknown);
+    }
+
+    #[test]
+    fn a_clients_messages_and_tools_come_in_in_our_terms() {
+        let asked = json!({ "role": "assistant", "content": [{ "type": "refusal", "refusal": "no" }],
+            "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "add", "arguments": { "a": 1 } } }] });
+        let message = message_from_wire(&asked).unwrap();
+        assert_eq!(message.text(), "no", "a refusal part is text");
+        assert_eq!(
+            message.tool_calls[0].arguments, r#"{"a":1}"#,
+            "object arguments as JSON text"
+        );
+        let bad = json!({ "role": "assistant", "tool_calls": [{ "id": "c1", "function": { "name": "add", "arguments": 7 } }] });
+        assert!(
+            message_from_wire(&bad)
+                .unwrap_err()
+                .contains("must be a string")
+        );
+        assert!(
+            message_from_wire(&json!({ "role": "tool", "content": "2" }))
+                .unwrap_err()
+                .contains("tool_call_id")
+        );
+        assert!(
+            message_from_wire(&json!({ "content": "hi" }))
+                .unwrap_err()
+                .contains("role")
+        );
+        let tool =
+            tool_from_wire(&json!({ "type": "function", "function": { "name": "add" } })).unwrap();
+        assert_eq!(
+            tool.parameters["type"], "object",
+            "no parameters: an empty object schema"
+        );
+        assert!(tool_from_wire(&json!({ "type": "code_interpreter" })).is_err());
+        assert_eq!(wire_finish(FinishReason::ContentFiltered), "content_filter");
+        assert_eq!(wire_finish(FinishReason::ToolUse), "tool_calls");
     }
 
     #[test]
