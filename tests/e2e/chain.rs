@@ -3,7 +3,7 @@
 use serde_json::json;
 use shallot::types::{FinishReason, Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{ChainError, Context, ErrorKind, Kernel};
-use shallot_tests::{Reply, ScriptedModel, ask, load, spec, strings};
+use shallot_tests::{Reply, ScriptedModel, answering, ask, load, spec, strings};
 
 fn tracer(tag: &str) -> (std::path::PathBuf, shallot::FilterSpec) {
     spec("probe", tag, json!({ "tag": tag }))
@@ -167,11 +167,7 @@ async fn an_error_passed_on_keeps_its_origin() {
         spec("misbehave", "bad", json!({ "on": "chat", "do": "error" })),
     ])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "ok");
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Transient);
     assert_eq!(
@@ -188,11 +184,7 @@ async fn an_error_built_to_look_like_the_inner_one_is_the_filters_own() {
         spec("misbehave", "bad", json!({ "on": "chat", "do": "error" })),
     ])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("ok"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "ok");
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert!(
         error.message.ends_with("misbehave: error in chat"),
@@ -215,11 +207,7 @@ async fn a_turn_error_built_to_look_like_the_inner_one_is_the_filters_own() {
             spec("misbehave", "bad", json!({ "on": "turn", "do": "error" })),
         ])
         .await;
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(ScriptedModel::answer("ok"))
-            .build()
-            .unwrap();
+        let kernel = answering(&plugins, "ok");
         let result = kernel
             .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
             .await;

@@ -84,6 +84,15 @@ impl Served {
         (status, events)
     }
 
+    /// Posts `request` in the background; its answer when it comes.
+    fn in_flight(&self, request: Value) -> JoinHandle<Value> {
+        let url = format!("{}/v1/chat/completions", self.base);
+        tokio::spawn(async move {
+            let response = reqwest::Client::new().post(url).json(&request).send().await;
+            response.unwrap().json::<Value>().await.unwrap()
+        })
+    }
+
     async fn stop(mut self) -> std::io::Result<()> {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap()
@@ -524,18 +533,7 @@ async fn shutting_down_lets_the_requests_in_flight_finish() {
         Reply::Slow(Duration::from_millis(500), "finished".into())
     });
     let served = Served::start(kernel(vec![], model).await, config()).await;
-    let base = served.base.clone();
-    let in_flight = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&ask("hi"))
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
-    });
+    let in_flight = served.in_flight(ask("hi"));
     // Let the request reach the model before the shutdown starts.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let base = served.base.clone();
@@ -558,18 +556,7 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
         config(),
     );
     let served = Served::gateway(gateway.clone()).await;
-    let base = served.base.clone();
-    let in_flight = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&ask("hi"))
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
-    });
+    let in_flight = served.in_flight(ask("hi"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     gateway.swap(vec![Route::proxy(
         "scripted",

@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{Context, ErrorKind, FilterSpec, Kernel};
-use shallot_tests::{Reply, ScriptedModel, ask, load, spec, stream, strings};
+use shallot_tests::{Reply, ScriptedModel, answering, ask, load, spec, stream, strings};
 
 type Spec = (std::path::PathBuf, FilterSpec);
 
@@ -234,11 +234,7 @@ async fn a_faulting_python_filter_fails_its_request_only() {
         )
     };
     let plugins = load(vec![faulty()]).await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("hello"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "hello");
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::PluginFault);
     assert_eq!(
@@ -263,11 +259,7 @@ async fn a_faulting_python_filter_fails_its_request_only() {
         json!({ "tag": "outer", "catch": true, "hooks": ["chat"] }),
     );
     let plugins = load(vec![outer, faulty()]).await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("hello"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "hello");
     for _ in 0..2 {
         let context = Context::new();
         let response = kernel.chat(ask("hi"), context.clone()).await.unwrap();
@@ -289,11 +281,7 @@ async fn an_exception_in_a_javascript_filter_fails_its_request_with_its_message(
         json!({ "fault": "chat", "hooks": ["chat"] }),
     )])
     .await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("hello"))
-        .build()
-        .unwrap();
+    let kernel = answering(&plugins, "hello");
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::PluginFault);
     assert!(
@@ -392,11 +380,7 @@ async fn an_inner_failure_a_python_or_javascript_filter_lets_through_keeps_its_o
                 spec("misbehave", "bad", json!({ "on": "chat", "do": "error" })),
             ])
             .await;
-            let kernel = Kernel::builder()
-                .plugins(&plugins)
-                .model(ScriptedModel::answer("hello"))
-                .build()
-                .unwrap();
+            let kernel = answering(&plugins, "hello");
             let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
             assert_eq!(error.kind, ErrorKind::Transient);
             assert_eq!(
@@ -411,11 +395,7 @@ async fn an_inner_failure_a_python_or_javascript_filter_lets_through_keeps_its_o
             spec("misbehave", "bad", json!({ "on": "turn", "do": "error" })),
         ])
         .await;
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(ScriptedModel::answer("hello"))
-            .build()
-            .unwrap();
+        let kernel = answering(&plugins, "hello");
         let result = kernel
             .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
             .await;
