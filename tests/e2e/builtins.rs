@@ -1,6 +1,7 @@
-//! The built-in plugins: safeguard (PEER-CASES I8-I13), logging (I1) and
-//! token-redact (G1, and beyond the peer: secrets split across tokens are
-//! caught within the declared look-back window).
+//! The built-in plugins: safeguard (PEER-CASES I8-I13), logging (I1),
+//! timeout (I2-I4, and beyond the peer: an inner failure keeps its own
+//! error) and token-redact (G1, and beyond the peer: secrets split across
+//! tokens are caught within the declared look-back window).
 
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, ToolSpec};
@@ -194,4 +195,93 @@ async fn token_redact_rejects_a_bad_pattern_when_loaded() {
         .err()
         .expect("rejected");
     assert!(error.to_string().contains("pattern"), "{error}");
+}
+
+/// A kernel with the `timeout` filter at `timeout_ms` over a `slow` tool
+/// (sleeps 500 ms), a `quick` one and a `broken` one.
+async fn timed(timeout_ms: u32) -> Kernel {
+    let plugins = load(vec![spec(
+        "timeout",
+        "timeout",
+        json!({ "timeout_ms": timeout_ms }),
+    )])
+    .await;
+    let tool = |name: &str| ToolSpec::new(name, name, json!({ "type": "object" }));
+    Kernel::builder()
+        .plugins(&plugins)
+        .tool(tool("slow"), |_: Value, _| async {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            Ok(json!("slow"))
+        })
+        .tool(tool("quick"), |_: Value, _| async { Ok(json!("quick")) })
+        .tool(tool("broken"), |_: Value, _| async {
+            Err(shallot::ChainError::new(
+                ErrorKind::Transient,
+                "backend down",
+            ))
+        })
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn i2_timeout_fails_a_slow_tool_with_a_typed_timeout_naming_the_filter() {
+    let kernel = timed(50).await;
+    let error = kernel
+        .tool("slow", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
+    assert!(error.message.contains("50 ms"), "{error}");
+    assert_eq!(&*error.origin.expect("attributed").filter, "timeout");
+}
+
+#[tokio::test]
+async fn i3_timeout_lets_a_quick_tool_through() {
+    let kernel = timed(1000).await;
+    let response = kernel
+        .tool("quick", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(response.output, "\"quick\"");
+}
+
+#[tokio::test]
+async fn timeout_keeps_an_inner_failure_before_the_deadline_as_it_was() {
+    let kernel = timed(1000).await;
+    let error = kernel
+        .tool("broken", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (error.kind, error.message.as_str()),
+        (ErrorKind::Transient, "backend down")
+    );
+    assert!(
+        error
+            .origin
+            .as_ref()
+            .is_none_or(|o| &*o.filter != "timeout"),
+        "not the timeout filter's: {error}"
+    );
+}
+
+#[tokio::test]
+async fn timeout_refuses_a_zero_or_unknown_configuration_at_load() {
+    for (config, says) in [
+        (json!({ "timeout_ms": 0 }), "greater than 0"),
+        (json!({ "timeout": 5 }), "unknown field"),
+        (json!(null), "timeout_ms"),
+    ] {
+        let error = shallot::PluginSet::from_specs(
+            &shallot_tests::engine(),
+            vec![spec("timeout", "timeout", config)],
+            &mut |_| {},
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(matches!(error, LoadError::Filter { .. }), "{error}");
+        assert!(error.to_string().contains(says), "{error}");
+    }
 }

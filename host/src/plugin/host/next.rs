@@ -60,9 +60,18 @@ impl HostState {
         let meter = self.confinement.meter().clone();
         meter.enter_next();
         let output = match within {
+            // The deadline is this filter's: its timeout error names it.
             Some(ms) => {
-                next.call_within(request, Duration::from_millis(ms.into()))
+                match tokio::time::timeout(Duration::from_millis(ms.into()), next.call(request))
                     .await
+                {
+                    Ok(output) => output,
+                    Err(_) => {
+                        let message = format!("the inner call did not finish within {ms} ms");
+                        let origin = self.identity.origin(K::HOOK.into());
+                        K::fail(ChainError::new(ErrorKind::Timeout, message).at(origin))
+                    }
+                }
             }
             None => next.call(request).await,
         };
