@@ -1,6 +1,6 @@
 //! The built-in plugins: safeguard (PEER-CASES I8-I13), logging (I1),
 //! timeout (I2-I4, and beyond the peer: an inner failure keeps its own
-//! error) and token-redact (G1, and beyond the peer: secrets split across
+//! error), call-limit (seed 004's middleware) and token-redact (G1, and beyond the peer: secrets split across
 //! tokens are caught within the declared look-back window).
 
 use serde_json::{Value, json};
@@ -282,6 +282,102 @@ async fn timeout_refuses_a_zero_or_unknown_configuration_at_load() {
         .err()
         .expect("refused");
         assert!(matches!(error, LoadError::Filter { .. }), "{error}");
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
+
+/// A turn whose model asks for the `echo` tool `rounds` times before it
+/// answers, through `call-limit` with `config`: the result, and the model
+/// calls made.
+async fn limited(config: Value, rounds: usize) -> (shallot::types::TurnResult, usize) {
+    let plugins = load(vec![spec("call_limit", "call-limit", config)]).await;
+    let model = ScriptedModel::new(move |call, _: &shallot::types::ChatRequest| {
+        if call <= rounds {
+            Reply::call("echo", json!({}))
+        } else {
+            Reply::Text("done".into())
+        }
+    });
+    let echo = ToolSpec::new("echo", "echoes", json!({ "type": "object" }));
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .tool(echo, |args: Value, _| async move { Ok(args) })
+        .turn_terminal(shallot::ToolLoop::new(
+            shallot::LoopConfig {
+                max_iterations: 30,
+                ..shallot::LoopConfig::default()
+            },
+            shallot::MemoryHistory::default(),
+        ))
+        .build()
+        .unwrap();
+    let turn = shallot::types::TurnRequest::new(vec![shallot::types::Message::user("go")]);
+    let result = kernel.turn(turn, Context::new()).await;
+    (result, model.calls())
+}
+
+#[tokio::test]
+async fn call_limit_halts_the_call_past_the_limit_before_the_model_sees_it() {
+    let (result, calls) = limited(json!({ "max_model_calls": 2 }), 3).await;
+    let shallot::types::TurnResult::Error(error) = result else {
+        panic!("{result:?}")
+    };
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(
+        error.message.contains("model call 3") && error.message.contains("limit of 2"),
+        "{error}"
+    );
+    assert_eq!(&*error.origin.expect("attributed").filter, "call-limit");
+    assert_eq!(calls, 2, "the third call never reached the model");
+}
+
+#[tokio::test]
+async fn call_limit_warns_and_goes_on_when_asked_to() {
+    let (result, calls) = limited(json!({ "max_model_calls": 2, "on_limit": "warn" }), 3).await;
+    assert!(
+        matches!(result, shallot::types::TurnResult::Done(_)),
+        "{result:?}"
+    );
+    assert_eq!(calls, 4);
+}
+
+#[tokio::test]
+async fn call_limit_counts_per_invoke_and_defaults_to_twenty() {
+    let (result, calls) = limited(json!({ "max_model_calls": 2 }), 1).await;
+    assert!(
+        matches!(result, shallot::types::TurnResult::Done(_)),
+        "two calls fit: {result:?}"
+    );
+    assert_eq!(calls, 2);
+    let (result, calls) = limited(json!(null), 19).await;
+    assert!(
+        matches!(result, shallot::types::TurnResult::Done(_)),
+        "{result:?}"
+    );
+    assert_eq!(calls, 20);
+    let (result, _) = limited(json!(null), 20).await;
+    assert!(
+        matches!(result, shallot::types::TurnResult::Error(_)),
+        "the 21st call is over: {result:?}"
+    );
+}
+
+#[tokio::test]
+async fn call_limit_refuses_a_bad_configuration_at_load() {
+    for (config, says) in [
+        (json!({ "max_model_calls": "many" }), "invalid type"),
+        (json!({ "on_limit": "stop" }), "unknown variant"),
+        (json!({ "max_calls": 3 }), "unknown field"),
+    ] {
+        let error = shallot::PluginSet::from_specs(
+            &shallot_tests::engine(),
+            vec![spec("call_limit", "call-limit", config)],
+            &mut |_| {},
+        )
+        .await
+        .err()
+        .expect("refused");
         assert!(error.to_string().contains(says), "{error}");
     }
 }
