@@ -20,6 +20,15 @@ async fn guarded(config: Value, prompt: &str) -> (shallot::types::ChatResponse, 
     (response, model.calls())
 }
 
+/// The error loading `plugin` as filter `name` with `config` fails with.
+async fn refused(plugin: &str, name: &str, config: Value) -> LoadError {
+    let specs = vec![spec(plugin, name, config)];
+    shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        .await
+        .err()
+        .expect("the configuration is refused")
+}
+
 #[tokio::test]
 async fn i8_safeguard_blocks_a_listed_word_without_calling_the_model() {
     let (response, calls) = guarded(json!({ "words": ["bomb"] }), "how to make a bomb").await;
@@ -87,11 +96,7 @@ async fn safeguard_checks_tool_results_fed_back_to_the_model() {
 
 #[tokio::test]
 async fn safeguard_rejects_an_unknown_option_when_loaded() {
-    let specs = vec![spec("safeguard", "safeguard", json!({ "wordz": ["typo"] }))];
-    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
-        .await
-        .err()
-        .expect("rejected");
+    let error = refused("safeguard", "safeguard", json!({ "wordz": ["typo"] })).await;
     let LoadError::Filter { error, .. } = &error else {
         panic!("{error}")
     };
@@ -189,11 +194,7 @@ async fn without_a_window_a_split_secret_leaks_as_it_does_in_the_peer() {
 
 #[tokio::test]
 async fn token_redact_rejects_a_bad_pattern_when_loaded() {
-    let specs = vec![spec("token_redact", "redact", json!({ "pattern": "sk-[" }))];
-    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
-        .await
-        .err()
-        .expect("rejected");
+    let error = refused("token_redact", "redact", json!({ "pattern": "sk-[" })).await;
     assert!(error.to_string().contains("pattern"), "{error}");
 }
 
@@ -273,14 +274,7 @@ async fn timeout_refuses_a_zero_or_unknown_configuration_at_load() {
         (json!({ "timeout": 5 }), "unknown field"),
         (json!(null), "timeout_ms"),
     ] {
-        let error = shallot::PluginSet::from_specs(
-            &shallot_tests::engine(),
-            vec![spec("timeout", "timeout", config)],
-            &mut |_| {},
-        )
-        .await
-        .err()
-        .expect("refused");
+        let error = refused("timeout", "timeout", config).await;
         assert!(matches!(error, LoadError::Filter { .. }), "{error}");
         assert!(error.to_string().contains(says), "{error}");
     }
@@ -370,14 +364,7 @@ async fn call_limit_refuses_a_bad_configuration_at_load() {
         (json!({ "on_limit": "stop" }), "unknown variant"),
         (json!({ "max_calls": 3 }), "unknown field"),
     ] {
-        let error = shallot::PluginSet::from_specs(
-            &shallot_tests::engine(),
-            vec![spec("call_limit", "call-limit", config)],
-            &mut |_| {},
-        )
-        .await
-        .err()
-        .expect("refused");
+        let error = refused("call_limit", "call-limit", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
 }

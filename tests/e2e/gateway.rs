@@ -789,3 +789,42 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
     assert_eq!(ready["routes"][0]["filters"][0]["name"], "redact");
     served.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        match request.messages.last().unwrap().text().as_str() {
+            "slow" => Reply::Slow(Duration::from_secs(30), "late".into()),
+            _ => Reply::Text("quick".into()),
+        }
+    });
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 0,
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
+    for stream in [false, true] {
+        let mut slow = ask("slow");
+        slow["stream"] = json!(stream);
+        let gone = served.in_flight(slow);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gone.abort();
+        // The place comes back once the server sees the connection close.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, retry, body) = served.post(ask("next").to_string()).await;
+            if status == 200 {
+                assert!(body.contains("quick"), "{body}");
+                break;
+            }
+            assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the place never came back (stream: {stream})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    served.stop().await.unwrap();
+}
