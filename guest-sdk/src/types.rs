@@ -1,6 +1,8 @@
 //! Conveniences on the contract's types.
 
-use crate::{ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolResponse};
+use crate::{
+    ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Message, Role, ToolResponse,
+};
 
 impl Message {
     /// A message with text content.
@@ -81,6 +83,23 @@ impl FinishReason {
             FinishReason::Refusal => "refusal",
             FinishReason::Error => "error",
             FinishReason::Unknown => "unknown",
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The contract's name for the kind (`transient`, `not-found`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorKind::Transient => "transient",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ContentFiltered => "content-filtered",
+            ErrorKind::InvalidRequest => "invalid-request",
+            ErrorKind::Auth => "auth",
+            ErrorKind::NotFound => "not-found",
+            ErrorKind::LimitExceeded => "limit-exceeded",
+            ErrorKind::PluginFault => "plugin-fault",
+            ErrorKind::Internal => "internal",
         }
     }
 }
