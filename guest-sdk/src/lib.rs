@@ -79,6 +79,7 @@ pub mod log;
 pub mod next;
 mod tokens;
 mod types;
+pub mod validate;
 
 #[doc(hidden)]
 pub mod __private;
