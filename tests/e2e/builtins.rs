@@ -21,7 +21,7 @@ async fn guarded(config: Value, prompt: &str) -> (shallot::types::ChatResponse, 
 }
 
 /// The error loading `plugin` as filter `name` with `config` fails with.
-async fn refused(plugin: &str, name: &str, config: Value) -> LoadError {
+pub(crate) async fn refused(plugin: &str, name: &str, config: Value) -> LoadError {
     let specs = vec![spec(plugin, name, config)];
     shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
         .await

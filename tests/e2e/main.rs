@@ -14,6 +14,7 @@ mod fctx;
 mod fuzz;
 mod gateway;
 mod hostile;
+mod library;
 mod loading;
 mod polyglot;
 mod provider;
