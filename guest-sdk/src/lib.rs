@@ -75,6 +75,7 @@ pub mod context;
 mod error;
 mod fctx;
 mod filter;
+mod granted;
 pub mod log;
 pub mod next;
 mod tokens;
@@ -105,5 +106,6 @@ pub use bindings::shallot::filter::types::{
 pub use error::{FilterError, TurnResult};
 pub use fctx::Fctx;
 pub use filter::Filter;
+pub use granted::{approval, timer, trace};
 pub use shallot_guest_macro::filter;
-pub use tokens::{PassThrough, Token, TokenOut, TokenTransform, Tokens};
+pub use tokens::{PassThrough, Token, TokenOut, TokenTransform, Tokens, stream_end};

@@ -1,7 +1,8 @@
 //! The streaming token transform: tokens in, 0..N tokens out, per stream.
 
-use crate::FilterError;
+use crate::bindings::shallot::filter::model_stream;
 use crate::bindings::shallot::filter::types::{TokenBatch, TokenMeta};
+use crate::{FilterError, FinishReason};
 
 /// One streamed token: its text and optional metadata (a JSON object).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,8 +126,9 @@ pub trait TokenTransform {
     /// drop, pass, expand, or buffer them for a later step or `flush`.
     fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError>;
 
-    /// The stream ended normally: emit whatever is still buffered. Not
-    /// called when the stream fails, so buffered tokens never leak then.
+    /// The stream ended normally: emit whatever is still buffered
+    /// ([`stream_end`] says why the model stopped). Not called when the
+    /// stream fails, so buffered tokens never leak then.
     fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
         let _ = out;
         Ok(())
@@ -141,4 +143,11 @@ impl TokenTransform for PassThrough {
         out.push_all(tokens);
         Ok(())
     }
+}
+
+/// Why the model stopped, in [`TokenTransform::flush`]: e.g.
+/// [`FinishReason::ToolUse`] for a round of the tool loop that asks for
+/// tools rather than answering. `None` in [`TokenTransform::step`].
+pub fn stream_end() -> Option<FinishReason> {
+    model_stream::end()
 }

@@ -19,6 +19,13 @@
 //! config = { words = ["bomb"] }
 //! limits = { memory_mib = 32, cpu_ms = 50, timeout_ms = 10000 }
 //! grants = { clock = true }
+//!
+//! [[filter]]
+//! plugin = "trace.wasm"
+//! # Host services beyond nothing: real clocks, up to 30 s of sleeping per
+//! # hook call (`timer`), the approval handler (`approval`), and a trace
+//! # sink ("stderr", or a file relative to this file).
+//! grants = { clock = true, sleep_ms = 30000, approval = true, trace = "trace.jsonl" }
 //! ```
 //!
 //! The list order is the layer order (first = outermost). The same plugin
@@ -341,11 +348,20 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
                     serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
                 })
                 .transpose()?;
+            let mut grants = entry.grants;
+            // A trace file is the operator's, relative to this file.
+            if let Some(trace) = grants.trace.take() {
+                let trace = match trace.as_str() {
+                    "stderr" => trace,
+                    path => base.join(expand(path).map_err(bad)?).display().to_string(),
+                };
+                grants.trace = Some(trace);
+            }
             let spec = FilterSpec {
                 name: entry.name,
                 config,
                 limits: entry.limits,
-                grants: entry.grants,
+                grants,
                 isolation: entry.isolation,
                 source: Some(source),
             };

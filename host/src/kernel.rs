@@ -15,14 +15,14 @@ use crate::context::Context;
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal, TokenSink,
-    TokenStream, Turn,
+    Approver, Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
+    TokenSink, TokenStream, Turn,
 };
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, Token, TokenBatch, ToolRequest,
-    ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Token, TokenBatch,
+    ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// Why a kernel could not be built.
@@ -76,6 +76,7 @@ pub struct KernelBuilder {
     response_limits: ResponseLimits,
     tools: ToolRegistry,
     turn: Option<Arc<dyn Terminal<Turn>>>,
+    approver: Option<Arc<dyn Approver>>,
 }
 
 impl KernelBuilder {
@@ -147,6 +148,14 @@ impl KernelBuilder {
         self
     }
 
+    /// Who answers filters granted the `approval` import (such as the
+    /// built-in `approval` filter's `ask` rules). Without one, every
+    /// question is answered no.
+    pub fn approver(mut self, approver: impl Approver) -> Self {
+        self.approver = Some(Arc::new(approver));
+        self
+    }
+
     /// Composes the onions.
     pub fn build(self) -> Result<Kernel, BuildError> {
         let mut names = HashSet::new();
@@ -200,13 +209,14 @@ impl KernelBuilder {
             model,
             limits: self.response_limits,
         });
-        let core = Core::compose(
+        let mut core = Core::compose(
             self.filters,
             chat,
             tools.clone(),
             turn,
             tools.shared_specs(),
         );
+        core.approver = self.approver;
         Ok(Kernel {
             core: Arc::new(core),
             wasm: self.wasm.into(),
@@ -352,7 +362,7 @@ impl Kernel {
         let mut tokens = TokenBatch::default();
         tokens.push(text, None);
         stream.push(tokens).await?;
-        stream.finish().await?;
+        stream.finish(FinishReason::Complete).await?;
         let shown = shown.lock().unwrap_or_else(PoisonError::into_inner).clone();
         Ok(shown)
     }

@@ -76,8 +76,8 @@ pub use gateway::{Gateway, GatewayConfig, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{
-    ChainKind, Chat, Fctx, Filter, Hook, Invoke, InvokeOptions, Next, Terminal, TokenSink,
-    TokenStream, TokenTransform, Tool, Turn,
+    ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, Hook, Invoke, InvokeOptions, Next,
+    Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
     FilterSpec, Isolation, LoadError, LoadEvent, Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION,

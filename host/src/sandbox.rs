@@ -118,11 +118,20 @@ impl Limits {
 }
 
 /// Capabilities an operator grants a filter beyond the default nothing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Grants {
     /// Real wall and monotonic clocks (otherwise both read zero).
     pub clock: bool,
+    /// Milliseconds one hook call may sleep through the `timer` import, in
+    /// all (0, the default: none).
+    pub sleep_ms: u32,
+    /// Whether the filter may ask the host's approval handler (the
+    /// `approval` import).
+    pub approval: bool,
+    /// Where the filter's `trace` events go: `"stderr"`, or a file that
+    /// is appended to (created if missing). `None`: no tracing.
+    pub trace: Option<String>,
 }
 
 /// How many bytes of a guest's stderr one call keeps (for a panic message).

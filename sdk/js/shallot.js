@@ -25,10 +25,10 @@
 // `FilterError` to fail a request on purpose; any other exception fails it
 // as a `plugin-fault` carrying the exception's message and stack.
 
-import * as wnext from 'shallot:filter/next@0.1.1';
-import * as wfctx from 'shallot:filter/fctx@0.1.1';
-import * as wcontext from 'shallot:filter/context@0.1.1';
-import { log as wlog } from 'shallot:filter/log@0.1.1';
+import * as wnext from 'shallot:filter/next@0.1.2';
+import * as wfctx from 'shallot:filter/fctx@0.1.2';
+import * as wcontext from 'shallot:filter/context@0.1.2';
+import { log as wlog } from 'shallot:filter/log@0.1.2';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */

@@ -31,6 +31,9 @@ pub enum Reply {
     Paced(Vec<String>, Duration),
     /// Asks for these tool calls (name, arguments), with no text.
     Calls(Vec<(String, Value)>),
+    /// Says this text (streamed as one token), then asks for these tool
+    /// calls, as a model that announces what it is about to do.
+    Preamble(String, Vec<(String, Value)>),
 }
 
 impl Reply {
@@ -124,6 +127,13 @@ impl ScriptedModel {
     }
 }
 
+/// A response asking for tool calls after `text`.
+fn preamble(n: usize, text: String, asked: Vec<(String, Value)>) -> ChatResponse {
+    let mut response = calls(n, asked);
+    response.message.content = Some(shallot::types::Content::Text(text));
+    response
+}
+
 /// A response asking for tool calls; ids are `call-<n>-<i>` for call `n` of the model.
 fn calls(n: usize, calls: Vec<(String, Value)>) -> ChatResponse {
     let tool_calls = calls
@@ -165,6 +175,7 @@ impl ChatModel for ScriptedModel {
     ) -> Result<ChatResponse, ChainError> {
         match self.next(request, context) {
             (n, Reply::Calls(asked)) => Ok(calls(n, asked)),
+            (n, Reply::Preamble(text, asked)) => Ok(preamble(n, text, asked)),
             (_, Reply::Text(text)) => Ok(response(text)),
             (_, Reply::Tokens(tokens)) => {
                 Ok(response(tokens.into_iter().map(|(t, _)| t).collect()))
@@ -189,6 +200,11 @@ impl ChatModel for ScriptedModel {
         let (n, reply) = self.next(request, context);
         Ok(match reply {
             Reply::Calls(asked) => stream::iter([Ok(ModelEvent::Done(calls(n, asked)))]).boxed(),
+            Reply::Preamble(text, asked) => stream::iter([
+                token((text.clone(), None)),
+                Ok(ModelEvent::Done(preamble(n, text, asked))),
+            ])
+            .boxed(),
             Reply::Text(text) => stream::iter([
                 token((text.clone(), None)),
                 Ok(ModelEvent::Done(response(text))),

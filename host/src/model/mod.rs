@@ -125,7 +125,7 @@ impl Terminal<Chat> for ModelTerminal {
         let mut tokens = TokenStream::open(invoke, sink.clone()).await?;
         match self.pump(&request, invoke.context(), &mut tokens).await {
             Ok(response) => {
-                tokens.finish().await?;
+                tokens.finish(response.finish_reason).await?;
                 Ok(response)
             }
             Err(error) => {

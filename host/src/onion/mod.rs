@@ -14,9 +14,11 @@
 //! (`token_transform`). It knows nothing of wasm: a sandboxed layer is a [`Guest`], which
 //! `plugin::WasmFilter` implements.
 
+mod approval;
 mod invoke;
 mod token_transform;
 
+pub use approval::{ApprovalRequest, Approver};
 pub(crate) use invoke::Branch;
 pub use invoke::{Invoke, InvokeOptions};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
@@ -31,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::types::{
-    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, ToolRequest, ToolResponse,
-    ToolSpec, TurnRequest, TurnResult,
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, TokenBatch, ToolRequest,
+    ToolResponse, ToolSpec, TurnRequest, TurnResult,
 };
 
 /// A filter hook: what a filter may implement.
@@ -327,8 +329,9 @@ pub trait Guest: Send + Sync + 'static {
 pub trait GuestTransform: Send {
     /// Takes the next tokens and returns 0..N tokens for each.
     fn step(&mut self, tokens: TokenBatch) -> BoxFuture<'_, Result<TokenBatch, ChainError>>;
-    /// The stream ended normally: what is still buffered.
-    fn flush(&mut self) -> BoxFuture<'_, Result<TokenBatch, ChainError>>;
+    /// The stream ended normally, the model having stopped for `end`:
+    /// what is still buffered.
+    fn flush(&mut self, end: FinishReason) -> BoxFuture<'_, Result<TokenBatch, ChainError>>;
     /// The stream is over: releases what the transformer holds.
     fn close(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
@@ -358,6 +361,8 @@ pub(crate) struct Core {
     pub token_layers: Vec<usize>,
     /// The registered tools' specs, offered to the model by the tool loop.
     pub tools: Vec<Arc<ToolSpec>>,
+    /// Who answers the `approval` import; `None` denies every question.
+    pub approver: Option<Arc<dyn Approver>>,
 }
 
 impl Core {
@@ -381,6 +386,7 @@ impl Core {
                 .collect(),
             filters,
             tools,
+            approver: None,
         }
     }
 

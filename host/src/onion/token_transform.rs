@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use super::{GuestTransform, Invoke, LayerFilter};
-use crate::types::{ChainError, Token, TokenBatch};
+use crate::types::{ChainError, FinishReason, Token, TokenBatch};
 
 /// Where a streaming caller receives tokens.
 pub trait TokenSink: Send + Sync {
@@ -47,8 +47,11 @@ pub trait TokenTransform: Send {
     /// Takes the next tokens and returns 0..N tokens for each.
     fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError>;
 
-    /// The stream ended normally: returns what is still buffered.
-    fn flush(&mut self) -> Result<TokenBatch, ChainError> {
+    /// The stream ended normally, the model having stopped for `end`
+    /// (`ToolUse` for a round that asks for tools): returns what is still
+    /// buffered.
+    fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
+        let _ = end;
         Ok(TokenBatch::default())
     }
 }
@@ -66,10 +69,10 @@ impl Transformer {
         }
     }
 
-    async fn flush(&mut self) -> Result<TokenBatch, ChainError> {
+    async fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
         match self {
-            Transformer::Native(t) => t.flush(),
-            Transformer::Guest(t) => t.flush().await,
+            Transformer::Native(t) => t.flush(end),
+            Transformer::Guest(t) => t.flush(end).await,
         }
     }
 }
@@ -131,12 +134,12 @@ impl TokenStream {
         Ok(tokens)
     }
 
-    /// The stream ended normally: the flush cascade, then the transformers
-    /// are released.
-    pub async fn finish(mut self) -> Result<(), ChainError> {
+    /// The stream ended normally, the model having stopped for `end`: the
+    /// flush cascade, then the transformers are released.
+    pub async fn finish(mut self, end: FinishReason) -> Result<(), ChainError> {
         for i in 0..self.layers.len() {
             let (done, rest) = self.layers.split_at_mut(i + 1);
-            let residue = done[i].flush().await?;
+            let residue = done[i].flush(end).await?;
             let out = Self::through(rest, residue).await?;
             if !out.is_empty() {
                 self.sink.deliver(&out);

@@ -8,6 +8,8 @@ wasmtime::component::bindgen!({
     path: "../wit",
     imports: {
         "shallot:filter/next": async | trappable,
+        "shallot:filter/timer": async | trappable,
+        "shallot:filter/approval": async | trappable,
         default: trappable,
     },
     // `next` is async (it runs the inner layers), which makes every store

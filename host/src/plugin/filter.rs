@@ -13,13 +13,13 @@ use futures::future::BoxFuture;
 use super::Plugin;
 use super::admission::Leased;
 use super::host::Scope;
-use super::instance::{Blueprint, Description, FilterInstance, WasmChain};
+use super::instance::{Blueprint, Description, Feed, FilterInstance, WasmChain};
 use crate::engine::Engine;
 use crate::onion::{Chat, Fctx, Guest, GuestTransform, Hook, Invoke, Next, Tool, Turn};
 use crate::sandbox::{self, Grants, Limits};
 use crate::types::{
-    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, ToolRequest, ToolResponse,
-    TurnRequest, TurnResult,
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, TokenBatch, ToolRequest,
+    ToolResponse, TurnRequest, TurnResult,
 };
 
 /// How a filter's instances are shared.
@@ -410,9 +410,9 @@ struct WasmTokenTransform {
 }
 
 impl WasmTokenTransform {
-    /// A token step, or with `None` the flush. A transform has no inner
-    /// layers, so `timeout_ms` does not apply; its own budgets do.
-    async fn call(&mut self, tokens: Option<TokenBatch>) -> Result<TokenBatch, ChainError> {
+    /// A token step or the flush. A transform has no inner layers, so
+    /// `timeout_ms` does not apply; its own budgets do.
+    async fn call(&mut self, feed: Feed) -> Result<TokenBatch, ChainError> {
         let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
@@ -422,7 +422,7 @@ impl WasmTokenTransform {
         match self
             .leased
             .instance()
-            .transform(scope, self.resource, tokens)
+            .transform(scope, self.resource, feed)
             .await
         {
             Ok(output) => output,
@@ -438,11 +438,11 @@ impl WasmTokenTransform {
 
 impl GuestTransform for WasmTokenTransform {
     fn step(&mut self, tokens: TokenBatch) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
-        Box::pin(self.call(Some(tokens)))
+        Box::pin(self.call(Feed::Step(tokens)))
     }
 
-    fn flush(&mut self) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
-        Box::pin(self.call(None))
+    fn flush(&mut self, end: FinishReason) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
+        Box::pin(self.call(Feed::Flush(end)))
     }
 
     /// Drops the transformer in the guest and returns the instance.

@@ -15,12 +15,12 @@ use wasmtime::component::{Resource, ResourceAny};
 use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
-use super::host::{Continuation, HostState, Identity, Scope, internal};
+use super::host::{Continuation, Granted, HostState, Identity, Scope, internal};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits, TEXT_CAP};
 use crate::types::{Call, ChainError, ErrorKind};
-use crate::types::{ChatRequest, TokenBatch, ToolRequest, TurnRequest, Weigh};
+use crate::types::{ChatRequest, FinishReason, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
 /// Everything needed to make a fresh instance of a configured filter.
 pub(crate) struct Blueprint {
@@ -28,10 +28,19 @@ pub(crate) struct Blueprint {
     pub identity: Arc<Identity>,
     pub limits: Limits,
     pub grants: Grants,
+    /// What the grants give at run time (the opened trace sink).
+    pub granted: Granted,
     /// The operator's configuration, JSON text.
     pub config: Arc<str>,
     /// Whether the component declares the errors it passes on.
     pub declares: bool,
+}
+
+/// What a token transformer is given: the next tokens, or the end of the
+/// stream (why the model stopped) to flush at.
+pub(crate) enum Feed {
+    Step(TokenBatch),
+    Flush(FinishReason),
 }
 
 /// A live, configured filter instance.
@@ -61,6 +70,7 @@ impl FilterInstance {
             blueprint.limits,
             confinement,
             blueprint.declares,
+            blueprint.granted.clone(),
         );
         let mut store = Store::new(blueprint.pre.engine(), state);
         sandbox::prepare_store(&mut store, &blueprint.limits);
@@ -194,25 +204,26 @@ impl FilterInstance {
         self.end(made, Call::TokenTransform)
     }
 
-    /// Steps (or, with `tokens == None`, flushes) a token transformer.
-    /// `Ok(Err(_))` is the filter's own error; `Err(_)` a fault.
+    /// Steps or flushes a token transformer. `Ok(Err(_))` is the filter's
+    /// own error; `Err(_)` a fault.
     pub(crate) async fn transform(
         &mut self,
         scope: Scope,
         transformer: ResourceAny,
-        tokens: Option<TokenBatch>,
+        feed: Feed,
     ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
         self.begin(Some(scope));
         let meter = self.meter();
         let api = self.exports.shallot_filter_token_filter();
         let api = api.token_transformer();
-        let (call, result) = match tokens {
-            Some(tokens) => {
+        let (call, result) = match feed {
+            Feed::Step(tokens) => {
                 let batch = convert::token_batch(tokens);
                 let stepped = api.call_step(&mut self.store, transformer, &batch);
                 (Call::Step, sandbox::metered(meter, stepped).await)
             }
-            None => {
+            Feed::Flush(end) => {
+                self.store.data_mut().stream_end = Some(convert::finish_reason(end));
                 let flushed = api.call_flush(&mut self.store, transformer);
                 (Call::Flush, sandbox::metered(meter, flushed).await)
             }

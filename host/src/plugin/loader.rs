@@ -12,7 +12,7 @@ use crate::compile::CompileError;
 
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
-use super::host::{HostState, Identity};
+use super::host::{Granted, HostState, Identity};
 use super::instance::{Blueprint, FilterInstance};
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
@@ -23,7 +23,7 @@ use crate::types::ChainError;
 pub const WIT_PACKAGE: &str = "shallot:filter";
 /// The version of it this host speaks; components built for a compatible
 /// version (same major, and same minor while the major is 0) load.
-pub const WIT_VERSION: &str = "0.1.1";
+pub const WIT_VERSION: &str = "0.1.2";
 
 /// Why a plugin could not be loaded. Every variant names the file it is
 /// about (`path`) and prints as one line that says what to do.
@@ -460,6 +460,10 @@ pub async fn configure(
         .as_ref()
         .map_or_else(|| "null".to_owned(), |c| c.to_string())
         .into();
+    let granted = Granted::open(&spec.grants).map_err(|message| LoadError::Config {
+        path: path.clone(),
+        message,
+    })?;
     let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
     let mut blueprint = Blueprint {
         pre: plugin.pre.clone(),
@@ -469,6 +473,7 @@ pub async fn configure(
         }),
         limits,
         grants: spec.grants,
+        granted,
         config,
         declares: plugin.declares,
     };

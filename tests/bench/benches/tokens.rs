@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion};
 use shallot::Context;
-use shallot::types::TokenBatch;
+use shallot::types::{FinishReason, TokenBatch};
 use shallot_bench::{
     criterion, median, native_kernel, passthrough_kernel, report_failures, runtime, survive,
 };
@@ -58,7 +58,7 @@ fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
                                 for tokens in &batches {
                                     survive(bench, stream.push(tokens.clone()).await);
                                 }
-                                survive(bench, stream.finish().await);
+                                survive(bench, stream.finish(FinishReason::Complete).await);
                             }
                             start.elapsed()
                         })

@@ -17,10 +17,12 @@
 //!
 //! One file per imported interface, as wasmtime-wasi's `p2/host/` does:
 //! `resources` (the request and response resources of `types`), `next`,
-//! `context` (the shared context and FCtx) and `log`; this file holds the
+//! `context` (the shared context and FCtx), `log`, and `granted` (`model-stream`
+//! and the imports that need a grant); this file holds the
 //! store data and its accounting.
 
 mod context;
+mod granted;
 mod log;
 mod next;
 mod resources;
@@ -40,6 +42,8 @@ use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
 use crate::types::Weigh;
 use crate::types::{Call, ChainError, ErrorKind, Origin};
+
+pub(crate) use granted::Granted;
 
 /// Which filter an instance belongs to, for logs and error attribution.
 #[derive(Debug)]
@@ -115,6 +119,14 @@ pub struct HostState {
     /// Shared-context keys the current call wrote, with the values they had
     /// before, to undo if the call faults.
     journal: Vec<(String, Option<serde_json::Value>)>,
+    /// What the operator granted beyond the default imports.
+    granted: Granted,
+    /// Milliseconds slept through `timer` in the current hook call.
+    slept: u32,
+    /// Trace events written in the current call.
+    trace_events: u32,
+    /// How the model stream ended, while its token transformer flushes.
+    pub(crate) stream_end: Option<wit::FinishReason>,
 }
 
 impl Sandboxed for HostState {
@@ -129,6 +141,7 @@ impl HostState {
         limits: Limits,
         confinement: Confinement,
         declares: bool,
+        granted: Granted,
     ) -> Self {
         let mut table = ResourceTable::new();
         table.set_max_capacity(sandbox::HANDLES);
@@ -146,6 +159,10 @@ impl HostState {
             next_calls: 0,
             log_lines: 0,
             journal: Vec::new(),
+            granted,
+            slept: 0,
+            trace_events: 0,
+            stream_end: None,
         }
     }
 
@@ -157,6 +174,9 @@ impl HostState {
         self.next_calls = 0;
         self.log_lines = 0;
         self.journal.clear();
+        self.slept = 0;
+        self.trace_events = 0;
+        self.stream_end = None;
     }
 
     /// Ends a call. A call that faulted loses its writes to the shared
@@ -296,7 +316,7 @@ mod tests {
             plugin: Arc::from(Path::new("outer.wasm")),
         });
         let confinement = Confinement::new(&limits, &Grants::default());
-        let mut state = HostState::new(identity, limits, confinement, declares);
+        let mut state = HostState::new(identity, limits, confinement, declares, Granted::default());
         let origin = Identity {
             name: "inner".into(),
             plugin: Arc::from(Path::new("inner.wasm")),

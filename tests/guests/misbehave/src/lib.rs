@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, Message, TokenOut,
-    TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, context, log, next,
+    TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval, context,
+    log, next, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -21,7 +22,10 @@ struct Misbehave {
     /// content-filtered error), evil-error, host-alloc,
     /// hoard-handles,
     /// hoard-next, next-and-work, flood-next, flood-context, flood-log,
-    /// write-then-trap, print (to stderr; panics on "boom"), mimic (builds
+    /// write-then-trap, print (to stderr; panics on "boom"), oversleep
+    /// (`timer.sleep` until refused), flood-trace, huge-trace, forge-trace
+    /// (sets the host's own fields), ask-garbage (arguments that are not
+    /// JSON), ask (asks approval of `delete`, fails if denied), mimic (builds
     /// an error just like the inner failure), pass-first (calls next twice
     /// and returns the first result).
     #[serde(rename = "do")]
@@ -114,6 +118,27 @@ impl Misbehave {
                 assert!(!text.contains("boom"), "misbehave: asked to fail");
                 Ok(())
             }
+            "oversleep" => loop {
+                timer::sleep(400)?;
+            },
+            "flood-trace" => {
+                for i in 0..100_000 {
+                    trace::write(&serde_json::json!({ "i": i }))?;
+                }
+                Ok(())
+            }
+            "huge-trace" => trace::write(&serde_json::json!({ "x": "x".repeat(1 << 20) })),
+            "forge-trace" => trace::write(
+                &serde_json::json!({ "filter": "someone-else", "ts": 0, "said": text }),
+            ),
+            "ask-garbage" => approval::ask(text, "not json", "why", 1000).map(drop),
+            "ask" => match approval::ask("delete", "{}", text, 200)? {
+                true => Ok(()),
+                false => Err(FilterError::new(
+                    ErrorKind::ContentFiltered,
+                    "misbehave: denied",
+                )),
+            },
             "block" => Err(FilterError::new(
                 ErrorKind::ContentFiltered,
                 format!("misbehave: blocked in {at}"),

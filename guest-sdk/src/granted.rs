@@ -1,0 +1,51 @@
+//! Host services the operator grants a filter in its `grants` (see the
+//! host's README): without the grant each call returns an `auth` error
+//! naming the grant to add.
+
+/// Waiting, for a backoff between retries (granted by `grants.sleep_ms`).
+pub mod timer {
+    use crate::FilterError;
+    use crate::bindings::shallot::filter::timer as wit;
+
+    /// Sleeps `ms` milliseconds. The time is not the filter's own (its
+    /// `wall_ms`), but one hook call may sleep at most the granted
+    /// `sleep_ms` in all: past it this returns `limit-exceeded` at once.
+    pub fn sleep(ms: u32) -> Result<(), FilterError> {
+        wit::sleep(ms).map_err(|e| FilterError::new(e.kind, e.message))
+    }
+}
+
+/// The host's approval handler: a person at the terminal or the
+/// embedder's policy (granted by `grants.approval`).
+pub mod approval {
+    use crate::FilterError;
+    use crate::bindings::shallot::filter::approval as wit;
+
+    /// Asks whether `tool` may run with `arguments` (a JSON object as
+    /// text), saying why in `reason`. `Ok(false)` when denied or when no
+    /// handler is installed; a `timeout` error when it does not answer
+    /// within `timeout_ms`.
+    pub fn ask(
+        tool: &str,
+        arguments: &str,
+        reason: &str,
+        timeout_ms: u32,
+    ) -> Result<bool, FilterError> {
+        wit::ask(tool, arguments, reason, timeout_ms)
+            .map_err(|e| FilterError::new(e.kind, e.message))
+    }
+}
+
+/// The operator's trace sink (granted by `grants.trace`): JSON lines to a
+/// file or stderr the operator chose.
+pub mod trace {
+    use crate::FilterError;
+    use crate::bindings::shallot::filter::trace as wit;
+
+    /// Writes `event`, a JSON object, as one line; the host adds `ts`
+    /// (milliseconds since the Unix epoch) and `filter` (this filter's
+    /// name).
+    pub fn write(event: &serde_json::Value) -> Result<(), FilterError> {
+        wit::write(&event.to_string()).map_err(|e| FilterError::new(e.kind, e.message))
+    }
+}

@@ -1,0 +1,209 @@
+//! The imports a filter gets only when the operator grants them (`timer`,
+//! `approval`, `trace`), and `model-stream`, which needs no grant. Without its
+//! grant a call fails with an `auth` error naming the grant to add; each
+//! is bounded per call, and time spent waiting in `timer` or `approval` is
+//! not the filter's own, as time in `next` is not.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{HostState, json_object};
+use crate::onion::ApprovalRequest;
+use crate::plugin::bindings::shallot::filter::types as wit;
+use crate::plugin::bindings::shallot::filter::{approval, model_stream, timer, trace};
+use crate::sandbox::{self, Grants};
+
+/// The largest trace event, in bytes.
+const TRACE_EVENT_CAP: usize = 64 << 10;
+/// Trace events one call may write.
+const TRACE_EVENTS_PER_CALL: u32 = 256;
+/// The longest a filter may wait for the approval handler, in ms, whatever
+/// it asks for.
+const APPROVAL_WAIT_CAP_MS: u32 = 10 * 60 * 1000;
+
+/// What a filter's grants give it at run time: the grants, and the trace
+/// sink opened for it when it was loaded.
+#[derive(Clone, Default)]
+pub(crate) struct Granted {
+    pub sleep_ms: u32,
+    pub approval: bool,
+    pub trace: Option<Arc<TraceSink>>,
+}
+
+impl Granted {
+    /// Opens what `grants` name; a trace file that cannot be opened is an
+    /// error naming it.
+    pub(crate) fn open(grants: &Grants) -> Result<Self, String> {
+        let trace = match grants.trace.as_deref() {
+            None => None,
+            Some("stderr") => Some(Arc::new(TraceSink::Stderr)),
+            Some(path) => Some(Arc::new(TraceSink::open(Path::new(path))?)),
+        };
+        Ok(Granted {
+            sleep_ms: grants.sleep_ms,
+            approval: grants.approval,
+            trace,
+        })
+    }
+}
+
+/// Where trace events go: the operator's choice, never the filter's.
+pub(crate) enum TraceSink {
+    Stderr,
+    File(Mutex<std::fs::File>),
+}
+
+impl TraceSink {
+    fn open(path: &Path) -> Result<Self, String> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map(|file| TraceSink::File(Mutex::new(file)))
+            .map_err(|e| format!("grants.trace: cannot open {}: {e}", path.display()))
+    }
+
+    /// Writes one line in one write, so lines of several filters (or
+    /// processes appending to one file) never interleave within a line.
+    fn write(&self, line: &[u8]) -> std::io::Result<()> {
+        match self {
+            TraceSink::Stderr => std::io::stderr().lock().write_all(line),
+            TraceSink::File(file) => file
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .write_all(line),
+        }
+    }
+}
+
+fn error(kind: wit::ErrorKind, message: impl Into<String>) -> wit::FilterError {
+    wit::FilterError {
+        kind,
+        message: message.into(),
+    }
+}
+
+fn not_granted(import: &str, grant: &str) -> wit::FilterError {
+    error(
+        wit::ErrorKind::Auth,
+        format!(
+            "the `{import}` import is not granted to this filter; the operator grants it with `grants = {{ {grant} }}`"
+        ),
+    )
+}
+
+impl model_stream::Host for HostState {
+    fn end(&mut self) -> wasmtime::Result<Option<wit::FinishReason>> {
+        Ok(self.stream_end)
+    }
+}
+
+impl timer::Host for HostState {
+    async fn sleep(&mut self, ms: u32) -> wasmtime::Result<Result<(), wit::FilterError>> {
+        if self.granted.sleep_ms == 0 {
+            return Ok(Err(not_granted("timer", "sleep_ms = 30000")));
+        }
+        if self.scope.is_none() {
+            return Ok(Err(error(
+                wit::ErrorKind::InvalidRequest,
+                "timer.sleep called outside a hook",
+            )));
+        }
+        let total = self.slept.saturating_add(ms);
+        if total > self.granted.sleep_ms {
+            let message = format!(
+                "sleeping {ms} ms more would take this hook call to {total} ms, past its grant of {} ms",
+                self.granted.sleep_ms
+            );
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        self.slept = total;
+        let meter = self.confinement.meter().clone();
+        meter.enter_next();
+        tokio::time::sleep(Duration::from_millis(ms.into())).await;
+        meter.leave_next();
+        Ok(Ok(()))
+    }
+}
+
+impl approval::Host for HostState {
+    async fn ask(
+        &mut self,
+        tool: String,
+        arguments: String,
+        reason: String,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<bool, wit::FilterError>> {
+        if !self.granted.approval {
+            return Ok(Err(not_granted("approval", "approval = true")));
+        }
+        let Some(scope) = &self.scope else {
+            return Ok(Err(error(
+                wit::ErrorKind::InvalidRequest,
+                "approval.ask called outside a hook",
+            )));
+        };
+        let arguments = match json_object(&arguments, "the arguments") {
+            Ok(map) => serde_json::Value::Object(map),
+            Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
+        };
+        let Some(approver) = scope.invoke.core().approver.clone() else {
+            return Ok(Ok(false));
+        };
+        let request = ApprovalRequest {
+            filter: self.identity.name.clone(),
+            tool: sandbox::printable(&tool, sandbox::TEXT_CAP),
+            arguments,
+            reason: sandbox::printable(&reason, sandbox::TEXT_CAP),
+            context: scope.invoke.context().clone(),
+        };
+        let meter = self.confinement.meter().clone();
+        meter.enter_next();
+        let timeout_ms = timeout_ms.min(APPROVAL_WAIT_CAP_MS);
+        let wait = Duration::from_millis(timeout_ms.into());
+        let answer = tokio::time::timeout(wait, approver.approve(&request)).await;
+        meter.leave_next();
+        Ok(answer.map_err(|_| {
+            let message = format!("the approval handler did not answer within {timeout_ms} ms");
+            error(wit::ErrorKind::Timeout, message)
+        }))
+    }
+}
+
+impl trace::Host for HostState {
+    fn write(&mut self, event: String) -> wasmtime::Result<Result<(), wit::FilterError>> {
+        let Some(sink) = self.granted.trace.clone() else {
+            return Ok(Err(not_granted("trace", "trace = \"stderr\"")));
+        };
+        self.trace_events += 1;
+        if self.trace_events > TRACE_EVENTS_PER_CALL {
+            let message = format!("more than {TRACE_EVENTS_PER_CALL} trace events in one call");
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        if event.len() > TRACE_EVENT_CAP {
+            let message = format!(
+                "a trace event of {} bytes is over the cap of {TRACE_EVENT_CAP}",
+                event.len()
+            );
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        let mut fields = match json_object(&event, "a trace event") {
+            Ok(fields) => fields,
+            Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
+        };
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        fields.insert("ts".into(), ts.into());
+        fields.insert("filter".into(), self.identity.name.to_string().into());
+        let mut line = serde_json::to_vec(&fields).expect("a JSON object serializes");
+        line.push(b'\n');
+        if let Err(e) = sink.write(&line) {
+            let message = format!("the trace sink refused the event: {e}");
+            return Ok(Err(error(wit::ErrorKind::Transient, message)));
+        }
+        Ok(Ok(()))
+    }
+}
