@@ -13,6 +13,7 @@ mod context;
 mod fctx;
 mod fuzz;
 mod gateway;
+mod granted;
 mod hostile;
 mod library;
 mod loading;

@@ -15,8 +15,8 @@ use shallot::types::{
     TurnRequest, TurnResult,
 };
 use shallot::{
-    ChainError, Context, EmbeddedModel, Engine, Filter, Hook, InvokeOptions, Kernel, LoopConfig,
-    MemoryHistory, Next, OpenAiModel, Tool, ToolLoop,
+    ApprovalRequest, Approver, ChainError, Context, EmbeddedModel, Engine, Filter, Hook,
+    InvokeOptions, Kernel, LoopConfig, MemoryHistory, Next, OpenAiModel, Tool, ToolLoop,
 };
 
 use super::{ModelArgs, Source};
@@ -119,6 +119,9 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
     }
     if !args.json {
         builder = builder.filter(ShowTools);
+    }
+    if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        builder = builder.approver(TerminalApprover::default());
     }
     let kernel = builder.build()?;
     let several = args.prompts.len() > 1;
@@ -297,5 +300,50 @@ impl Filter for ShowTools {
             Err(error) => eprintln!("  [tool] {call} failed: {}", error.message),
         }
         result
+    }
+}
+
+/// Asks the person at the terminal, one question at a time, when a filter
+/// granted the `approval` import asks (installed only when stdin and
+/// stderr are a terminal; otherwise every question is answered no).
+#[derive(Default)]
+struct TerminalApprover {
+    asking: tokio::sync::Mutex<()>,
+}
+
+#[async_trait]
+impl Approver for TerminalApprover {
+    async fn approve(&self, request: &ApprovalRequest) -> bool {
+        let _one_at_a_time = self.asking.lock().await;
+        eprint!(
+            "\n{} asks to run {}({}): {}. Allow? [y/N] ",
+            request.filter, request.tool, request.arguments, request.reason
+        );
+        let answer = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|_| line)
+        })
+        .await;
+        matches!(answer, Ok(Ok(line)) if approves(&line))
+    }
+}
+
+/// Whether a person's answer is a yes.
+fn approves(answer: &str) -> bool {
+    matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approves;
+
+    #[test]
+    fn only_a_yes_approves() {
+        for yes in ["y", "Y\n", " yes "] {
+            assert!(approves(yes), "{yes:?}");
+        }
+        for no in ["", "\n", "n", "no", "yes please", "sure"] {
+            assert!(!approves(no), "{no:?}");
+        }
     }
 }

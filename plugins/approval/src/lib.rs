@@ -1,0 +1,171 @@
+//! `approval` (tool): decides every call of a `sensitive` tool by the
+//! operator's rules; other tools run untouched (PEER-CASES I5-I7). The
+//! first rule whose `tool` (a name, `*` matching any run of characters)
+//! and `args` (a pattern searched in the arguments' JSON text) match
+//! decides: `allow` runs it, `deny` answers with a result the model sees
+//! (`{"error":{"type":"not_approved","message":...,"tool":...}}`) and the
+//! tool never runs, `ask` asks the host's approval handler (the CLI asks
+//! on the terminal; an embedder installs one) and runs or denies on its
+//! answer. No rule matching means `default`.
+//!
+//! `ask` needs the host's approval handler, granted by the operator with
+//! `grants = { approval = true }`. Without the grant, without a handler,
+//! or when it does not answer within `timeout_ms` (then `on_timeout`), the
+//! call is denied: approval fails closed.
+//!
+//! Config: `{"rules": [{"tool": "delete_*", "action": "ask"}, {"tool":
+//! "transfer", "args": "\"amount\":\\s*\\d{5,}", "action": "deny"}],
+//! "default": "ask", "timeout_ms": 60000, "on_timeout": "deny"}`.
+
+use regex_lite::Regex;
+use serde::Deserialize;
+use serde_json::json;
+use shallot_guest::{
+    ErrorKind, Fctx, Filter, FilterError, ToolRequest, ToolResponse, approval, log, next,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Approval {
+    #[serde(default)]
+    rules: Vec<Rule>,
+    #[serde(default = "default_action")]
+    default: Action,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u32,
+    #[serde(default = "default_on_timeout")]
+    on_timeout: Action,
+    #[serde(default = "default_message")]
+    message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    #[serde(default = "any_tool")]
+    tool: String,
+    args: Option<String>,
+    action: Action,
+    #[serde(skip)]
+    pattern: Option<Regex>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+enum Action {
+    Allow,
+    Deny,
+    Ask,
+}
+
+fn default_action() -> Action {
+    Action::Ask
+}
+fn default_timeout() -> u32 {
+    60_000
+}
+fn default_on_timeout() -> Action {
+    Action::Deny
+}
+fn default_message() -> String {
+    "the call was not approved".to_owned()
+}
+fn any_tool() -> String {
+    "*".to_owned()
+}
+
+/// Whether `name` matches `glob`, where `*` matches any run of characters.
+fn glob(glob: &str, name: &str) -> bool {
+    let mut parts = glob.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+impl Approval {
+    fn decide(&self, tool: &str, arguments: &str) -> Action {
+        self.rules
+            .iter()
+            .find(|rule| {
+                glob(&rule.tool, tool)
+                    && rule.pattern.as_ref().is_none_or(|p| p.is_match(arguments))
+            })
+            .map_or(self.default, |rule| rule.action)
+    }
+
+    fn denied(&self, tool: &str, why: &str) -> ToolResponse {
+        ToolResponse::from_value(&json!({
+            "error": { "type": "not_approved", "message": format!("{}: {why}", self.message), "tool": tool }
+        }))
+    }
+}
+
+#[shallot_guest::filter(name = "approval")]
+impl Filter for Approval {
+    fn configure(&mut self) -> Result<(), String> {
+        if self.on_timeout == Action::Ask {
+            return Err("on_timeout must be allow or deny".to_owned());
+        }
+        for (i, rule) in self.rules.iter_mut().enumerate() {
+            if let Some(args) = &rule.args {
+                let pattern = Regex::new(args).map_err(|e| format!("rules[{i}].args: {e}"))?;
+                rule.pattern = Some(pattern);
+            }
+        }
+        Ok(())
+    }
+
+    fn around_tool(
+        &self,
+        request: &ToolRequest,
+        _: &Fctx<()>,
+    ) -> Result<ToolResponse, FilterError> {
+        let spec = request.tool();
+        if !spec.sensitive {
+            return next::tool(request);
+        }
+        let arguments = request.arguments();
+        let action = match self.decide(&spec.name, &arguments) {
+            Action::Ask => {
+                let reason = format!("{} is a sensitive tool", spec.name);
+                match approval::ask(&spec.name, &arguments, &reason, self.timeout_ms) {
+                    Ok(true) => Action::Allow,
+                    Ok(false) => {
+                        return Ok(self.denied(&spec.name, "denied by the approval handler"));
+                    }
+                    Err(error) if error.kind == ErrorKind::Timeout => {
+                        if self.on_timeout == Action::Deny {
+                            let why = format!("no answer within {} ms", self.timeout_ms);
+                            return Ok(self.denied(&spec.name, &why));
+                        }
+                        Action::Allow
+                    }
+                    Err(error) => {
+                        log::warn(&format!(
+                            "cannot ask for approval, so denying: {}",
+                            error.message
+                        ));
+                        return Ok(self.denied(&spec.name, "no approval handler could be asked"));
+                    }
+                }
+            }
+            action => action,
+        };
+        match action {
+            Action::Allow => next::tool(request),
+            _ => Ok(self.denied(&spec.name, "denied by policy")),
+        }
+    }
+}

@@ -1,0 +1,699 @@
+//! The filters that need a host service the operator grants (tool-retry's
+//! `timer`, approval's `approval`, trace's `trace`), final-answer's view of
+//! how a stream ended, and the abuse of each granted import: without the
+//! grant, past its bound, and with forged or garbage input.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use shallot::types::{ChatRequest, ToolSpec, TurnResult};
+use shallot::{
+    ApprovalRequest, ChainError, Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError,
+};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+
+use crate::agent::{done, go};
+use crate::builtins::refused;
+
+fn granted((path, spec): (PathBuf, FilterSpec), grants: Grants) -> (PathBuf, FilterSpec) {
+    (path, FilterSpec { grants, ..spec })
+}
+
+/// An approval handler's answer to a question.
+type Answer = Box<dyn Fn(&ApprovalRequest) -> bool + Send + Sync>;
+
+fn sleep_grant(sleep_ms: u32) -> Grants {
+    Grants {
+        sleep_ms,
+        ..Grants::default()
+    }
+}
+
+/// A kernel with `filter` over a `flaky` tool that fails with `kind` on
+/// its first `failures` runs and answers "ok" after; the runs are counted.
+async fn flaky(
+    filter: (PathBuf, FilterSpec),
+    kind: ErrorKind,
+    failures: usize,
+) -> (Kernel, Arc<AtomicUsize>) {
+    let plugins = load(vec![filter]).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .tool(
+            ToolSpec::new("flaky", "fails, then works", json!({ "type": "object" })),
+            move |_: Value, _| {
+                let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if run <= failures {
+                        Err(ChainError::new(kind, format!("failure {run}")))
+                    } else {
+                        Ok(json!("ok"))
+                    }
+                }
+            },
+        )
+        .build()
+        .unwrap();
+    (kernel, runs)
+}
+
+fn retry(config: Value) -> (PathBuf, FilterSpec) {
+    spec("tool_retry", "tool-retry", config)
+}
+
+#[tokio::test]
+async fn tool_retry_retries_a_transient_failure_and_returns_the_last_one_when_exhausted() {
+    let filter = retry(json!({ "max_retries": 3, "initial_delay_ms": 0 }));
+    let (kernel, runs) = flaky(filter, ErrorKind::Timeout, usize::MAX).await;
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (error.kind, error.message.as_str()),
+        (ErrorKind::Timeout, "failure 4")
+    );
+    assert!(
+        error
+            .origin
+            .as_ref()
+            .is_none_or(|o| &*o.filter != "tool-retry"),
+        "the tool's failure, kept as it was: {error}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn tool_retry_recovers_when_a_retry_works_and_leaves_success_and_other_errors_alone() {
+    let filter = || retry(json!({ "initial_delay_ms": 0 }));
+    let (kernel, runs) = flaky(filter(), ErrorKind::Transient, 2).await;
+    let output = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        ("\"ok\"", 3)
+    );
+    let (kernel, runs) = flaky(filter(), ErrorKind::Transient, 0).await;
+    kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "success: one run");
+    let (kernel, runs) = flaky(filter(), ErrorKind::InvalidRequest, 1).await;
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "a semantic error is not retried"
+    );
+    let all = retry(json!({ "initial_delay_ms": 0, "on": ["invalid-request"] }));
+    let (kernel, runs) = flaky(all, ErrorKind::InvalidRequest, 1).await;
+    kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "retried when told to");
+}
+
+#[tokio::test]
+async fn tool_retry_waits_through_the_granted_timer_and_not_on_its_own_wall_clock() {
+    // 1.2 s asleep, past the default own wall bound of 1 s: waiting is not
+    // the filter's own time, as time in `next` is not.
+    let config = json!({ "initial_delay_ms": 1200, "max_delay_ms": 1200, "jitter": 0 });
+    let (kernel, runs) = flaky(
+        granted(retry(config), sleep_grant(2000)),
+        ErrorKind::Transient,
+        1,
+    )
+    .await;
+    let output = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        ("\"ok\"", 2)
+    );
+}
+
+#[tokio::test]
+async fn tool_retry_stops_retrying_when_its_grant_cannot_cover_the_wait() {
+    let config = json!({ "initial_delay_ms": 50, "jitter": 0, "max_retries": 5 });
+    let (kernel, runs) = flaky(retry(config.clone()), ErrorKind::Transient, usize::MAX).await;
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.message, "failure 1", "no timer granted: no retry");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // 50 ms fits a grant of 120; the next 100 would not.
+    let (kernel, runs) = flaky(
+        granted(retry(config), sleep_grant(120)),
+        ErrorKind::Transient,
+        usize::MAX,
+    )
+    .await;
+    let error = kernel
+        .tool("flaky", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.message, "failure 2");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn tool_retry_refuses_a_bad_configuration_at_load() {
+    for (config, says) in [
+        (json!({ "jitter": 2 }), "jitter"),
+        (json!({ "multiplier": 0.5 }), "multiplier"),
+        (
+            json!({ "initial_delay_ms": 10, "max_delay_ms": 5 }),
+            "max_delay_ms",
+        ),
+        (json!({ "backoff": "fibonacci" }), "unknown variant"),
+        (json!({ "retries": 3 }), "unknown field"),
+    ] {
+        let error = refused("tool_retry", "tool-retry", config).await;
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
+
+/// A kernel with `approval` (configured with `config`, granted the import
+/// when `grant`) over a sensitive `delete` tool and a plain `list` tool,
+/// each counting its runs, and the approver `approver` if any.
+async fn approving(
+    config: Value,
+    grant: bool,
+    approver: Option<Answer>,
+) -> (Kernel, Arc<AtomicUsize>) {
+    let filter = granted(
+        spec("approval", "approval", config),
+        Grants {
+            approval: grant,
+            ..Grants::default()
+        },
+    );
+    let plugins = load(vec![filter]).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (deleted, listed) = (runs.clone(), runs.clone());
+    let tool = |name: &str| ToolSpec::new(name, name, json!({ "type": "object" }));
+    let mut builder = Kernel::builder()
+        .plugins(&plugins)
+        .tool(tool("delete").sensitive(), move |_: Value, _| {
+            deleted.fetch_add(1, Ordering::SeqCst);
+            async { Ok(json!("done")) }
+        })
+        .tool(tool("list"), move |_: Value, _| {
+            listed.fetch_add(1, Ordering::SeqCst);
+            async { Ok(json!("ran")) }
+        });
+    if let Some(approver) = approver {
+        builder = builder.approver(approver);
+    }
+    (builder.build().unwrap(), runs)
+}
+
+fn not_approved(output: &str) -> Value {
+    let value: Value = serde_json::from_str(output).unwrap();
+    assert_eq!(value["error"]["type"], "not_approved", "{value}");
+    value
+}
+
+#[tokio::test]
+async fn i5_approval_denies_a_sensitive_tool_with_a_result_the_model_sees() {
+    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None).await;
+    let output = kernel
+        .tool("delete", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(not_approved(&output.output)["error"]["tool"], "delete");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the tool never ran");
+}
+
+#[tokio::test]
+async fn i6_approval_lets_other_tools_run_untouched() {
+    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None).await;
+    let output = kernel
+        .tool("list", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        ("\"ran\"", 1)
+    );
+}
+
+#[tokio::test]
+async fn i7_approval_runs_a_sensitive_tool_the_handler_approves() {
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let approver = Box::new(move |request: &ApprovalRequest| {
+        seen.lock().unwrap().push((
+            request.tool.clone(),
+            request.arguments.clone(),
+            request.filter.to_string(),
+        ));
+        request.arguments["path"] == "/tmp/x"
+    });
+    let (kernel, runs) = approving(json!({}), true, Some(approver)).await;
+    let output = kernel
+        .tool("delete", json!({ "path": "/tmp/x" }), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(output.output, "\"done\"");
+    let output = kernel
+        .tool("delete", json!({ "path": "/" }), Context::new())
+        .await
+        .unwrap();
+    assert!(
+        not_approved(&output.output)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("denied by the approval handler")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let asked = asked.lock().unwrap();
+    assert_eq!(
+        asked[0],
+        (
+            "delete".to_owned(),
+            json!({ "path": "/tmp/x" }),
+            "approval".to_owned()
+        )
+    );
+}
+
+#[tokio::test]
+async fn approval_rules_decide_by_tool_name_and_argument_pattern_before_asking() {
+    let never = Box::new(|_: &ApprovalRequest| panic!("the rules decide; nobody is asked"));
+    let config = json!({
+        "rules": [
+            { "tool": "del*", "args": "\"path\":\"/tmp/", "action": "allow" },
+            { "tool": "delete", "action": "deny" },
+        ],
+    });
+    let (kernel, runs) = approving(config, true, Some(never)).await;
+    let output = kernel
+        .tool("delete", json!({ "path": "/tmp/a" }), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(output.output, "\"done\"");
+    let output = kernel
+        .tool("delete", json!({ "path": "/etc" }), Context::new())
+        .await
+        .unwrap();
+    not_approved(&output.output);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn approval_fails_closed_without_a_grant_or_a_handler() {
+    for (grant, approver) in [
+        (false, Some(Box::new(|_: &ApprovalRequest| true) as Answer)),
+        (true, None),
+    ] {
+        let (kernel, runs) = approving(json!({ "default": "ask" }), grant, approver).await;
+        let output = kernel
+            .tool("delete", json!({}), Context::new())
+            .await
+            .unwrap();
+        not_approved(&output.output);
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "grant {grant}");
+    }
+}
+
+#[tokio::test]
+async fn approval_applies_its_timeout_action_when_the_handler_does_not_answer() {
+    struct Never;
+    #[async_trait::async_trait]
+    impl shallot::Approver for Never {
+        async fn approve(&self, _: &ApprovalRequest) -> bool {
+            std::future::pending().await
+        }
+    }
+    for (action, runs_expected) in [("deny", 0), ("allow", 1)] {
+        let filter = granted(
+            spec(
+                "approval",
+                "approval",
+                json!({ "timeout_ms": 50, "on_timeout": action }),
+            ),
+            Grants {
+                approval: true,
+                ..Grants::default()
+            },
+        );
+        let plugins = load(vec![filter]).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .approver(Never)
+            .tool(
+                ToolSpec::new("delete", "", json!({ "type": "object" })).sensitive(),
+                move |_: Value, _| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { Ok(json!("done")) }
+                },
+            )
+            .build()
+            .unwrap();
+        let output = kernel
+            .tool("delete", json!({}), Context::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            runs_expected,
+            "{action}: {}",
+            output.output
+        );
+    }
+}
+
+#[tokio::test]
+async fn approval_denial_in_a_turn_reaches_the_model_as_the_tool_result() {
+    let plugins = load(vec![spec(
+        "approval",
+        "approval",
+        json!({ "default": "deny" }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("delete", json!({})),
+        Reply::Text("understood".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .tool(
+            ToolSpec::new("delete", "", json!({ "type": "object" })).sensitive(),
+            |_: Value, _| async { Ok(json!("done")) },
+        )
+        .build()
+        .unwrap();
+    let done = done(kernel.turn(go("delete it"), Context::new()).await);
+    assert_eq!(done.response.text(), "understood");
+    let tool_message = model.requests()[1].messages.last().unwrap().text();
+    not_approved(&tool_message);
+}
+
+#[tokio::test]
+async fn approval_refuses_a_bad_configuration_at_load() {
+    for (config, says) in [
+        (
+            json!({ "rules": [{ "tool": "x", "args": "(", "action": "deny" }] }),
+            "rules[0].args",
+        ),
+        (
+            json!({ "rules": [{ "tool": "x", "action": "maybe" }] }),
+            "unknown variant",
+        ),
+        (json!({ "on_timeout": "ask" }), "on_timeout"),
+        (json!({ "rulez": [] }), "unknown field"),
+    ] {
+        let error = refused("approval", "approval", config).await;
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
+
+fn trace_file(name: &str) -> PathBuf {
+    let dir = shallot_tests::target_dir()
+        .join("test-scratch")
+        .join("trace");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.jsonl"));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn trace_grant(path: &std::path::Path) -> Grants {
+    Grants {
+        trace: Some(path.display().to_string()),
+        clock: true,
+        ..Grants::default()
+    }
+}
+
+fn lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is JSON"))
+        .collect()
+}
+
+#[tokio::test]
+async fn trace_writes_a_line_per_turn_chat_and_tool_call_to_the_operators_sink() {
+    let path = trace_file("turn");
+    let plugins = load(vec![granted(
+        spec("trace", "trace", Value::Null),
+        trace_grant(&path),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("echo", json!({ "x": 1 })),
+        Reply::Text("done".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .tool(
+            ToolSpec::new("echo", "", json!({ "type": "object" })),
+            |args: Value, _| async move { Ok(args) },
+        )
+        .build()
+        .unwrap();
+    let context = Context::new().with("conversation_id", "c-7");
+    done(kernel.turn(go("hi"), context).await);
+    let events = lines(&path);
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["chat", "tool", "chat", "turn"],
+        "inner calls end first"
+    );
+    for event in &events {
+        assert_eq!(event["filter"], "trace");
+        assert_eq!(event["conversation_id"], "c-7");
+        assert!(
+            event["ts"].as_u64().unwrap() > 0 && event["ms"].as_f64().unwrap() >= 0.0,
+            "{event}"
+        );
+    }
+    assert_eq!(events[0]["finish_reason"], "tool-use");
+    assert_eq!(events[0]["tool_calls"], 1);
+    assert_eq!(
+        (
+            events[1]["tool"].as_str(),
+            events[1]["output_bytes"].as_u64()
+        ),
+        (Some("echo"), Some(7))
+    );
+    assert_eq!(events[3]["outcome"], "done");
+    assert_eq!(events[3]["iterations"], 2);
+}
+
+#[tokio::test]
+async fn trace_records_errors_and_never_changes_the_result() {
+    let path = trace_file("error");
+    let plugins = load(vec![granted(
+        spec("trace", "trace", json!({ "turns": false })),
+        trace_grant(&path),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![Reply::Fail(ChainError::new(
+        ErrorKind::Auth,
+        "bad key",
+    ))]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth);
+    let events = lines(&path);
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        events[0]["error"],
+        json!({ "kind": "auth", "message": "bad key" })
+    );
+}
+
+#[tokio::test]
+async fn trace_without_a_grant_writes_nothing_and_the_call_goes_on() {
+    let plugins = load(vec![spec("trace", "trace", Value::Null)]).await;
+    let kernel = shallot_tests::answering(&plugins, "fine");
+    assert_eq!(
+        kernel.chat(ask("hi"), Context::new()).await.unwrap().text(),
+        "fine"
+    );
+}
+
+#[tokio::test]
+async fn a_trace_file_that_cannot_be_opened_fails_the_load_naming_it() {
+    let grants = Grants {
+        trace: Some("/nonexistent-dir/trace.jsonl".into()),
+        ..Grants::default()
+    };
+    let specs = vec![granted(spec("trace", "trace", Value::Null), grants)];
+    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(error, LoadError::Config { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("grants.trace: cannot open /nonexistent-dir/trace.jsonl"),
+        "{error}"
+    );
+}
+
+/// Streams a turn whose first round says "Let me look." and calls `echo`,
+/// and whose second answers, through `final-answer`.
+#[tokio::test]
+async fn final_answer_shows_only_the_final_rounds_text_and_history_keeps_all() {
+    let plugins = load(vec![spec("final_answer", "final-answer", Value::Null)]).await;
+    let model = ScriptedModel::new(|call, _: &ChatRequest| match call {
+        1 => Reply::Preamble("Let me look.".into(), vec![("echo".into(), json!({}))]),
+        _ => Reply::Tokens(vec![
+            ("The answer".into(), Some(r#"{"k":1}"#.into())),
+            (" is 42.".into(), None),
+        ]),
+    });
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .tool(
+            ToolSpec::new("echo", "", json!({ "type": "object" })),
+            |args: Value, _| async move { Ok(args) },
+        )
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    let options = shallot::InvokeOptions::from(Context::new()).stream_to(sink.clone());
+    let result = kernel.turn(go("q"), options).await;
+    let TurnResult::Done(done) = result else {
+        panic!("{result:?}")
+    };
+    assert_eq!(
+        sink.tokens_with_meta(),
+        [
+            ("The answer".to_owned(), Some(r#"{"k":1}"#.to_owned())),
+            (" is 42.".to_owned(), None),
+        ]
+    );
+    let texts: Vec<String> = done.messages.iter().map(|m| m.text()).collect();
+    assert!(
+        texts.contains(&"Let me look.".to_owned()),
+        "history keeps it: {texts:?}"
+    );
+}
+
+/// The misbehave guest doing `action` in its chat hook, with `grants`.
+async fn abuse(action: &str, grants: Grants) -> ChainError {
+    let filter = granted(
+        spec("misbehave", "abuser", json!({ "on": "chat", "do": action })),
+        grants,
+    );
+    let plugins = load(vec![filter]).await;
+    shallot_tests::answering(&plugins, "ok")
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn a_granted_import_without_its_grant_is_refused_naming_the_grant() {
+    for (action, grant) in [
+        ("oversleep", "sleep_ms"),
+        ("flood-trace", "trace"),
+        ("ask", "approval"),
+    ] {
+        let error = abuse(action, Grants::default()).await;
+        assert_eq!(error.kind, ErrorKind::Auth, "{action}: {error}");
+        assert!(error.message.contains(grant), "{action}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn sleeping_past_the_grant_is_refused_without_sleeping() {
+    let error = abuse("oversleep", sleep_grant(1000)).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(
+        error.message.contains("past its grant of 1000 ms"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn trace_floods_and_huge_events_are_bounded_and_the_host_fields_cannot_be_forged() {
+    let path = trace_file("abuse");
+    let error = abuse("flood-trace", trace_grant(&path)).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert_eq!(lines(&path).len(), 256);
+    let error = abuse("huge-trace", trace_grant(&path)).await;
+    assert!(error.message.contains("over the cap"), "{error}");
+    let path = trace_file("forged");
+    let filter = granted(
+        spec(
+            "misbehave",
+            "abuser",
+            json!({ "on": "chat", "do": "forge-trace" }),
+        ),
+        trace_grant(&path),
+    );
+    let plugins = load(vec![filter]).await;
+    shallot_tests::answering(&plugins, "ok")
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap();
+    let events = lines(&path);
+    assert_eq!(events[0]["filter"], "abuser");
+    assert!(events[0]["ts"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn an_approval_question_with_garbage_arguments_never_reaches_the_handler() {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    let filter = granted(
+        spec(
+            "misbehave",
+            "abuser",
+            json!({ "on": "chat", "do": "ask-garbage" }),
+        ),
+        Grants {
+            approval: true,
+            ..Grants::default()
+        },
+    );
+    let plugins = load(vec![filter]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("ok"))
+        .approver(move |_: &ApprovalRequest| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            true
+        })
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
+    assert_eq!(asked.load(Ordering::SeqCst), 0);
+}
