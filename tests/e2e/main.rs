@@ -20,6 +20,7 @@ mod loading;
 mod polyglot;
 mod provider;
 mod sandbox;
+mod schema;
 mod soak;
 mod system_prompt;
 mod tokens;
