@@ -24,5 +24,6 @@ mod schema;
 mod soak;
 mod system_prompt;
 mod tokens;
+mod tool_search;
 mod tools;
 mod turn;

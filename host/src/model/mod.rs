@@ -112,6 +112,7 @@ impl Terminal<Chat> for ModelTerminal {
         mut request: ChatRequest,
         invoke: &Arc<Invoke>,
     ) -> Result<ChatResponse, ChainError> {
+        invoke.offer(request.tools.clone());
         // The system prompt is the innermost layer: after every filter.
         let prompt = invoke.system_prompt();
         if !prompt.is_empty() {

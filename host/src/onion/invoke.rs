@@ -20,7 +20,7 @@ use super::{Core, Fctx, Next, TokenSink};
 use crate::context::Context;
 use crate::types::ChainError;
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, Resumable, ToolRequest, ToolResponse, Weigh,
+    ChatRequest, ChatResponse, Decision, Resumable, ToolRequest, ToolResponse, ToolSpec, Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
@@ -85,6 +85,10 @@ pub struct Invoke {
     system_prompt: OnceLock<String>,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Resumable, Decision)>>,
+    /// The tools the model was last offered, as the chat filters left
+    /// them: a tool a filter added (and serves in its around-tool) can be
+    /// called although it is not registered.
+    offered: Mutex<Option<Arc<Vec<ToolSpec>>>>,
 }
 
 /// Host memory each filter holds for the length of the invoke.
@@ -118,6 +122,7 @@ impl Invoke {
             sink,
             system_prompt: OnceLock::new(),
             resumed: Mutex::new(None),
+            offered: Mutex::new(None),
         }
     }
 
@@ -283,6 +288,18 @@ impl Invoke {
 
     pub(crate) fn set_resumed(&self, paused: Resumable, decision: Decision) {
         *self.resumed.lock().unwrap_or_else(PoisonError::into_inner) = Some((paused, decision));
+    }
+
+    /// Records the tools the model is offered in a call.
+    pub(crate) fn offer(&self, tools: Arc<Vec<ToolSpec>>) {
+        *self.offered.lock().unwrap_or_else(PoisonError::into_inner) = Some(tools);
+    }
+
+    /// The spec of `name` among the tools the model was last offered.
+    pub(crate) fn offered(&self, name: &str) -> Option<Arc<ToolSpec>> {
+        let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
+        let spec = offered.as_ref()?.iter().find(|tool| tool.name == name)?;
+        Some(Arc::new(spec.clone()))
     }
 
     pub(crate) fn set_system_prompt(&self, prompt: String) {

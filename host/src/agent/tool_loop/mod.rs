@@ -200,7 +200,11 @@ fn denied(reason: &str) -> ChainError {
 impl ToolLoop {
     /// Runs a batch of tool calls through the tool chain: concurrently
     /// unless configured otherwise or a tool in it is `serial`. Outputs in
-    /// call order; a call of an unknown tool fails without running filters.
+    /// call order. A tool that is not registered but was offered to the
+    /// model (a chat filter added it, as `tool-search` adds its search
+    /// tool) goes through the tool chain for a filter to serve, the
+    /// registry answering `not-found` if none does; a call of a tool
+    /// neither registered nor offered fails without running filters.
     async fn run_tools(
         &self,
         invoke: &Arc<Invoke>,
@@ -209,16 +213,21 @@ impl ToolLoop {
     ) -> Vec<Result<String, ChainError>> {
         let requests: Vec<Result<ToolRequest, ChainError>> = calls
             .iter()
-            .map(|call| match spec_of(tools, &call.name) {
-                Some(tool) => Ok(ToolRequest {
-                    tool: tool.clone(),
-                    call_id: Arc::from(call.id.as_str()),
-                    arguments: Arc::from(call.arguments.as_str()),
-                }),
-                None => Err(ChainError::new(
-                    ErrorKind::NotFound,
-                    format!("tool '{}' is not registered", call.name),
-                )),
+            .map(|call| {
+                match spec_of(tools, &call.name)
+                    .cloned()
+                    .or_else(|| invoke.offered(&call.name))
+                {
+                    Some(tool) => Ok(ToolRequest {
+                        tool,
+                        call_id: Arc::from(call.id.as_str()),
+                        arguments: Arc::from(call.arguments.as_str()),
+                    }),
+                    None => Err(ChainError::new(
+                        ErrorKind::NotFound,
+                        format!("tool '{}' is not registered", call.name),
+                    )),
+                }
             })
             .collect();
         let serial = !self.config.parallel_tools
