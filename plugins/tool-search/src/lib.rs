@@ -119,7 +119,7 @@ impl ToolSearch {
             .filter(|call| call.name == self.tool_name)
             .map(|call| call.id.as_str())
             .collect();
-        let results = messages
+        let mut results = messages
             .iter()
             .filter(|m| m.role == Role::Tool)
             .filter(|m| {
@@ -131,7 +131,7 @@ impl ToolSearch {
         if self.accumulate {
             results.flatten().collect()
         } else {
-            results.last().unwrap_or_default().into_iter().collect()
+            results.next_back().unwrap_or_default().into_iter().collect()
         }
     }
 
