@@ -131,7 +131,11 @@ impl ToolSearch {
         if self.accumulate {
             results.flatten().collect()
         } else {
-            results.next_back().unwrap_or_default().into_iter().collect()
+            results
+                .next_back()
+                .unwrap_or_default()
+                .into_iter()
+                .collect()
         }
     }
 
@@ -164,7 +168,7 @@ impl Filter for ToolSearch {
         if self.max_results == 0 {
             return Err("max_results must be at least 1".to_owned());
         }
-        if !(self.k1 >= 0.0 && self.k1.is_finite()) || !(0.0..=1.0).contains(&self.b) {
+        if !(self.k1 >= 0.0 && self.k1.is_finite() && (0.0..=1.0).contains(&self.b)) {
             return Err("k1 must be 0 or more and b between 0 and 1".to_owned());
         }
         Ok(())
