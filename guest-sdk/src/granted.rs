@@ -49,3 +49,30 @@ pub mod trace {
         wit::write(&event.to_string()).map_err(|e| FilterError::new(e.kind, e.message))
     }
 }
+
+/// Conversation memory (granted by `grants.memory`): the store the
+/// operator chose (an SQLite file, Redis, or in-process), by conversation id.
+pub mod memory {
+    use crate::bindings::shallot::filter::memory as wit;
+    use crate::{FilterError, Message};
+
+    fn own(e: crate::bindings::shallot::filter::types::FilterError) -> FilterError {
+        FilterError::new(e.kind, e.message)
+    }
+
+    /// The conversation's messages, oldest first (the latest 10,000 at
+    /// most); empty for one never written.
+    pub fn load(conversation: &str) -> Result<Vec<Message>, FilterError> {
+        wit::load(conversation).map_err(own)
+    }
+
+    /// Appends `messages` to the conversation.
+    pub fn append(conversation: &str, messages: &[Message]) -> Result<(), FilterError> {
+        wit::append(conversation, messages).map_err(own)
+    }
+
+    /// Forgets the conversation.
+    pub fn clear(conversation: &str) -> Result<(), FilterError> {
+        wit::clear(conversation).map_err(own)
+    }
+}

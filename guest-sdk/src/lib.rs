@@ -106,6 +106,6 @@ pub use bindings::shallot::filter::types::{
 pub use error::{FilterError, TurnResult};
 pub use fctx::Fctx;
 pub use filter::Filter;
-pub use granted::{approval, timer, trace};
+pub use granted::{approval, memory, timer, trace};
 pub use shallot_guest_macro::filter;
 pub use tokens::{PassThrough, Token, TokenOut, TokenTransform, Tokens, stream_end};

@@ -23,9 +23,11 @@
 //! [[filter]]
 //! plugin = "trace.wasm"
 //! # Host services beyond nothing: real clocks, up to 30 s of sleeping per
-//! # hook call (`timer`), the approval handler (`approval`), and a trace
-//! # sink ("stderr", or a file relative to this file).
-//! grants = { clock = true, sleep_ms = 30000, approval = true, trace = "trace.jsonl" }
+//! # hook call (`timer`), the approval handler (`approval`), a trace sink
+//! # ("stderr", or a file relative to this file), and a conversation store
+//! # (a SQLite file relative to this file, "redis://host:6379/0", or
+//! # ":memory:").
+//! grants = { clock = true, sleep_ms = 30000, approval = true, trace = "trace.jsonl", memory = "conversations.db" }
 //! ```
 //!
 //! The list order is the layer order (first = outermost). The same plugin
@@ -356,6 +358,19 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
                     path => base.join(expand(path).map_err(bad)?).display().to_string(),
                 };
                 grants.trace = Some(trace);
+            }
+            // A SQLite store is the operator's file, relative to this file.
+            if let Some(memory) = grants.memory.take() {
+                let is_file = memory != ":memory:"
+                    && !memory.starts_with("redis://")
+                    && !memory.starts_with("rediss://");
+                grants.memory = Some(if is_file {
+                    base.join(expand(&memory).map_err(bad)?)
+                        .display()
+                        .to_string()
+                } else {
+                    memory
+                });
             }
             let spec = FilterSpec {
                 name: entry.name,

@@ -26,7 +26,7 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: context types sandbox cache compile engine onion plugin tool model agent kernel config gateway
+//! layers: context types sandbox store cache compile engine onion plugin tool model agent kernel config gateway
 //!
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
@@ -61,10 +61,11 @@ mod model;
 mod onion;
 mod plugin;
 mod sandbox;
+mod store;
 mod tool;
 pub mod types;
 
-pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, ToolLoop};
+pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, NoHistory, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{
     ClientKey, RouteMode, RouteSpec, Upstream, read_config, read_dir, read_keys, read_model,
@@ -85,5 +86,6 @@ pub use plugin::{
     read as read_plugin,
 };
 pub use sandbox::{Grants, Limits};
+pub use store::{ConversationStore, LOAD_LIMIT, open_store};
 pub use tool::ToolRegistry;
 pub use types::error::{Call, ChainError, ErrorKind, Origin};

@@ -132,6 +132,10 @@ pub struct Grants {
     /// Where the filter's `trace` events go: `"stderr"`, or a file that
     /// is appended to (created if missing). `None`: no tracing.
     pub trace: Option<String>,
+    /// The conversation store of the `memory` import: a SQLite file's
+    /// path, a `redis://` URL, or `:memory:` (this process only). `None`:
+    /// no store.
+    pub memory: Option<String>,
 }
 
 /// How many bytes of a guest's stderr one call keeps (for a panic message).

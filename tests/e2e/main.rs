@@ -17,6 +17,7 @@ mod granted;
 mod hostile;
 mod library;
 mod loading;
+mod memory;
 mod polyglot;
 mod provider;
 mod sandbox;

@@ -1,10 +1,11 @@
 //! What shallot's end-to-end tests and benchmarks share: where the built
 //! guests are, one engine per process, a scriptable model (`model`), a
-//! recording token sink (`sink`) and a fake chat-completions server
-//! (`provider`).
+//! recording token sink (`sink`), a fake chat-completions server
+//! (`provider`) and a real Redis server (`redis`).
 
 mod model;
 mod provider;
+mod redis;
 mod sink;
 
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use shallot::{ChainError, Context, Engine, EngineConfig, Isolation, PluginSet};
 
 pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};
+pub use redis::RedisServer;
 pub use sink::Collector;
 
 /// The target directory this build uses (`CARGO_TARGET_DIR`, relative or

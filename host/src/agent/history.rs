@@ -41,3 +41,15 @@ impl History for MemoryHistory {
             .extend_from_slice(messages);
     }
 }
+
+/// No history: every turn starts from its own messages. For a kernel whose
+/// filters keep conversations themselves (the `memory` filter).
+pub struct NoHistory;
+
+impl History for NoHistory {
+    fn load(&self, _: &str) -> Vec<Message> {
+        Vec::new()
+    }
+
+    fn append(&self, _: &str, _: &[Message]) {}
+}

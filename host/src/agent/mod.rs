@@ -51,5 +51,5 @@
 mod history;
 mod tool_loop;
 
-pub use history::{History, MemoryHistory};
+pub use history::{History, MemoryHistory, NoHistory};
 pub use tool_loop::{CONVERSATION_ID, LoopConfig, ToolLoop};

@@ -16,7 +16,7 @@ use shallot::types::{
 };
 use shallot::{
     ApprovalRequest, Approver, ChainError, Context, EmbeddedModel, Engine, Filter, Hook,
-    InvokeOptions, Kernel, LoopConfig, MemoryHistory, Next, OpenAiModel, Tool, ToolLoop,
+    InvokeOptions, Kernel, LoopConfig, MemoryHistory, Next, NoHistory, OpenAiModel, Tool, ToolLoop,
 };
 
 use super::{ModelArgs, Source};
@@ -107,9 +107,12 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
         max_iterations: args.max_iterations,
         ..LoopConfig::default()
     };
-    let mut builder = Kernel::builder()
-        .plugins(&plugins)
-        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    let tool_loop = if plugins.keeps_conversations() {
+        ToolLoop::new(config, NoHistory)
+    } else {
+        ToolLoop::new(config, MemoryHistory::default())
+    };
+    let mut builder = Kernel::builder().plugins(&plugins).turn_terminal(tool_loop);
     builder = match args.model.server(&args.source)? {
         Some(server) => builder.model(OpenAiModel::new(server)?),
         None => builder.model(EmbeddedModel::new().with_delay(Duration::from_millis(args.pace))),

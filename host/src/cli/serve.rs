@@ -8,7 +8,8 @@ use clap::Args;
 use notify::{RecursiveMode, Watcher};
 use shallot::{
     ChatModel, ClientKey, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, KernelBuilder,
-    OpenAiConfig, OpenAiModel, Route, RouteMode, Upstream, read_keys, read_routes,
+    LoopConfig, NoHistory, OpenAiConfig, OpenAiModel, Route, RouteMode, ToolLoop, Upstream,
+    read_keys, read_routes,
 };
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -146,6 +147,10 @@ async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Vec<Route>,
         let (mut builder, _) = with_model(builder, upstream)?;
         if spec.mode == RouteMode::Agent {
             builder = builder.builtin_tools();
+            if plugins.keeps_conversations() {
+                let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
+                builder = builder.turn_terminal(tool_loop);
+            }
         }
         routes.push(Route {
             model: spec.model,

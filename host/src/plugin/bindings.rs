@@ -10,6 +10,7 @@ wasmtime::component::bindgen!({
         "shallot:filter/next": async | trappable,
         "shallot:filter/timer": async | trappable,
         "shallot:filter/approval": async | trappable,
+        "shallot:filter/memory": async | trappable,
         default: trappable,
     },
     // `next` is async (it runs the inner layers), which makes every store

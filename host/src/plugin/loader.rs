@@ -460,10 +460,12 @@ pub async fn configure(
         .as_ref()
         .map_or_else(|| "null".to_owned(), |c| c.to_string())
         .into();
-    let granted = Granted::open(&spec.grants).map_err(|message| LoadError::Config {
-        path: path.clone(),
-        message,
-    })?;
+    let granted = Granted::open(&spec.grants)
+        .await
+        .map_err(|message| LoadError::Config {
+            path: path.clone(),
+            message,
+        })?;
     let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
     let mut blueprint = Blueprint {
         pre: plugin.pre.clone(),

@@ -101,6 +101,14 @@ impl PluginSet {
     pub fn filters(&self) -> &[Arc<WasmFilter>] {
         &self.filters
     }
+
+    /// Whether a filter keeps conversations itself (it is granted a
+    /// conversation store, as the `memory` filter is): the tool loop
+    /// should then run without its own history, or every turn would send
+    /// the history twice.
+    pub fn keeps_conversations(&self) -> bool {
+        self.filters.iter().any(|f| f.grants().memory.is_some())
+    }
 }
 
 /// How long a compile runs before it is announced (`LoadEvent::Compiling`).

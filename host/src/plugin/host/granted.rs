@@ -1,9 +1,10 @@
 //! The imports a filter gets only when the operator grants them (`timer`,
-//! `approval`, `trace`), and `model-stream`, which needs no grant. Without its
+//! `approval`, `trace`, `memory`), and `model-stream`, which needs no grant. Without its
 //! grant a call fails with an `auth` error naming the grant to add; each
 //! is bounded per call, and time spent waiting in `timer` or `approval` is
 //! not the filter's own, as time in `next` is not.
 
+use std::future::Future;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,13 +13,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{HostState, json_object};
 use crate::onion::ApprovalRequest;
 use crate::plugin::bindings::shallot::filter::types as wit;
-use crate::plugin::bindings::shallot::filter::{approval, model_stream, timer, trace};
-use crate::sandbox::{self, Grants};
+use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
+use crate::plugin::convert;
+use crate::sandbox::{self, Grants, Meter};
+use crate::store::{ConversationStore, open_store};
+use crate::types::{ChainError, Weigh};
 
 /// The largest trace event, in bytes.
 const TRACE_EVENT_CAP: usize = 64 << 10;
 /// Trace events one call may write.
 const TRACE_EVENTS_PER_CALL: u32 = 256;
+/// The longest conversation id, in bytes.
+const CONVERSATION_ID_CAP: usize = 512;
 /// The longest a filter may wait for the approval handler, in ms, whatever
 /// it asks for.
 const APPROVAL_WAIT_CAP_MS: u32 = 10 * 60 * 1000;
@@ -30,21 +36,27 @@ pub(crate) struct Granted {
     pub sleep_ms: u32,
     pub approval: bool,
     pub trace: Option<Arc<TraceSink>>,
+    pub memory: Option<Arc<dyn ConversationStore>>,
 }
 
 impl Granted {
-    /// Opens what `grants` name; a trace file that cannot be opened is an
-    /// error naming it.
-    pub(crate) fn open(grants: &Grants) -> Result<Self, String> {
+    /// Opens what `grants` name; a trace file or a store that cannot be
+    /// opened is an error naming it.
+    pub(crate) async fn open(grants: &Grants) -> Result<Self, String> {
         let trace = match grants.trace.as_deref() {
             None => None,
             Some("stderr") => Some(Arc::new(TraceSink::Stderr)),
             Some(path) => Some(Arc::new(TraceSink::open(Path::new(path))?)),
         };
+        let memory = match grants.memory.as_deref() {
+            None => None,
+            Some(spec) => Some(open_store(spec).await?),
+        };
         Ok(Granted {
             sleep_ms: grants.sleep_ms,
             approval: grants.approval,
             trace,
+            memory,
         })
     }
 }
@@ -205,5 +217,85 @@ impl trace::Host for HostState {
             return Ok(Err(error(wit::ErrorKind::Transient, message)));
         }
         Ok(Ok(()))
+    }
+}
+
+impl HostState {
+    /// The store, if granted, and the conversation key checked.
+    fn store(&self, conversation: &str) -> Result<Arc<dyn ConversationStore>, wit::FilterError> {
+        let Some(store) = self.granted.memory.clone() else {
+            return Err(not_granted("memory", "memory = \"conversations.db\""));
+        };
+        if conversation.is_empty() || conversation.len() > CONVERSATION_ID_CAP {
+            let message = format!("a conversation id must be 1 to {CONVERSATION_ID_CAP} bytes");
+            return Err(error(wit::ErrorKind::InvalidRequest, message));
+        }
+        Ok(store)
+    }
+}
+
+/// Waits for a store operation, outside the filter's own clock.
+async fn outside_own_clock<T>(
+    meter: Meter,
+    operation: impl Future<Output = Result<T, ChainError>>,
+) -> Result<T, wit::FilterError> {
+    meter.enter_next();
+    let result = operation.await;
+    meter.leave_next();
+    result.map_err(|e| convert::filter_error(&e))
+}
+
+impl memory::Host for HostState {
+    async fn load(
+        &mut self,
+        conversation: String,
+    ) -> wasmtime::Result<Result<Vec<wit::Message>, wit::FilterError>> {
+        let store = match self.store(&conversation) {
+            Ok(store) => store,
+            Err(e) => return Ok(Err(e)),
+        };
+        let messages =
+            match outside_own_clock(self.confinement.meter().clone(), store.load(&conversation))
+                .await
+            {
+                Ok(messages) => messages,
+                Err(e) => return Ok(Err(e)),
+            };
+        let weight: usize = messages.iter().map(Weigh::weight).sum();
+        if weight > self.limits.host_bytes() {
+            let message = format!(
+                "the conversation holds {weight} bytes, more than the filter's host memory cap"
+            );
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        Ok(Ok(convert::messages(&messages)))
+    }
+
+    async fn append(
+        &mut self,
+        conversation: String,
+        messages: Vec<wit::Message>,
+    ) -> wasmtime::Result<Result<(), wit::FilterError>> {
+        let store = match self.store(&conversation) {
+            Ok(store) => store,
+            Err(e) => return Ok(Err(e)),
+        };
+        let messages = convert::from_messages(messages);
+        Ok(outside_own_clock(
+            self.confinement.meter().clone(),
+            store.append(&conversation, &messages),
+        )
+        .await)
+    }
+
+    async fn clear(
+        &mut self,
+        conversation: String,
+    ) -> wasmtime::Result<Result<(), wit::FilterError>> {
+        let store = match self.store(&conversation) {
+            Ok(store) => store,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(outside_own_clock(self.confinement.meter().clone(), store.clear(&conversation)).await)
     }
 }

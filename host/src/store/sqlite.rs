@@ -1,0 +1,118 @@
+//! Conversations in an embedded SQLite file: one row per message, in
+//! order. Calls run on the blocking pool, one at a time per file.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, params};
+
+use super::{ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, unavailable};
+use crate::types::{ChainError, Message};
+
+pub(super) struct Sqlite {
+    path: String,
+    connection: Arc<Mutex<Connection>>,
+}
+
+impl Sqlite {
+    /// Opens (creating it if needed) the file and its table.
+    pub(super) async fn open(path: &Path) -> Result<Self, String> {
+        let shown = path.display().to_string();
+        let opened = path.to_owned();
+        let connection = tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
+            let connection = Connection::open(&opened)?;
+            connection.busy_timeout(OPERATION_TIMEOUT)?;
+            connection.execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE IF NOT EXISTS shallot_messages (
+                     seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                     conversation TEXT NOT NULL,
+                     message TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
+                     ON shallot_messages (conversation, seq);",
+            )?;
+            Ok(connection)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("grants.memory: cannot open the SQLite file {shown}: {e}"))?;
+        Ok(Sqlite {
+            path: shown,
+            connection: Arc::new(Mutex::new(connection)),
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ChainError> {
+        let connection = self.connection.clone();
+        tokio::task::spawn_blocking(move || {
+            work(&mut connection.lock().unwrap_or_else(PoisonError::into_inner))
+        })
+        .await
+        .map_err(|e| unavailable(&self.path, e))?
+        .map_err(|e| unavailable(&self.path, e))
+    }
+}
+
+#[async_trait]
+impl ConversationStore for Sqlite {
+    async fn load(&self, conversation: &str) -> Result<Vec<Message>, ChainError> {
+        let conversation = conversation.to_owned();
+        let rows = self
+            .with(move |db| {
+                let mut query = db.prepare_cached(
+                    "SELECT message FROM (SELECT seq, message FROM shallot_messages
+                     WHERE conversation = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+                )?;
+                let rows = query.query_map(params![conversation, LOAD_LIMIT as i64], |row| {
+                    row.get::<_, String>(0)
+                })?;
+                rows.collect::<rusqlite::Result<Vec<String>>>()
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                serde_json::from_str(row).map_err(|e| {
+                    unavailable(&self.path, format!("a stored message is not readable: {e}"))
+                })
+            })
+            .collect()
+    }
+
+    async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError> {
+        let conversation = conversation.to_owned();
+        let rows: Vec<String> = messages
+            .iter()
+            .map(|m| serde_json::to_string(m).expect("a message serializes"))
+            .collect();
+        self.with(move |db| {
+            let batch = db.transaction()?;
+            {
+                let mut insert = batch.prepare_cached(
+                    "INSERT INTO shallot_messages (conversation, message) VALUES (?1, ?2)",
+                )?;
+                for row in &rows {
+                    insert.execute(params![conversation, row])?;
+                }
+            }
+            batch.commit()
+        })
+        .await
+    }
+
+    async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
+        let conversation = conversation.to_owned();
+        self.with(move |db| {
+            db.execute(
+                "DELETE FROM shallot_messages WHERE conversation = ?1",
+                params![conversation],
+            )
+            .map(drop)
+        })
+        .await
+    }
+}

@@ -1,0 +1,409 @@
+//! The memory filter and the conversation stores behind its `memory`
+//! import: PEER-CASES M (store, window, before-step, integration), no
+//! duplicates through tool rounds and re-entries, and each store (in
+//! process, SQLite, a real Redis that goes away mid-run and comes back).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use shallot::types::{ChatRequest, Message, Role, ToolSpec};
+use shallot::{
+    Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError, LoopConfig, NoHistory, ToolLoop,
+    open_store,
+};
+use shallot_tests::{RedisServer, Reply, ScriptedModel, load, spec};
+
+use crate::agent::{done, go, texts};
+
+/// A conversation id no other test uses.
+fn conversation(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+fn memory_filter(config: Value, store: &str) -> (PathBuf, FilterSpec) {
+    let (path, spec) = spec("memory", "memory", config);
+    let grants = Grants {
+        memory: Some(store.to_owned()),
+        ..Grants::default()
+    };
+    (path, FilterSpec { grants, ..spec })
+}
+
+/// A kernel with `filters` over `model`, its tool loop without history of
+/// its own (the memory filter keeps it), and an `echo` tool.
+async fn kernel(filters: Vec<(PathBuf, FilterSpec)>, model: ScriptedModel) -> Kernel {
+    let plugins = load(filters).await;
+    Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .tool(
+            ToolSpec::new("echo", "", json!({ "type": "object" })),
+            |args: Value, _| async move { Ok(args) },
+        )
+        .turn_terminal(ToolLoop::new(LoopConfig::default(), NoHistory))
+        .build()
+        .unwrap()
+}
+
+fn roles(messages: &[Message]) -> Vec<Role> {
+    messages.iter().map(|m| m.role).collect()
+}
+
+/// PEER-CASES M1 on one store.
+async fn m1_on(store: &str) {
+    let store = open_store(store).await.unwrap();
+    let (c1, c2) = (conversation("m1"), conversation("m1-other"));
+    assert!(store.load(&c1).await.unwrap().is_empty());
+    store.append(&c1, &[Message::user("M1")]).await.unwrap();
+    store
+        .append(&c1, &[Message::assistant("M2")])
+        .await
+        .unwrap();
+    assert_eq!(texts(&store.load(&c1).await.unwrap()), ["M1", "M2"]);
+    assert!(
+        store.load(&c2).await.unwrap().is_empty(),
+        "conversations are separate"
+    );
+    store.clear(&c1).await.unwrap();
+    assert!(store.load(&c1).await.unwrap().is_empty());
+}
+
+fn sqlite_file(name: &str) -> String {
+    let dir = shallot_tests::target_dir()
+        .join("test-scratch")
+        .join("memory");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn m1_every_store_keeps_conversations_in_order_and_apart() {
+    m1_on(":memory:").await;
+    m1_on(&sqlite_file("m1")).await;
+    let redis = RedisServer::start();
+    m1_on(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn m9_the_model_sees_the_stored_history_and_the_reply_is_stored() {
+    let store = open_store(":memory:").await.unwrap();
+    let c = conversation("m9");
+    store.append(&c, &[Message::user("Old")]).await.unwrap();
+    let model = ScriptedModel::answer("reply");
+    let kernel = kernel(vec![memory_filter(Value::Null, ":memory:")], model.clone()).await;
+    let request = ChatRequest::new(vec![Message::user("New")]);
+    kernel
+        .chat(request, Context::new().with("conversation_id", c.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(texts(&model.requests()[0].messages), ["Old", "New"]);
+    assert_eq!(
+        texts(&store.load(&c).await.unwrap()),
+        ["Old", "New", "reply"]
+    );
+}
+
+#[tokio::test]
+async fn m10_without_a_conversation_id_it_passes_through_and_stores_nothing() {
+    let model = ScriptedModel::answer("reply");
+    let kernel = kernel(vec![memory_filter(Value::Null, ":memory:")], model.clone()).await;
+    kernel
+        .chat(ChatRequest::new(vec![Message::user("New")]), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(texts(&model.requests()[0].messages), ["New"]);
+}
+
+#[tokio::test]
+async fn m2_m3_the_window_keeps_system_messages_and_drops_orphan_tool_results() {
+    let store = open_store(":memory:").await.unwrap();
+    let model = ScriptedModel::answer("ok");
+    let kernel = kernel(
+        vec![memory_filter(json!({ "window": 2 }), ":memory:")],
+        model.clone(),
+    )
+    .await;
+    let c = conversation("m2");
+    store
+        .append(
+            &c,
+            &[
+                Message::system("Sys"),
+                Message::user("U1"),
+                Message::assistant("A1"),
+            ],
+        )
+        .await
+        .unwrap();
+    kernel
+        .chat(
+            ChatRequest::new(vec![Message::user("U2")]),
+            Context::new().with("conversation_id", c.as_str()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(texts(&model.requests()[0].messages), ["Sys", "A1", "U2"]);
+    assert_eq!(
+        store.load(&c).await.unwrap().len(),
+        5,
+        "the store keeps everything"
+    );
+    let c = conversation("m3");
+    store
+        .append(
+            &c,
+            &[
+                Message::assistant("A1"),
+                Message::tool_result("t1", "\"T1\""),
+            ],
+        )
+        .await
+        .unwrap();
+    kernel
+        .chat(
+            ChatRequest::new(vec![Message::user("U2")]),
+            Context::new().with("conversation_id", c.as_str()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(texts(&model.requests()[1].messages), ["U2"]);
+}
+
+#[tokio::test]
+async fn m12_turns_across_invokes_see_the_conversation_grow() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        Reply::Text(format!("saw:{}", request.messages.len()))
+    });
+    let kernel = kernel(vec![memory_filter(Value::Null, ":memory:")], model.clone()).await;
+    let c = conversation("m12");
+    let context = || Context::new().with("conversation_id", c.as_str());
+    assert_eq!(
+        done(kernel.turn(go("hi"), context()).await).response.text(),
+        "saw:1"
+    );
+    assert_eq!(
+        done(kernel.turn(go("bye"), context()).await)
+            .response
+            .text(),
+        "saw:3"
+    );
+    let stored = open_store(":memory:")
+        .await
+        .unwrap()
+        .load(&c)
+        .await
+        .unwrap();
+    assert_eq!(
+        roles(&stored),
+        [Role::User, Role::Assistant, Role::User, Role::Assistant]
+    );
+}
+
+#[tokio::test]
+async fn a_tool_round_is_stored_once_in_order() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("echo", json!({ "x": 1 })),
+        Reply::Text("answer".into()),
+    ]);
+    let kernel = kernel(vec![memory_filter(Value::Null, ":memory:")], model.clone()).await;
+    let c = conversation("tools");
+    done(
+        kernel
+            .turn(go("q"), Context::new().with("conversation_id", c.as_str()))
+            .await,
+    );
+    let stored = open_store(":memory:")
+        .await
+        .unwrap()
+        .load(&c)
+        .await
+        .unwrap();
+    assert_eq!(
+        roles(&stored),
+        [Role::User, Role::Assistant, Role::Tool, Role::Assistant]
+    );
+    assert_eq!(roles(&model.requests()[1].messages), roles(&stored[..3]));
+}
+
+#[tokio::test]
+async fn a_validation_reentry_stores_nothing_twice() {
+    let validation = spec(
+        "validation",
+        "validation",
+        json!({ "required": ["good"], "max_retries": 2 }),
+    );
+    let model = ScriptedModel::replies(vec![Reply::Text("bad".into()), Reply::Text("good".into())]);
+    let kernel = kernel(
+        vec![validation, memory_filter(Value::Null, ":memory:")],
+        model.clone(),
+    )
+    .await;
+    let c = conversation("reentry");
+    done(
+        kernel
+            .turn(
+                go("MY-QUESTION"),
+                Context::new().with("conversation_id", c.as_str()),
+            )
+            .await,
+    );
+    let stored = texts(
+        &open_store(":memory:")
+            .await
+            .unwrap()
+            .load(&c)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(stored.len(), 4, "{stored:?}");
+    assert_eq!(
+        (stored[0].as_str(), stored[1].as_str(), stored[3].as_str()),
+        ("MY-QUESTION", "bad", "good")
+    );
+    assert!(stored[2].contains("did not pass validation"));
+    let second = texts(&model.requests()[1].messages);
+    assert_eq!(
+        second.iter().filter(|t| *t == "MY-QUESTION").count(),
+        1,
+        "{second:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_sqlite_store_outlives_the_filters_that_used_it() {
+    let file = sqlite_file("outlives");
+    let c = conversation("sqlite");
+    let context = || Context::new().with("conversation_id", c.as_str());
+    {
+        let kernel = kernel(
+            vec![memory_filter(Value::Null, &file)],
+            ScriptedModel::answer("first answer"),
+        )
+        .await;
+        done(kernel.turn(go("first"), context()).await);
+    }
+    let model = ScriptedModel::answer("second answer");
+    let kernel = kernel(vec![memory_filter(Value::Null, &file)], model.clone()).await;
+    done(kernel.turn(go("second"), context()).await);
+    assert_eq!(
+        texts(&model.requests()[0].messages),
+        ["first", "first answer", "second"]
+    );
+}
+
+#[tokio::test]
+async fn two_hosts_share_conversations_through_redis_which_may_go_away_and_come_back() {
+    let mut redis = RedisServer::start();
+    let c = conversation("redis");
+    let context = || Context::new().with("conversation_id", c.as_str());
+    let first = kernel(
+        vec![memory_filter(Value::Null, &redis.url())],
+        ScriptedModel::answer("one"),
+    )
+    .await;
+    done(first.turn(go("hello"), context()).await);
+    // Another engine stands in for another process on another machine.
+    let engine = shallot::Engine::new(shallot::EngineConfig::default()).unwrap();
+    let plugins =
+        shallot_tests::load_in(&engine, vec![memory_filter(Value::Null, &redis.url())]).await;
+    let model = ScriptedModel::answer("two");
+    let second = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .turn_terminal(ToolLoop::new(LoopConfig::default(), NoHistory))
+        .build()
+        .unwrap();
+    done(second.turn(go("again"), context()).await);
+    assert_eq!(
+        texts(&model.requests()[0].messages),
+        ["hello", "one", "again"]
+    );
+
+    redis.stop();
+    let started = std::time::Instant::now();
+    let result = second.turn(go("anyone?"), context()).await;
+    let shallot::types::TurnResult::Error(error) = result else {
+        panic!("{result:?}")
+    };
+    assert_eq!(error.kind, ErrorKind::Transient, "{error}");
+    assert!(error.message.contains("conversation store"), "{error}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "bounded, never a hang"
+    );
+
+    redis.resume();
+    let mut back = None;
+    for _ in 0..50 {
+        if let shallot::types::TurnResult::Done(done) = second.turn(go("back"), context()).await {
+            back = Some(done);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    back.expect("the store works again once Redis is back");
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_be_opened_fails_the_load_with_a_clear_error() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    for (store, says) in [
+        (
+            "/nonexistent-dir/conversations.db".to_owned(),
+            "cannot open the SQLite file /nonexistent-dir/conversations.db",
+        ),
+        (
+            format!("redis://127.0.0.1:{closed}/0"),
+            "cannot reach redis at 127.0.0.1",
+        ),
+        ("redis://[bad".to_owned(), "not a Redis URL"),
+    ] {
+        let specs = vec![memory_filter(Value::Null, &store)];
+        let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(error, LoadError::Config { .. }), "{error}");
+        assert!(error.to_string().contains(says), "{store}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn memory_without_its_grant_fails_the_call_naming_the_grant() {
+    let kernel = kernel(
+        vec![spec("memory", "memory", Value::Null)],
+        ScriptedModel::answer("x"),
+    )
+    .await;
+    let error = kernel
+        .chat(
+            ChatRequest::new(vec![Message::user("hi")]),
+            Context::new().with("conversation_id", "c"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
+    assert!(error.message.contains("memory"), "{error}");
+}
+
+#[tokio::test]
+async fn memory_refuses_a_bad_configuration_at_load() {
+    for (config, says) in [
+        (json!({ "window": 0 }), "window"),
+        (json!({ "windw": 3 }), "unknown field"),
+    ] {
+        let error = crate::builtins::refused("memory", "memory", config).await;
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
