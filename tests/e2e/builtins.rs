@@ -95,6 +95,55 @@ async fn safeguard_checks_tool_results_fed_back_to_the_model() {
 }
 
 #[tokio::test]
+async fn safeguard_scans_the_text_parts_of_multimodal_messages() {
+    use shallot::types::{Content, ContentPart, Message, Role};
+    let plugins = load(vec![spec(
+        "safeguard",
+        "safeguard",
+        json!({ "words": ["bomb"] }),
+    )])
+    .await;
+    let model = ScriptedModel::answer("llm-answer");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let parts = |last: &str| Message {
+        role: Role::User,
+        content: Some(Content::Parts(vec![
+            ContentPart::Text {
+                text: "what is in this picture of a ".into(),
+            },
+            ContentPart::Image {
+                url: "https://example.com/b.png".into(),
+                detail: None,
+            },
+            ContentPart::Text { text: last.into() },
+        ])),
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+    };
+    let blocked = kernel
+        .chat(
+            shallot::types::ChatRequest::new(vec![parts("Bomb?")]),
+            Context::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(blocked.finish_reason, FinishReason::ContentFiltered);
+    let passed = kernel
+        .chat(
+            shallot::types::ChatRequest::new(vec![parts("cat?")]),
+            Context::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(passed.text(), "llm-answer");
+    assert_eq!(model.calls(), 1, "only the second reached the model");
+}
+
+#[tokio::test]
 async fn safeguard_rejects_an_unknown_option_when_loaded() {
     let error = refused("safeguard", "safeguard", json!({ "wordz": ["typo"] })).await;
     let LoadError::Filter { error, .. } = &error else {
@@ -366,5 +415,105 @@ async fn call_limit_refuses_a_bad_configuration_at_load() {
     ] {
         let error = refused("call_limit", "call-limit", config).await;
         assert!(error.to_string().contains(says), "{error}");
+    }
+}
+
+/// A stream for the redaction property: segments of text that never
+/// matches, and secrets (`sk-` and up to ten letters or digits, each ended
+/// by a space).
+fn redaction_input() -> impl proptest::strategy::Strategy<Value = Vec<String>> {
+    use proptest::prelude::*;
+    let plain = proptest::string::string_regex("[abcxyz ,.!é你]{1,12}").unwrap();
+    let secret = proptest::string::string_regex("sk-[a-z0-9]{1,10} ").unwrap();
+    proptest::collection::vec(prop_oneof![plain, secret], 0..8)
+}
+
+/// What the caller must see of a segment.
+fn shown(segment: &str) -> &str {
+    if segment.starts_with("sk-") {
+        "[KEY] "
+    } else {
+        segment
+    }
+}
+
+/// How many characters of the input `seen` (a prefix of what the caller
+/// must see) accounts for.
+fn accounted(segments: &[String], seen: &str) -> usize {
+    let mut rest = seen;
+    let mut chars = 0;
+    for segment in segments {
+        let shown = shown(segment);
+        if let Some(after) = rest.strip_prefix(shown) {
+            chars += segment.chars().count();
+            rest = after;
+        } else {
+            // Part of this segment: a secret is replaced whole, so only
+            // plain text can be partly shown.
+            chars += rest.chars().count();
+            break;
+        }
+    }
+    chars
+}
+
+/// Splits `text` into tokens at the character positions `cuts` name.
+fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
+    cuts.push(chars.len());
+    cuts.sort();
+    cuts.dedup();
+    let mut start = 0;
+    let mut tokens = Vec::new();
+    for cut in cuts {
+        tokens.push(chars[start..cut].iter().collect());
+        start = cut;
+    }
+    tokens
+}
+
+const REDACT_WINDOW: usize = 16;
+/// The longest secret the property streams: `sk-`, ten characters and the space.
+const LONGEST_SECRET: usize = 14;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// However the stream is split into tokens, the caller sees the same
+    /// text with every secret redacted; and after each token, what is held
+    /// back is at most the window (plus the rest of a secret that straddles
+    /// its edge).
+    #[test]
+    fn token_redact_output_is_the_same_for_every_split_and_held_back_only_within_the_window(
+        segments in redaction_input(),
+        cuts in proptest::collection::vec(0usize..96, 0..12),
+    ) {
+        let input = segments.concat();
+        let expected: String = segments.iter().map(|s| shown(s)).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let config = json!({ "pattern": "sk-[a-z0-9]+", "replacement": "[KEY]", "window": REDACT_WINDOW });
+            let plugins = load(vec![spec("token_redact", "redact", config)]).await;
+            let kernel = shallot_tests::answering(&plugins, "");
+            let sink = Collector::default();
+            let mut stream = kernel.token_stream(Context::new(), sink.clone()).await.unwrap();
+            let mut sent = 0;
+            for token in split_at(&input, &cuts) {
+                sent += token.chars().count();
+                let mut batch = shallot::types::TokenBatch::default();
+                batch.push(&token, None);
+                stream.push(batch).await.unwrap();
+                let seen = sink.text();
+                assert!(expected.starts_with(&seen), "{seen:?} is not a prefix of {expected:?}");
+                let held = sent - accounted(&segments, &seen);
+                assert!(
+                    held <= REDACT_WINDOW + LONGEST_SECRET,
+                    "{held} characters held back after {sent} of {input:?}; shown {seen:?}"
+                );
+            }
+            stream.finish(shallot::types::FinishReason::Complete).await.unwrap();
+            assert_eq!(sink.text(), expected);
+        });
     }
 }
