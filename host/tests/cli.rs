@@ -796,3 +796,103 @@ filters = ["token-redact"]
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_production_example_runs_turns_through_every_layer() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/production.toml");
+    let conversation = format!("production-{}", std::process::id());
+    let out = shallot(&[
+        "chat",
+        "--config",
+        config.to_str().unwrap(),
+        "--conversation",
+        &conversation,
+        "hello",
+        "My deploy key is sk-live4f9a2b7c",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("You said: My deploy key is [KEY]"),
+        "the answer is redacted: {stdout}"
+    );
+    let db = rusqlite::Connection::open(target_dir().join("shallot-conversations.db")).unwrap();
+    let stored: i64 = db
+        .query_row(
+            "SELECT count(*) FROM shallot_messages WHERE conversation = ?1",
+            [&conversation],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, 4, "two questions and two answers, each once");
+    let trace = std::fs::read_to_string(target_dir().join("shallot-trace.jsonl")).unwrap();
+    let ours: Vec<serde_json::Value> = trace
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|event: &serde_json::Value| event["conversation_id"] == conversation.as_str())
+        .collect();
+    let events: Vec<&str> = ours.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["chat", "turn", "chat", "turn"]);
+}
+
+#[test]
+fn plugins_list_shows_every_built_in_filter() {
+    // The built plugins (one per crate under plugins/), without the test
+    // guests built beside them.
+    let dir = target_dir().join("shallot-test-scratch/built-plugins");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let crates = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+    for entry in std::fs::read_dir(crates).unwrap() {
+        let manifest = entry.unwrap().path().join("Cargo.toml");
+        let Ok(manifest) = std::fs::read_to_string(manifest) else {
+            continue;
+        };
+        let lib = manifest
+            .split("[lib]")
+            .nth(1)
+            .and_then(|lib| lib.lines().find_map(|l| l.strip_prefix("name = ")))
+            .expect("each plugin names its lib")
+            .trim_matches('"')
+            .to_owned();
+        let file = format!("{lib}.wasm");
+        std::fs::copy(guest(&lib), dir.join(&file)).unwrap();
+    }
+    // The plugins that cannot run without a configuration get one beside
+    // them, as an operator would give it.
+    for (lib, config) in [
+        ("model_fallback", r#"{"models": ["backup"]}"#),
+        ("schema_validation", r#"{"schema": {"type": "object"}}"#),
+        ("timeout", r#"{"timeout_ms": 1000}"#),
+        ("token_redact", r#"{"pattern": "sk-\\w+"}"#),
+    ] {
+        std::fs::write(dir.join(format!("{lib}.json")), config).unwrap();
+    }
+    let out = shallot(&["plugins", "list", "--plugins", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for filter in [
+        "approval",
+        "call-limit",
+        "final-answer",
+        "hold-release",
+        "logging",
+        "memory",
+        "model-fallback",
+        "safeguard",
+        "schema-validation",
+        "timeout",
+        "token-redact",
+        "tool-retry",
+        "tool-search",
+        "trace",
+        "validation",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(filter)),
+            "{filter} is not listed:\n{stdout}"
+        );
+    }
+}
