@@ -18,13 +18,18 @@ build-guests: setup
 build-polyglot:
     scripts/build-polyglot
 
-# Run every test.
+# Run every test (the memory tests need Debian's redis-server installed).
 test: build-guests build-polyglot
     cargo test
 
 # Measure a wasm layer against a native closure layer and a bare component call.
 bench: build-guests build-polyglot
     cargo bench -p shallot-bench
+
+# What each built-in plugin costs per call against the pass-through guest,
+# with its .wasm size.
+bench-plugins: build-guests
+    cargo bench -p shallot-bench --bench plugins
 
 # The gateway against a mock model server, directly and through LiteLLM
 # (installs wrk and LiteLLM on first use).

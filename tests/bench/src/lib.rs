@@ -90,17 +90,29 @@ impl ChatModel for Instant0 {
         _: &ChatRequest,
         _: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let token = ModelEvent::Token {
-            text: "ok".into(),
-            meta: None,
-        };
-        Ok(stream::iter([Ok(token), Ok(ModelEvent::Done(self.response.clone()))]).boxed())
+        let text = self.response.text();
+        let tokens: Vec<Result<ModelEvent, ChainError>> = text
+            .split_inclusive(' ')
+            .map(|word| {
+                Ok(ModelEvent::Token {
+                    text: word.to_owned(),
+                    meta: None,
+                })
+            })
+            .chain([Ok(ModelEvent::Done(self.response.clone()))])
+            .collect();
+        Ok(stream::iter(tokens).boxed())
     }
 }
 
 pub fn model() -> Instant0 {
+    model_saying("ok")
+}
+
+/// A model that answers `text` at once, streamed a word per token.
+pub fn model_saying(text: &str) -> Instant0 {
     Instant0 {
-        response: ChatResponse::new(Message::assistant("ok"), FinishReason::Complete),
+        response: ChatResponse::new(Message::assistant(text), FinishReason::Complete),
     }
 }
 
