@@ -151,7 +151,7 @@ fn kernel(rt: &Runtime, case: Option<&Case>) -> Kernel {
         builder = builder.tool(
             ToolSpec::new(
                 name,
-                &format!("{name} for the user"),
+                format!("{name} for the user"),
                 json!({ "type": "object" }),
             ),
             |args: Value, _| async move { Ok(args) },
