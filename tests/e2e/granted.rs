@@ -333,6 +333,23 @@ async fn approval_fails_closed_without_a_grant_or_a_handler() {
 }
 
 #[tokio::test]
+async fn an_approval_handler_that_panics_denies_and_the_host_goes_on() {
+    let panics: Answer = Box::new(|_: &ApprovalRequest| panic!("the handler broke"));
+    let (kernel, runs) = approving(json!({}), true, Some(panics)).await;
+    let output = kernel
+        .tool("delete", json!({}), Context::new())
+        .await
+        .unwrap();
+    not_approved(&output.output);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let output = kernel
+        .tool("list", json!({}), Context::new())
+        .await
+        .unwrap();
+    assert_eq!(output.output, "\"ran\"", "the kernel still works");
+}
+
+#[tokio::test]
 async fn approval_applies_its_timeout_action_when_the_handler_does_not_answer() {
     struct Never;
     #[async_trait::async_trait]

@@ -6,9 +6,12 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::FutureExt;
 
 use super::{HostState, json_object};
 use crate::onion::ApprovalRequest;
@@ -175,12 +178,21 @@ impl approval::Host for HostState {
         meter.enter_next();
         let timeout_ms = timeout_ms.min(APPROVAL_WAIT_CAP_MS);
         let wait = Duration::from_millis(timeout_ms.into());
-        let answer = tokio::time::timeout(wait, approver.approve(&request)).await;
+        // A handler that panics fails the question, not the host.
+        let asked = AssertUnwindSafe(approver.approve(&request)).catch_unwind();
+        let answer = tokio::time::timeout(wait, asked).await;
         meter.leave_next();
-        Ok(answer.map_err(|_| {
-            let message = format!("the approval handler did not answer within {timeout_ms} ms");
-            error(wit::ErrorKind::Timeout, message)
-        }))
+        Ok(match answer {
+            Ok(Ok(approved)) => Ok(approved),
+            Ok(Err(_)) => Err(error(
+                wit::ErrorKind::Internal,
+                "the approval handler failed",
+            )),
+            Err(_) => {
+                let message = format!("the approval handler did not answer within {timeout_ms} ms");
+                Err(error(wit::ErrorKind::Timeout, message))
+            }
+        })
     }
 }
 
