@@ -251,6 +251,12 @@ impl Kernel {
             .map(|entry| (&*entry.name, entry.hooks.as_slice()))
     }
 
+    /// Its wasm filters, outermost first (for their
+    /// [`stats`](WasmFilter::stats)).
+    pub fn wasm_filters(&self) -> impl Iterator<Item = &Arc<WasmFilter>> {
+        self.wasm.iter().flatten()
+    }
+
     /// The specs of the registered tools.
     pub fn tools(&self) -> Vec<ToolSpec> {
         self.tools.specs()

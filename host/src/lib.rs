@@ -73,7 +73,7 @@ pub use config::{
 };
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
-pub use gateway::{Gateway, GatewayConfig, Route};
+pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{
@@ -81,9 +81,9 @@ pub use onion::{
     Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    FilterSpec, Isolation, LoadError, LoadEvent, Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION,
-    WasmFilter, cache_state, compile as compile_plugin, configure as configure_filter,
-    read as read_plugin,
+    CallStats, FilterSpec, FilterStats, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS, Plugin,
+    PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state, compile as compile_plugin,
+    configure as configure_filter, read as read_plugin,
 };
 pub use sandbox::{Grants, Limits};
 pub use store::{ConversationStore, LOAD_LIMIT, open_store};

@@ -257,6 +257,11 @@ impl Meter {
         };
     }
 
+    /// The guest's own CPU time in the call so far.
+    pub(crate) fn spent(&self) -> Duration {
+        self.lock().cpu_at(Instant::now())
+    }
+
     /// The guest calls `next`: its clocks stop while inner layers run.
     pub(crate) fn enter_next(&self) {
         let now = Instant::now();

@@ -709,6 +709,49 @@ async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
 }
 
 #[tokio::test]
+async fn metrics_tell_each_filters_calls_own_time_errors_tokens_and_instances() {
+    let filters = vec![
+        spec("passthrough", "pass", json!(null)),
+        spec(
+            "misbehave",
+            "breaker",
+            json!({ "on": "chat", "do": "trap", "when": "boom" }),
+        ),
+    ];
+    let kernel = kernel(filters, ScriptedModel::answer("one two three")).await;
+    let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
+    let served = Served::gateway(gateway.clone()).await;
+    served.complete(ask("hi")).await;
+    served.stream(ask("hi")).await;
+    served.complete(ask("boom")).await;
+    let (_, metrics) = served.get("/metrics").await;
+    for line in [
+        r#"shallot_gateway_filter_calls_total{filter="pass",call="around-chat"} 3"#,
+        r#"shallot_gateway_filter_calls_total{filter="breaker",call="around-chat"} 3"#,
+        r#"shallot_gateway_filter_own_seconds_count{filter="pass",call="around-chat"} 3"#,
+        r#"shallot_gateway_filter_own_seconds_bucket{le="+Inf",filter="pass",call="around-chat"} 3"#,
+        r#"shallot_gateway_filter_errors_total{filter="breaker",call="around-chat",kind="plugin-fault"} 1"#,
+        r#"shallot_gateway_filter_instances{filter="pass",state="in_use"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    assert!(
+        !metrics.contains(r#"filter_errors_total{filter="pass""#),
+        "the failure is the breaker's own, not its outer layer's: {metrics}"
+    );
+    let tokens_in = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(r#"shallot_gateway_filter_tokens_total{filter="pass",direction="in"}"#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("tokens through the pass-through transformer");
+    assert!(tokens_in >= 1, "{metrics}");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loop() {
     let redact = spec(
         "token_redact",
@@ -826,5 +869,135 @@ async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    served.stop().await.unwrap();
+}
+
+/// Posts `text` to `served` in conversation `conversation` (the header);
+/// the answer's text.
+async fn say(served: &Served, conversation: &str, text: &str) -> String {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", served.base))
+        .header(shallot::CONVERSATION_HEADER, conversation)
+        .json(&ask(text))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn two_replicas_share_a_conversation_through_the_memory_filter_over_redis() {
+    let redis = shallot_tests::RedisServer::start();
+    let replica = |engine: shallot::Engine| {
+        let url = redis.url();
+        async move {
+            let (path, memory) = spec("memory", "memory", json!(null));
+            let grants = shallot::Grants {
+                memory: Some(url),
+                ..shallot::Grants::default()
+            };
+            let plugins = shallot_tests::load_in(
+                &engine,
+                vec![(path, shallot::FilterSpec { grants, ..memory })],
+            )
+            .await;
+            // Answers with how many messages it was sent.
+            let model = ScriptedModel::new(|_, request: &ChatRequest| {
+                Reply::Text(format!("saw {}", request.messages.len()))
+            });
+            let kernel = Kernel::builder()
+                .plugins(&plugins)
+                .model(model)
+                .build()
+                .unwrap();
+            Served::start(kernel, config()).await
+        }
+    };
+    // Two engines stand in for two processes behind a load balancer.
+    let a = replica(shallot::Engine::new(shallot::EngineConfig::default()).unwrap()).await;
+    let b = replica(shallot::Engine::new(shallot::EngineConfig::default()).unwrap()).await;
+    let conversation = format!("replicas-{}", std::process::id());
+    assert_eq!(say(&a, &conversation, "hi").await, "saw 1");
+    assert_eq!(
+        say(&b, &conversation, "and then?").await,
+        "saw 3",
+        "B sees what A stored"
+    );
+    assert_eq!(say(&a, &conversation, "so?").await, "saw 5");
+    let (status, body) = {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", a.base))
+            .header(shallot::CONVERSATION_HEADER, "bad id with spaces")
+            .json(&ask("x"))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    assert_eq!(status, 400, "{body}");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// Answers with the conversation id the filters see.
+struct WhichConversation;
+
+#[async_trait::async_trait]
+impl shallot::Filter for WhichConversation {
+    fn name(&self) -> &str {
+        "which-conversation"
+    }
+
+    async fn around_chat(
+        &self,
+        _: ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        let id = next.context().get("conversation_id").unwrap_or_default();
+        Ok(shallot::types::ChatResponse::new(
+            shallot::types::Message::assistant(id.to_string()),
+            shallot::types::FinishReason::Complete,
+        ))
+    }
+}
+
+#[tokio::test]
+async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
+    let kernel = Kernel::builder().filter(WhichConversation).build().unwrap();
+    let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
+    gateway.set_keys(vec![
+        shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
+        shallot::ClientKey::new("ops", None, "sk-ops"),
+    ]);
+    let served = Served::gateway(gateway).await;
+    let seen = |key: &'static str| {
+        let url = format!("{}/v1/chat/completions", served.base);
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(key)
+                .header(shallot::CONVERSATION_HEADER, "c-1")
+                .json(&ask("hi"))
+                .send()
+                .await
+                .unwrap();
+            let body: Value = response.json().await.unwrap();
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(seen("sk-billing").await, "\"acme/c-1\"");
+    assert_eq!(
+        seen("sk-ops").await,
+        "\"ops/c-1\"",
+        "a key without a tenant owns its own"
+    );
     served.stop().await.unwrap();
 }

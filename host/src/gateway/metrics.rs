@@ -1,6 +1,8 @@
 //! What `GET /metrics` tells Prometheus: requests by model, outcome and
 //! mode, their latency, tokens in and out, requests in progress and
-//! waiting, the filters served, and reloads.
+//! waiting, the filters served, and reloads; and per filter of the set
+//! being served, its calls, own CPU time and own errors by call, tokens
+//! through its transformer, and its instances ready and in use.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -9,6 +11,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::plugin::WasmFilter;
 use crate::types::Usage;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,6 +49,155 @@ struct Reload {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterCall {
+    filter: String,
+    call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterError {
+    filter: String,
+    call: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterDirection {
+    filter: String,
+    /// `in` or `out` of its transformer.
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterInstances {
+    filter: String,
+    /// `ready` or `in_use`.
+    state: &'static str,
+}
+
+/// The filters of the set being served, read at each scrape.
+#[derive(Default)]
+pub(super) struct Served(Mutex<Vec<Arc<WasmFilter>>>);
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the filters served")
+    }
+}
+
+impl Served {
+    /// Serves `filters` from now on (each once, though routes share them).
+    pub fn set<'a>(&self, filters: impl Iterator<Item = &'a Arc<WasmFilter>>) {
+        let mut unique: Vec<Arc<WasmFilter>> = Vec::new();
+        for filter in filters {
+            if !unique.iter().any(|f| Arc::ptr_eq(f, filter)) {
+                unique.push(filter.clone());
+            }
+        }
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = unique;
+    }
+}
+
+impl Collector for Served {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats: Vec<_> = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|f| f.stats())
+            .collect();
+        let mut calls = encoder.encode_descriptor(
+            "filter_calls",
+            "Calls into each filter served, by call (hook, token step, ...)",
+            None,
+            MetricType::Counter,
+        )?;
+        for filter in &stats {
+            for call in &filter.calls {
+                let labels = FilterCall {
+                    filter: filter.name.clone(),
+                    call: call.call.as_str(),
+                };
+                ConstCounter::new(call.count).encode(calls.encode_family(&labels)?)?;
+            }
+        }
+        let mut own = encoder.encode_descriptor(
+            "filter_own_seconds",
+            "Each filter's own CPU time per call (inner layers excluded)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for filter in &stats {
+            for call in &filter.calls {
+                let labels = FilterCall {
+                    filter: filter.name.clone(),
+                    call: call.call.as_str(),
+                };
+                own.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    call.own_seconds,
+                    call.count,
+                    &call.own_seconds_buckets,
+                    None,
+                )?;
+            }
+        }
+        let mut errors = encoder.encode_descriptor(
+            "filter_errors",
+            "Each filter's own failures (faults included, inner failures it passed on not), by call and kind",
+            None,
+            MetricType::Counter,
+        )?;
+        for filter in &stats {
+            for call in &filter.calls {
+                for (kind, n) in &call.errors {
+                    let labels = FilterError {
+                        filter: filter.name.clone(),
+                        call: call.call.as_str(),
+                        kind: kind.as_str(),
+                    };
+                    ConstCounter::new(*n).encode(errors.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut tokens = encoder.encode_descriptor(
+            "filter_tokens",
+            "Tokens into and out of each filter's token transformers",
+            None,
+            MetricType::Counter,
+        )?;
+        for filter in &stats {
+            for (direction, n) in [("in", filter.tokens_in), ("out", filter.tokens_out)] {
+                let labels = FilterDirection {
+                    filter: filter.name.clone(),
+                    direction,
+                };
+                ConstCounter::new(n).encode(tokens.encode_family(&labels)?)?;
+            }
+        }
+        let mut instances = encoder.encode_descriptor(
+            "filter_instances",
+            "Each filter's instances, ready for the next invoke or in use now",
+            None,
+            MetricType::Gauge,
+        )?;
+        for filter in &stats {
+            for (state, n) in [
+                ("ready", filter.instances_ready),
+                ("in_use", filter.instances_in_use),
+            ] {
+                let labels = FilterInstances {
+                    filter: filter.name.clone(),
+                    state,
+                };
+                ConstGauge::new(n as i64).encode(instances.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The gateway's metrics and their registry.
 pub(super) struct Metrics {
     registry: Registry,
@@ -48,6 +208,8 @@ pub(super) struct Metrics {
     pub waiting: Gauge,
     pub filters: Gauge,
     reloads: Family<Reload, Counter>,
+    /// The filters of the set being served, for the per-filter metrics.
+    pub served: Arc<Served>,
 }
 
 impl Metrics {
@@ -97,7 +259,10 @@ impl Metrics {
             "Reloads of the filter set, by outcome",
             reloads.clone(),
         );
+        let served = Arc::new(Served::default());
+        registry.register_collector(Box::new(served.clone()));
         Metrics {
+            served,
             registry,
             requests,
             latency,

@@ -55,6 +55,7 @@ use tracing::Instrument;
 
 use self::metrics::Metrics;
 use self::wire::{ApiError, CompletionRequest, Head};
+use crate::agent::CONVERSATION_ID;
 use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::kernel::Kernel;
@@ -218,10 +219,9 @@ impl Gateway {
         .counting_filters()
     }
 
-    /// Sets the filters gauge to the set being served.
+    /// Points the filter metrics at the set being served.
     fn counting_filters(self) -> Self {
-        let filters = self.shared.served().filters();
-        self.shared.metrics.filters.set(filters as i64);
+        self.shared.count_filters();
         self
     }
 
@@ -238,8 +238,7 @@ impl Gateway {
         reloads.last_error = None;
         drop(reloads);
         self.shared.metrics.reload(true);
-        let filters = self.shared.served().filters();
-        self.shared.metrics.filters.set(filters as i64);
+        self.shared.count_filters();
     }
 
     /// Requires every `/v1` request to present one of `keys` (`Authorization:
@@ -326,6 +325,15 @@ impl Shared {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Points the filters gauge and the per-filter metrics at the set
+    /// being served.
+    fn count_filters(&self) {
+        let served = self.served();
+        self.metrics.filters.set(served.filters() as i64);
+        let filters = served.routes.iter().flat_map(|r| r.kernel.wasm_filters());
+        self.metrics.served.set(filters);
     }
 
     fn reloads(&self) -> MutexGuard<'_, Reloads> {
@@ -495,6 +503,16 @@ async fn complete(
         if let Some(tenant) = &key.tenant {
             context = context.with("tenant", tenant.as_str());
         }
+    }
+    if let Some(conversation) = conversation(headers)? {
+        // Behind keys, a conversation belongs to the tenant (or the key):
+        // a client cannot name its way into another tenant's.
+        let owner = key.map(|k| k.tenant.as_deref().unwrap_or(&k.name));
+        let id = match owner {
+            Some(owner) => format!("{owner}/{conversation}"),
+            None => conversation.to_owned(),
+        };
+        context = context.with(CONVERSATION_ID, id);
     }
     let head = Head::new(&route.model);
     tracing::Span::current().record("id", head.id.as_str());
@@ -699,6 +717,29 @@ impl Answer {
         Ok(Sse::new(body)
             .keep_alive(KeepAlive::default())
             .into_response())
+    }
+}
+
+/// The header a client names a conversation with, for filters that keep
+/// conversations server-side (`memory`): the client then sends only the
+/// new messages, and any replica sharing the store can answer. Behind
+/// client keys the conversation id filters see is `<tenant>/<id>` (the
+/// key's name when it has no tenant), so tenants never share one.
+pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
+
+/// The conversation a request names, if any: 1 to 256 printable ASCII
+/// characters.
+fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(CONVERSATION_HEADER) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(id) if !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(id))
+        }
+        _ => Err(ApiError::invalid(format!(
+            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters"
+        ))),
     }
 }
 

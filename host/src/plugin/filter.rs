@@ -9,11 +9,13 @@ use tokio::sync::Semaphore;
 use wasmtime::component::ResourceAny;
 
 use futures::future::BoxFuture;
+use tracing::Instrument;
 
 use super::Plugin;
 use super::admission::Leased;
 use super::host::Scope;
 use super::instance::{Blueprint, Description, Feed, FilterInstance, WasmChain};
+use super::stats::FilterStats;
 use crate::engine::Engine;
 use crate::onion::{Chat, Fctx, Guest, GuestTransform, Hook, Invoke, Next, Tool, Turn};
 use crate::sandbox::{self, Grants, Limits};
@@ -138,6 +140,24 @@ impl WasmFilter {
     /// The capabilities granted.
     pub fn grants(&self) -> &Grants {
         &self.blueprint.grants
+    }
+
+    /// What it did so far: calls and its own CPU time by call, its own
+    /// errors by kind, tokens through its transformers, and its
+    /// instances ready and in use now. Starts from zero for each loaded
+    /// filter (a reload makes new ones).
+    pub fn stats(&self) -> FilterStats {
+        let stats = &self.blueprint.identity.stats;
+        let (tokens_in, tokens_out) = stats.token_counts();
+        let quota = self.blueprint.limits.instances as usize;
+        FilterStats {
+            name: self.name.to_string(),
+            calls: stats.calls(),
+            tokens_in,
+            tokens_out,
+            instances_ready: self.spares().ready.len(),
+            instances_in_use: quota.saturating_sub(self.quota.available_permits()),
+        }
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -275,12 +295,22 @@ impl WasmFilter {
         // The call's future is built in place in each branch: held in a
         // local and handed on, it would be stored twice in this future,
         // which every layer moves into its box.
+        // A span per filter call (debug level: free unless a subscriber
+        // wants it), inside the request's span.
+        let call: Call = K::HOOK.into();
+        let span = tracing::debug_span!("filter", name = &*self.name, call = call.as_str());
         let result = match self.blueprint.limits.timeout() {
-            None => leased.instance().around::<K>(id, request, next).await,
+            None => {
+                leased
+                    .instance()
+                    .around::<K>(id, request, next)
+                    .instrument(span)
+                    .await
+            }
             Some(timeout) => {
                 let call = leased.instance().around::<K>(id, request, next);
                 self.bounded(
-                    Box::pin(tokio::time::timeout(timeout, call)),
+                    Box::pin(tokio::time::timeout(timeout, call).instrument(span)),
                     K::HOOK.into(),
                 )
                 .await

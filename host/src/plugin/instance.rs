@@ -167,7 +167,13 @@ impl FilterInstance {
     /// a wasmtime error into a fault.
     fn end<T>(&mut self, result: wasmtime::Result<T>, call: Call) -> Result<T, ChainError> {
         self.store.data_mut().leave(result.is_err());
-        result.map_err(|e| self.fault(e, call))
+        let stats = &self.store.data().identity.stats;
+        stats.called(call, self.meter().spent());
+        result.map_err(|e| {
+            let fault = self.fault(e, call);
+            self.store.data().identity.stats.failed(call, fault.kind);
+            fault
+        })
     }
 
     /// Runs the system-prompt hook for `invoke`, as filter `id`.
@@ -216,6 +222,10 @@ impl FilterInstance {
         let meter = self.meter();
         let api = self.exports.shallot_filter_token_filter();
         let api = api.token_transformer();
+        let taken = match &feed {
+            Feed::Step(tokens) => tokens.len(),
+            Feed::Flush(_) => 0,
+        };
         let (call, result) = match feed {
             Feed::Step(tokens) => {
                 let batch = convert::token_batch(tokens);
@@ -231,6 +241,8 @@ impl FilterInstance {
         match self.end(result, call)? {
             Ok(batch) => {
                 let batch = TokenBatch::from(batch);
+                let stats = &self.store.data().identity.stats;
+                stats.tokens(taken, batch.len());
                 if batch.weight() > self.store.data().limits.host_bytes() {
                     return Err(self.fault(wasmtime::Error::new(HostMemoryExceeded), call));
                 }

@@ -14,6 +14,7 @@ use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
 use super::host::{Granted, HostState, Identity};
 use super::instance::{Blueprint, FilterInstance};
+use super::stats::Stats;
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
 use crate::sandbox::{Grants, Limits};
@@ -472,6 +473,7 @@ pub async fn configure(
         identity: Arc::new(Identity {
             name: provisional.into(),
             plugin: plugin.path.clone(),
+            stats: Stats::default(),
         }),
         limits,
         grants: spec.grants,
@@ -516,6 +518,7 @@ pub async fn configure(
     blueprint.identity = Arc::new(Identity {
         name: name.clone(),
         plugin: plugin.path.clone(),
+        stats: Stats::default(),
     });
     Ok(Arc::new(WasmFilter::new(
         name,

@@ -6,7 +6,7 @@
 //! [`Guest`](crate::onion::Guest) of the onion) and `instance` one of its
 //! instances, which `admission` reserves for invokes and hands to their
 //! calls; `host` is what an instance imports; `convert` maps WIT types to
-//! ours.
+//! ours; `stats` counts what each filter did.
 
 mod admission;
 pub(crate) mod bindings;
@@ -16,6 +16,7 @@ pub(crate) mod host;
 mod instance;
 mod loader;
 mod set;
+mod stats;
 
 pub(crate) use admission::{CallKind, admit, need};
 pub use filter::{Isolation, WasmFilter};
@@ -24,3 +25,4 @@ pub use loader::{
     FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
 };
 pub use set::{LoadEvent, PluginSet};
+pub use stats::{CallStats, FilterStats, OWN_TIME_BUCKETS};

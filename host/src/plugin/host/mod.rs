@@ -37,6 +37,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::types as wit;
 use super::convert;
+use super::stats::Stats;
 use crate::onion::{Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
@@ -50,6 +51,8 @@ pub(crate) use granted::Granted;
 pub(crate) struct Identity {
     pub name: Arc<str>,
     pub plugin: Arc<Path>,
+    /// What the filter did so far, shared by its instances.
+    pub stats: Stats,
 }
 
 impl Identity {
@@ -258,7 +261,9 @@ impl HostState {
             return inner.clone();
         }
         let message = sandbox::printable(&error.message, TEXT_CAP);
-        ChainError::new(error.kind.into(), message).at(self.identity.origin(call))
+        let error = ChainError::new(error.kind.into(), message).at(self.identity.origin(call));
+        self.identity.stats.failed(call, error.kind);
+        error
     }
 }
 
@@ -314,12 +319,14 @@ mod tests {
         let identity = Arc::new(Identity {
             name: "outer".into(),
             plugin: Arc::from(Path::new("outer.wasm")),
+            stats: Stats::default(),
         });
         let confinement = Confinement::new(&limits, &Grants::default());
         let mut state = HostState::new(identity, limits, confinement, declares, Granted::default());
         let origin = Identity {
             name: "inner".into(),
             plugin: Arc::from(Path::new("inner.wasm")),
+            stats: Stats::default(),
         }
         .origin(Call::AroundChat);
         for (nth, message) in [(1, "first"), (2, "second")] {
