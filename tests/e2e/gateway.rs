@@ -1001,3 +1001,59 @@ async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
     );
     served.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_cut() {
+    let tokens: Vec<String> = (0..100).map(|i| format!("t{i} ")).collect();
+    let model = ScriptedModel::new(move |_, request: &ChatRequest| {
+        if request.messages[0].text() == "slow json" {
+            Reply::Slow(Duration::from_secs(30), "late".into())
+        } else {
+            Reply::Paced(tokens.clone(), Duration::from_millis(100))
+        }
+    });
+    let kernel = kernel(vec![], model).await;
+    let config = GatewayConfig {
+        drain_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let served = Served::start(kernel, config).await;
+    let json = served.in_flight(ask("slow json"));
+    let url = format!("{}/v1/chat/completions", served.base);
+    let stream = tokio::spawn(async move {
+        let mut request = ask("stream");
+        request["stream"] = json!(true);
+        let response = reqwest::Client::new()
+            .post(url)
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        response.text().await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    served.stop().await.unwrap();
+    let body = stream.await.unwrap();
+    let events: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert!(events.len() > 2, "the stream had started: {body}");
+    assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
+    let error: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "an error event before [DONE]: {body}"
+    );
+    let answer = json.await.unwrap();
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{answer}"
+    );
+}

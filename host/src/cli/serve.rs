@@ -58,7 +58,9 @@ pub(crate) struct ServeArgs {
     /// error event in a stream).
     #[arg(long, value_name = "MS", default_value_t = 300_000)]
     request_timeout_ms: u64,
-    /// On SIGTERM or Ctrl-C, how long requests in flight get to finish.
+    /// On SIGTERM or Ctrl-C, how long requests in flight get to finish
+    /// (those still running then end with an error, a stream with an error
+    /// event).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     drain_timeout_ms: u64,
 }

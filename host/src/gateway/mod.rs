@@ -119,6 +119,10 @@ struct Shared {
     /// Swaps so far, and the last reload that failed since the last swap.
     reloads: Mutex<Reloads>,
     metrics: Metrics,
+    /// Set when the drain after a shutdown runs out: answers still in
+    /// flight end with an error (a stream with an error event), never
+    /// silently cut.
+    cut: tokio::sync::watch::Sender<bool>,
 }
 
 /// One model a gateway serves: the name clients ask for, the kernel (the
@@ -213,6 +217,7 @@ impl Gateway {
                 }),
                 reloads: Mutex::new(Reloads::default()),
                 metrics: Metrics::new(),
+                cut: tokio::sync::watch::Sender::new(false),
                 config,
             }),
         }
@@ -263,7 +268,9 @@ impl Gateway {
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
-    /// and gives the requests in flight `drain_timeout` to finish.
+    /// and gives the requests in flight `drain_timeout` to finish; those
+    /// still running then end with an error (a stream with an error event
+    /// before `[DONE]`), within a second more.
     pub async fn serve(
         &self,
         listener: TcpListener,
@@ -312,14 +319,33 @@ impl Gateway {
                 let _ = stopped.await;
                 tokio::time::sleep(drain).await;
             } => {
-                tracing::warn!("requests still in flight after the {drain:?} drain; stopping anyway");
-                Ok(())
+                tracing::warn!("requests still in flight after the {drain:?} drain; ending them with an error");
+                self.shared.cut.send_replace(true);
+                // Their error answers (events) go out, then the server stops.
+                tokio::time::timeout(CUT_GRACE, &mut server).await.unwrap_or(Ok(()))
             }
         }
     }
 }
 
+/// How long answers cut at the end of a drain get to send their error.
+const CUT_GRACE: Duration = Duration::from_secs(1);
+
 impl Shared {
+    /// Resolves when the drain runs out.
+    async fn cut(&self) {
+        let mut cut = self.cut.subscribe();
+        let _ = cut.wait_for(|cut| *cut).await;
+    }
+
+    /// The error an answer cut at the end of the drain ends with.
+    fn cut_error() -> ChainError {
+        ChainError::new(
+            ErrorKind::Transient,
+            "the gateway is shutting down and the answer did not finish in time; retry it",
+        )
+    }
+
     fn served(&self) -> Served {
         self.served
             .read()
@@ -662,10 +688,13 @@ impl Answer {
             let delivered = self.delivered(&response).await?;
             Ok(self.head.completion(&response, delivered))
         };
-        let answer = tokio::time::timeout(self.deadline, answer)
-            .await
-            .unwrap_or_else(|_| Err(self.timed_out()))
-            .map_err(|e| ApiError::chain(&e))?;
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(self.deadline, answer) => {
+                answer.unwrap_or_else(|_| Err(self.timed_out()))
+            }
+            () = self.shared.cut() => Err(Shared::cut_error()),
+        }
+        .map_err(|e| ApiError::chain(&e))?;
         Ok(axum::Json(answer).into_response())
     }
 
@@ -692,7 +721,10 @@ impl Answer {
             }
         };
         tokio::spawn(chatting.instrument(span));
-        let first = events.recv().await;
+        let first = tokio::select! {
+            first = events.recv() => first,
+            () = self.shared.cut() => Some(Streamed::Done(Err(Shared::cut_error()))),
+        };
         if let Some(Streamed::Done(Err(error))) = &first {
             return Err(ApiError::chain(error));
         }
@@ -808,7 +840,10 @@ impl Chunks {
         }
         let event = match self.pending.take() {
             Some(event) => Some(event),
-            None => self.events.recv().await,
+            None => tokio::select! {
+                event = self.events.recv() => event,
+                () = self.answer.shared.cut() => Some(Streamed::Done(Err(Shared::cut_error()))),
+            },
         };
         let chunks = match event {
             Some(Streamed::Tokens(text)) => {
