@@ -75,6 +75,8 @@ async fn main() {
         at(0.9),
         at(0.99),
         at(0.999),
-        latencies.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+        latencies
+            .last()
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
     );
 }
