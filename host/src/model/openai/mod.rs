@@ -160,7 +160,13 @@ impl OpenAiModel {
                 return Err(error);
             }
             let backoff = Duration::from_millis(250 << attempt.min(6));
-            tokio::time::sleep(retry_after.unwrap_or(backoff).min(MAX_WAIT)).await;
+            let wait = retry_after.unwrap_or(backoff).min(MAX_WAIT);
+            tracing::warn!(
+                attempt = attempt + 1,
+                wait_ms = wait.as_millis() as u64,
+                "the model server failed ({error}); retrying"
+            );
+            tokio::time::sleep(wait).await;
             attempt += 1;
         }
     }

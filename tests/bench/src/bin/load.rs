@@ -3,9 +3,10 @@
 //! server's pace, each timed from when it was due (so a stall shows in the
 //! latencies instead of slowing the load: no coordinated omission).
 //!
-//! `load URL RATE SECONDS [json|sse]` posts a one-message chat completion
-//! to `URL` (a `/v1/chat/completions` endpoint) RATE times a second for
-//! SECONDS, and prints `sent ok failed p50 p90 p99 p999 max` (ms).
+//! `load URL RATE SECONDS [json|sse] [MODEL]` posts a one-message chat
+//! completion for MODEL (`mock` by default) to `URL` (a
+//! `/v1/chat/completions` endpoint) RATE times a second for SECONDS, and
+//! prints `sent ok failed p50 p90 p99 p999 max` (ms).
 
 use std::time::{Duration, Instant};
 
@@ -15,14 +16,15 @@ use tokio::sync::mpsc;
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, rate, seconds, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: load URL RATE SECONDS [json|sse]");
+        eprintln!("usage: load URL RATE SECONDS [json|sse] [MODEL]");
         std::process::exit(2);
     };
     let rate: u64 = rate.parse().expect("RATE is requests per second");
     let seconds: u64 = seconds.parse().expect("SECONDS is a whole number");
     let stream = rest.first().map(String::as_str) == Some("sse");
+    let model = rest.get(1).map_or("mock", String::as_str);
     let body = format!(
-        r#"{{"model":"mock","stream":{stream},"messages":[{{"role":"user","content":"What is the answer?"}}]}}"#
+        r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"What is the answer?"}}]}}"#
     );
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(4096)

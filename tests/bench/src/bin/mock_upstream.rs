@@ -38,5 +38,10 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(&address).await?;
     eprintln!("mock upstream: http://{address}/v1");
     let app = Router::new().route("/v1/chat/completions", post(complete));
+    // As a real model server on a fast network would: answers go out as
+    // they are written, not held for the client's delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |connection| {
+        let _ = connection.set_nodelay(true);
+    });
     axum::serve(listener, app).await
 }
