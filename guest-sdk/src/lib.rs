@@ -108,4 +108,4 @@ pub use fctx::Fctx;
 pub use filter::Filter;
 pub use granted::{approval, memory, timer, trace};
 pub use shallot_guest_macro::filter;
-pub use tokens::{PassThrough, Token, TokenOut, TokenTransform, Tokens, stream_end};
+pub use tokens::{HeldTokens, PassThrough, Token, TokenOut, TokenTransform, Tokens, stream_end};

@@ -119,6 +119,34 @@ impl TokenOut {
     }
 }
 
+/// Tokens a transform holds back, in order with their metadata, to
+/// release later as they were (or to drop, or replace).
+#[derive(Debug, Default)]
+pub struct HeldTokens(Vec<(String, Option<String>)>);
+
+impl HeldTokens {
+    /// Holds every token of `tokens`.
+    pub fn hold(&mut self, tokens: &Tokens) {
+        self.0.extend(
+            tokens
+                .iter()
+                .map(|t| (t.text.to_owned(), t.meta.map(str::to_owned))),
+        );
+    }
+
+    /// The text held, joined.
+    pub fn text(&self) -> String {
+        self.0.iter().map(|(text, _)| text.as_str()).collect()
+    }
+
+    /// Emits the held tokens as they came, and holds none.
+    pub fn release(&mut self, out: &mut TokenOut) {
+        for (text, meta) in self.0.drain(..) {
+            out.push(&text, meta.as_deref());
+        }
+    }
+}
+
 /// A token transform for one model stream. It may keep state in `self`
 /// (a buffer, a window): a fresh value is made for every stream.
 pub trait TokenTransform {

@@ -30,6 +30,8 @@
 //! }
 //! ```
 
+use serde::Deserialize;
+
 use crate::{Message, TurnDone, TurnRequest, TurnResult, next};
 
 /// The default feedback: what the model is told when its answer failed a
@@ -38,6 +40,36 @@ pub fn feedback(reason: &str) -> String {
     format!(
         "Your previous answer did not pass validation: {reason}. Please correct it and answer again."
     )
+}
+
+/// An operator's feedback option: a template in which `{reason}` is
+/// replaced by what failed (refused when it has no `{reason}`), or, when
+/// not given, the default [`feedback`]. Use it as a config field with
+/// `#[serde(default)]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Feedback(Option<String>);
+
+impl TryFrom<String> for Feedback {
+    type Error = String;
+
+    fn try_from(template: String) -> Result<Self, String> {
+        if template.contains("{reason}") {
+            Ok(Feedback(Some(template)))
+        } else {
+            Err("feedback must contain {reason}".to_owned())
+        }
+    }
+}
+
+impl Feedback {
+    /// The message for `reason`.
+    pub fn message(&self, reason: &str) -> String {
+        match &self.0 {
+            Some(template) => template.replace("{reason}", reason),
+            None => feedback(reason),
+        }
+    }
 }
 
 /// Runs the turn through `next` and checks a finished one with `check`.

@@ -244,14 +244,7 @@ async fn the_failure_passed_on_is_the_one_it_names_not_the_last() {
         (error.kind, error.message.as_str()),
         (ErrorKind::Transient, "first")
     );
-    assert!(
-        error
-            .origin
-            .as_ref()
-            .is_none_or(|o| &*o.filter != "retrier"),
-        "the model's failure, passed on: {:?}",
-        error.origin
-    );
+    shallot_tests::assert_passed_on(&error, "retrier");
 }
 
 fn adder() -> (

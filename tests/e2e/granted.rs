@@ -77,13 +77,7 @@ async fn tool_retry_retries_a_transient_failure_and_returns_the_last_one_when_ex
         (error.kind, error.message.as_str()),
         (ErrorKind::Timeout, "failure 4")
     );
-    assert!(
-        error
-            .origin
-            .as_ref()
-            .is_none_or(|o| &*o.filter != "tool-retry"),
-        "the tool's failure, kept as it was: {error}"
-    );
+    shallot_tests::assert_passed_on(&error, "tool-retry");
     assert_eq!(runs.load(Ordering::SeqCst), 4);
 }
 
@@ -91,12 +85,9 @@ async fn tool_retry_retries_a_transient_failure_and_returns_the_last_one_when_ex
 async fn tool_retry_recovers_when_a_retry_works_and_leaves_success_and_other_errors_alone() {
     let filter = || retry(json!({ "initial_delay_ms": 0 }));
     let (kernel, runs) = flaky(filter(), ErrorKind::Transient, 2).await;
-    let output = kernel
-        .tool("flaky", json!({}), Context::new())
-        .await
-        .unwrap();
+    let output = call(&kernel, "flaky", json!({})).await;
     assert_eq!(
-        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        (output.as_str(), runs.load(Ordering::SeqCst)),
         ("\"ok\"", 3)
     );
     let (kernel, runs) = flaky(filter(), ErrorKind::Transient, 0).await;
@@ -136,12 +127,9 @@ async fn tool_retry_waits_through_the_granted_timer_and_not_on_its_own_wall_cloc
         1,
     )
     .await;
-    let output = kernel
-        .tool("flaky", json!({}), Context::new())
-        .await
-        .unwrap();
+    let output = call(&kernel, "flaky", json!({})).await;
     assert_eq!(
-        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        (output.as_str(), runs.load(Ordering::SeqCst)),
         ("\"ok\"", 2)
     );
 }
@@ -194,7 +182,7 @@ async fn tool_retry_refuses_a_bad_configuration_at_load() {
 async fn approving(
     config: Value,
     grant: bool,
-    approver: Option<Answer>,
+    approver: Option<impl shallot::Approver>,
 ) -> (Kernel, Arc<AtomicUsize>) {
     let filter = granted(
         spec("approval", "approval", config),
@@ -223,6 +211,12 @@ async fn approving(
     (builder.build().unwrap(), runs)
 }
 
+/// Calls `tool` through `kernel`'s tool chain; its output.
+async fn call(kernel: &Kernel, tool: &str, arguments: Value) -> String {
+    let response = kernel.tool(tool, arguments, Context::new()).await;
+    response.unwrap().output
+}
+
 fn not_approved(output: &str) -> Value {
     let value: Value = serde_json::from_str(output).unwrap();
     assert_eq!(value["error"]["type"], "not_approved", "{value}");
@@ -231,24 +225,18 @@ fn not_approved(output: &str) -> Value {
 
 #[tokio::test]
 async fn i5_approval_denies_a_sensitive_tool_with_a_result_the_model_sees() {
-    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None).await;
-    let output = kernel
-        .tool("delete", json!({}), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(not_approved(&output.output)["error"]["tool"], "delete");
+    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None::<Answer>).await;
+    let output = call(&kernel, "delete", json!({})).await;
+    assert_eq!(not_approved(&output)["error"]["tool"], "delete");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the tool never ran");
 }
 
 #[tokio::test]
 async fn i6_approval_lets_other_tools_run_untouched() {
-    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None).await;
-    let output = kernel
-        .tool("list", json!({}), Context::new())
-        .await
-        .unwrap();
+    let (kernel, runs) = approving(json!({ "default": "deny" }), false, None::<Answer>).await;
+    let output = call(&kernel, "list", json!({})).await;
     assert_eq!(
-        (output.output.as_str(), runs.load(Ordering::SeqCst)),
+        (output.as_str(), runs.load(Ordering::SeqCst)),
         ("\"ran\"", 1)
     );
 }
@@ -266,17 +254,11 @@ async fn i7_approval_runs_a_sensitive_tool_the_handler_approves() {
         request.arguments["path"] == "/tmp/x"
     });
     let (kernel, runs) = approving(json!({}), true, Some(approver)).await;
-    let output = kernel
-        .tool("delete", json!({ "path": "/tmp/x" }), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(output.output, "\"done\"");
-    let output = kernel
-        .tool("delete", json!({ "path": "/" }), Context::new())
-        .await
-        .unwrap();
+    let output = call(&kernel, "delete", json!({ "path": "/tmp/x" })).await;
+    assert_eq!(output, "\"done\"");
+    let output = call(&kernel, "delete", json!({ "path": "/" })).await;
     assert!(
-        not_approved(&output.output)["error"]["message"]
+        not_approved(&output)["error"]["message"]
             .as_str()
             .unwrap()
             .contains("denied by the approval handler")
@@ -303,16 +285,10 @@ async fn approval_rules_decide_by_tool_name_and_argument_pattern_before_asking()
         ],
     });
     let (kernel, runs) = approving(config, true, Some(never)).await;
-    let output = kernel
-        .tool("delete", json!({ "path": "/tmp/a" }), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(output.output, "\"done\"");
-    let output = kernel
-        .tool("delete", json!({ "path": "/etc" }), Context::new())
-        .await
-        .unwrap();
-    not_approved(&output.output);
+    let output = call(&kernel, "delete", json!({ "path": "/tmp/a" })).await;
+    assert_eq!(output, "\"done\"");
+    let output = call(&kernel, "delete", json!({ "path": "/etc" })).await;
+    not_approved(&output);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -323,11 +299,8 @@ async fn approval_fails_closed_without_a_grant_or_a_handler() {
         (true, None),
     ] {
         let (kernel, runs) = approving(json!({ "default": "ask" }), grant, approver).await;
-        let output = kernel
-            .tool("delete", json!({}), Context::new())
-            .await
-            .unwrap();
-        not_approved(&output.output);
+        let output = call(&kernel, "delete", json!({})).await;
+        not_approved(&output);
         assert_eq!(runs.load(Ordering::SeqCst), 0, "grant {grant}");
     }
 }
@@ -336,17 +309,11 @@ async fn approval_fails_closed_without_a_grant_or_a_handler() {
 async fn an_approval_handler_that_panics_denies_and_the_host_goes_on() {
     let panics: Answer = Box::new(|_: &ApprovalRequest| panic!("the handler broke"));
     let (kernel, runs) = approving(json!({}), true, Some(panics)).await;
-    let output = kernel
-        .tool("delete", json!({}), Context::new())
-        .await
-        .unwrap();
-    not_approved(&output.output);
+    let output = call(&kernel, "delete", json!({})).await;
+    not_approved(&output);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    let output = kernel
-        .tool("list", json!({}), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(output.output, "\"ran\"", "the kernel still works");
+    let output = call(&kernel, "list", json!({})).await;
+    assert_eq!(output, "\"ran\"", "the kernel still works");
 }
 
 #[tokio::test]
@@ -359,41 +326,14 @@ async fn approval_applies_its_timeout_action_when_the_handler_does_not_answer() 
         }
     }
     for (action, runs_expected) in [("deny", 0), ("allow", 1)] {
-        let filter = granted(
-            spec(
-                "approval",
-                "approval",
-                json!({ "timeout_ms": 50, "on_timeout": action }),
-            ),
-            Grants {
-                approval: true,
-                ..Grants::default()
-            },
-        );
-        let plugins = load(vec![filter]).await;
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counted = runs.clone();
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .approver(Never)
-            .tool(
-                ToolSpec::new("delete", "", json!({ "type": "object" })).sensitive(),
-                move |_: Value, _| {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    async { Ok(json!("done")) }
-                },
-            )
-            .build()
-            .unwrap();
-        let output = kernel
-            .tool("delete", json!({}), Context::new())
-            .await
-            .unwrap();
+        let config = json!({ "timeout_ms": 50, "on_timeout": action });
+        let (kernel, runs) = approving(config, true, Some(Never)).await;
+        let output = call(&kernel, "delete", json!({})).await;
         assert_eq!(
             runs.load(Ordering::SeqCst),
             runs_expected,
             "{action}: {}",
-            output.output
+            output
         );
     }
 }

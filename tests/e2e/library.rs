@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, FinishReason, TurnResult};
 use shallot::{ChainError, Context, ErrorKind, Kernel};
-use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+use shallot_tests::{Reply, ScriptedModel, ask, load, spec};
 
 use crate::agent::{done, go, texts};
 use crate::builtins::refused;
@@ -90,13 +90,7 @@ async fn model_fallback_returns_the_last_failure_as_it_was_when_every_model_fail
         (error.kind, error.message.as_str()),
         (ErrorKind::Transient, "failure 3")
     );
-    assert!(
-        error
-            .origin
-            .as_ref()
-            .is_none_or(|o| &*o.filter != "model-fallback"),
-        "the model's failure, not the filter's: {error}"
-    );
+    shallot_tests::assert_passed_on(&error, "model-fallback");
     assert_eq!(model.calls(), 3);
 }
 
@@ -135,10 +129,14 @@ async fn model_fallback_refuses_a_bad_configuration_at_load() {
     }
 }
 
-/// A turn through `validation` with `config` over a model that answers
-/// `answers` in order (the last one again after them).
-async fn validated(config: Value, answers: &[&str]) -> (TurnResult, ScriptedModel) {
-    let plugins = load(vec![spec("validation", "validation", config)]).await;
+/// A turn ("MY-QUESTION") through `filter` over a model that answers
+/// `answers` in order (the last one again after them): the result and
+/// the model.
+pub(crate) async fn answered(
+    filter: (std::path::PathBuf, shallot::FilterSpec),
+    answers: &[&str],
+) -> (TurnResult, ScriptedModel) {
+    let plugins = load(vec![filter]).await;
     let answers: Vec<String> = answers.iter().map(|a| a.to_string()).collect();
     let model = ScriptedModel::new(move |call, _: &ChatRequest| {
         Reply::Text(answers[(call - 1).min(answers.len() - 1)].clone())
@@ -149,6 +147,10 @@ async fn validated(config: Value, answers: &[&str]) -> (TurnResult, ScriptedMode
         .build()
         .unwrap();
     (kernel.turn(go("MY-QUESTION"), Context::new()).await, model)
+}
+
+async fn validated(config: Value, answers: &[&str]) -> (TurnResult, ScriptedModel) {
+    answered(spec("validation", "validation", config), answers).await
 }
 
 #[tokio::test]
@@ -239,18 +241,9 @@ async fn held(
     config: Value,
     tokens: Vec<(String, Option<String>)>,
 ) -> (Vec<(String, Option<String>)>, String) {
-    let plugins = load(vec![spec("hold_release", "hold-release", config)]).await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::replies(vec![Reply::Tokens(tokens)]))
-        .build()
-        .unwrap();
-    let sink = Collector::default();
-    let response = kernel
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .unwrap();
-    (sink.tokens_with_meta(), response.text())
+    let filters = vec![spec("hold_release", "hold-release", config)];
+    let (answer, sink) = shallot_tests::stream(filters, Reply::Tokens(tokens)).await;
+    (sink.tokens_with_meta(), answer.unwrap())
 }
 
 fn token(text: &str, meta: Option<&str>) -> (String, Option<String>) {

@@ -51,6 +51,11 @@ async fn kernel(filters: Vec<(PathBuf, FilterSpec)>, model: ScriptedModel) -> Ke
         .unwrap()
 }
 
+/// What the in-process store holds of conversation `c`.
+async fn stored(c: &str) -> Vec<Message> {
+    open_store(":memory:").await.unwrap().load(c).await.unwrap()
+}
+
 fn roles(messages: &[Message]) -> Vec<Role> {
     messages.iter().map(|m| m.role).collect()
 }
@@ -126,55 +131,33 @@ async fn m10_without_a_conversation_id_it_passes_through_and_stores_nothing() {
 async fn m2_m3_the_window_keeps_system_messages_and_drops_orphan_tool_results() {
     let store = open_store(":memory:").await.unwrap();
     let model = ScriptedModel::answer("ok");
-    let kernel = kernel(
-        vec![memory_filter(json!({ "window": 2 }), ":memory:")],
-        model.clone(),
-    )
-    .await;
-    let c = conversation("m2");
-    store
-        .append(
-            &c,
-            &[
-                Message::system("Sys"),
-                Message::user("U1"),
-                Message::assistant("A1"),
-            ],
-        )
-        .await
-        .unwrap();
-    kernel
-        .chat(
-            ChatRequest::new(vec![Message::user("U2")]),
-            Context::new().with("conversation_id", c.as_str()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(texts(&model.requests()[0].messages), ["Sys", "A1", "U2"]);
+    let filter = memory_filter(json!({ "window": 2 }), ":memory:");
+    let kernel = kernel(vec![filter], model.clone()).await;
+    // What the model sees of a conversation holding `stored`, asked "U2".
+    let sees = async |stored: Vec<Message>| {
+        let c = conversation("window");
+        store.append(&c, &stored).await.unwrap();
+        let context = Context::new().with("conversation_id", c.as_str());
+        let request = ChatRequest::new(vec![Message::user("U2")]);
+        kernel.chat(request, context).await.unwrap();
+        let seen = texts(&model.requests().last().unwrap().messages);
+        (seen, store.load(&c).await.unwrap().len())
+    };
+    let m2 = vec![
+        Message::system("Sys"),
+        Message::user("U1"),
+        Message::assistant("A1"),
+    ];
     assert_eq!(
-        store.load(&c).await.unwrap().len(),
-        5,
-        "the store keeps everything"
+        sees(m2).await,
+        (vec!["Sys".into(), "A1".into(), "U2".into()], 5),
+        "the store keeps all"
     );
-    let c = conversation("m3");
-    store
-        .append(
-            &c,
-            &[
-                Message::assistant("A1"),
-                Message::tool_result("t1", "\"T1\""),
-            ],
-        )
-        .await
-        .unwrap();
-    kernel
-        .chat(
-            ChatRequest::new(vec![Message::user("U2")]),
-            Context::new().with("conversation_id", c.as_str()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(texts(&model.requests()[1].messages), ["U2"]);
+    let m3 = vec![
+        Message::assistant("A1"),
+        Message::tool_result("t1", "\"T1\""),
+    ];
+    assert_eq!(sees(m3).await.0, ["U2"]);
 }
 
 #[tokio::test]
@@ -195,12 +178,7 @@ async fn m12_turns_across_invokes_see_the_conversation_grow() {
             .text(),
         "saw:3"
     );
-    let stored = open_store(":memory:")
-        .await
-        .unwrap()
-        .load(&c)
-        .await
-        .unwrap();
+    let stored = stored(&c).await;
     assert_eq!(
         roles(&stored),
         [Role::User, Role::Assistant, Role::User, Role::Assistant]
@@ -220,12 +198,7 @@ async fn a_tool_round_is_stored_once_in_order() {
             .turn(go("q"), Context::new().with("conversation_id", c.as_str()))
             .await,
     );
-    let stored = open_store(":memory:")
-        .await
-        .unwrap()
-        .load(&c)
-        .await
-        .unwrap();
+    let stored = stored(&c).await;
     assert_eq!(
         roles(&stored),
         [Role::User, Role::Assistant, Role::Tool, Role::Assistant]
@@ -255,14 +228,7 @@ async fn a_validation_reentry_stores_nothing_twice() {
             )
             .await,
     );
-    let stored = texts(
-        &open_store(":memory:")
-            .await
-            .unwrap()
-            .load(&c)
-            .await
-            .unwrap(),
-    );
+    let stored = texts(&stored(&c).await);
     assert_eq!(stored.len(), 4, "{stored:?}");
     assert_eq!(
         (stored[0].as_str(), stored[1].as_str(), stored[3].as_str()),

@@ -4,27 +4,15 @@
 //! subset.
 
 use serde_json::{Value, json};
-use shallot::types::{ChatRequest, TurnResult};
-use shallot::{Context, Kernel};
-use shallot_tests::{Reply, ScriptedModel, load, spec};
+use shallot::types::TurnResult;
+use shallot_tests::{ScriptedModel, spec};
 
-use crate::agent::{done, go, texts};
+use crate::agent::{done, texts};
 use crate::builtins::refused;
 
-/// A turn through `schema-validation` with `config` whose model answers
-/// `answers` in order (the last again after them): the result and the model.
 async fn validated(config: Value, answers: &[&str]) -> (TurnResult, ScriptedModel) {
-    let plugins = load(vec![spec("schema_validation", "schema-validation", config)]).await;
-    let answers: Vec<String> = answers.iter().map(|a| a.to_string()).collect();
-    let model = ScriptedModel::new(move |call, _: &ChatRequest| {
-        Reply::Text(answers[(call - 1).min(answers.len() - 1)].clone())
-    });
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(model.clone())
-        .build()
-        .unwrap();
-    (kernel.turn(go("q"), Context::new()).await, model)
+    let filter = spec("schema_validation", "schema-validation", config);
+    crate::library::answered(filter, answers).await
 }
 
 /// What `schema` says of `instance`: `None` when it passes, else the

@@ -162,3 +162,13 @@ pub async fn chat_context(kernel: &shallot::Kernel) -> Context {
         .expect("the chat succeeds");
     context
 }
+
+/// Asserts that `error` is not attributed to filter `filter`: the filter
+/// passed an inner failure on, which kept its own origin.
+pub fn assert_passed_on(error: &ChainError, filter: &str) {
+    assert!(
+        error.origin.as_ref().is_none_or(|o| &*o.filter != filter),
+        "the inner failure, not {filter}'s own: {error} ({:?})",
+        error.origin
+    );
+}

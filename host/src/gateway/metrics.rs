@@ -19,7 +19,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::plugin::WasmFilter;
+use crate::plugin::{CallStats, FilterStats, WasmFilter};
 use crate::types::Usage;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,31 +49,26 @@ struct Reload {
     outcome: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FilterCall {
-    filter: String,
-    call: &'static str,
+/// Labels of a per-filter metric.
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(filter: &FilterStats, more: &[(&'static str, &str)]) -> Labels {
+    let mut labels = vec![("filter", filter.name.clone())];
+    labels.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    labels
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FilterError {
-    filter: String,
-    call: &'static str,
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FilterDirection {
-    filter: String,
-    /// `in` or `out` of its transformer.
-    direction: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FilterInstances {
-    filter: String,
-    /// `ready` or `in_use`.
-    state: &'static str,
+/// Writes one metric family of constant values.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    (name, help, kind): (&str, &str, MetricType),
+    rows: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in rows {
+        value.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// The filters of the set being served, read at each scrape.
@@ -101,100 +96,82 @@ impl Served {
 
 impl Collector for Served {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats: Vec<_> = self
+        let stats: Vec<FilterStats> = self
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .map(|f| f.stats())
             .collect();
-        let mut calls = encoder.encode_descriptor(
-            "filter_calls",
-            "Calls into each filter served, by call (hook, token step, ...)",
-            None,
-            MetricType::Counter,
+        let calls = || {
+            stats.iter().flat_map(|filter| {
+                let call = |c: &CallStats| labels(filter, &[("call", c.call.as_str())]);
+                filter.calls.iter().map(move |c| (call(c), c))
+            })
+        };
+        family(
+            &mut encoder,
+            (
+                "filter_calls",
+                "Calls into each filter served, by call (hook, token step, ...)",
+                MetricType::Counter,
+            ),
+            calls().map(|(labels, c)| (labels, ConstCounter::new(c.count))),
         )?;
-        for filter in &stats {
-            for call in &filter.calls {
-                let labels = FilterCall {
-                    filter: filter.name.clone(),
-                    call: call.call.as_str(),
-                };
-                ConstCounter::new(call.count).encode(calls.encode_family(&labels)?)?;
-            }
-        }
         let mut own = encoder.encode_descriptor(
             "filter_own_seconds",
             "Each filter's own CPU time per call (inner layers excluded)",
             None,
             MetricType::Histogram,
         )?;
-        for filter in &stats {
-            for call in &filter.calls {
-                let labels = FilterCall {
-                    filter: filter.name.clone(),
-                    call: call.call.as_str(),
-                };
-                own.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
-                    call.own_seconds,
-                    call.count,
-                    &call.own_seconds_buckets,
-                    None,
-                )?;
-            }
+        for (labels, call) in calls() {
+            own.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                call.own_seconds,
+                call.count,
+                &call.own_seconds_buckets,
+                None,
+            )?;
         }
-        let mut errors = encoder.encode_descriptor(
-            "filter_errors",
-            "Each filter's own failures (faults included, inner failures it passed on not), by call and kind",
-            None,
-            MetricType::Counter,
+        family(
+            &mut encoder,
+            (
+                "filter_errors",
+                "Each filter's own failures (faults included, inner failures it passed on not), by call and kind",
+                MetricType::Counter,
+            ),
+            calls().flat_map(|(labels, call)| {
+                call.errors.iter().map(move |(kind, n)| {
+                    let mut labels = labels.clone();
+                    labels.push(("kind", kind.as_str().to_owned()));
+                    (labels, ConstCounter::new(*n))
+                })
+            }),
         )?;
-        for filter in &stats {
-            for call in &filter.calls {
-                for (kind, n) in &call.errors {
-                    let labels = FilterError {
-                        filter: filter.name.clone(),
-                        call: call.call.as_str(),
-                        kind: kind.as_str(),
-                    };
-                    ConstCounter::new(*n).encode(errors.encode_family(&labels)?)?;
-                }
-            }
-        }
-        let mut tokens = encoder.encode_descriptor(
-            "filter_tokens",
-            "Tokens into and out of each filter's token transformers",
-            None,
-            MetricType::Counter,
+        family(
+            &mut encoder,
+            (
+                "filter_tokens",
+                "Tokens into and out of each filter's token transformers",
+                MetricType::Counter,
+            ),
+            stats.iter().flat_map(|f| {
+                [("in", f.tokens_in), ("out", f.tokens_out)].map(|(direction, n)| {
+                    (labels(f, &[("direction", direction)]), ConstCounter::new(n))
+                })
+            }),
         )?;
-        for filter in &stats {
-            for (direction, n) in [("in", filter.tokens_in), ("out", filter.tokens_out)] {
-                let labels = FilterDirection {
-                    filter: filter.name.clone(),
-                    direction,
-                };
-                ConstCounter::new(n).encode(tokens.encode_family(&labels)?)?;
-            }
-        }
-        let mut instances = encoder.encode_descriptor(
-            "filter_instances",
-            "Each filter's instances, ready for the next invoke or in use now",
-            None,
-            MetricType::Gauge,
-        )?;
-        for filter in &stats {
-            for (state, n) in [
-                ("ready", filter.instances_ready),
-                ("in_use", filter.instances_in_use),
-            ] {
-                let labels = FilterInstances {
-                    filter: filter.name.clone(),
-                    state,
-                };
-                ConstGauge::new(n as i64).encode(instances.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+        family(
+            &mut encoder,
+            (
+                "filter_instances",
+                "Each filter's instances, ready for the next invoke or in use now",
+                MetricType::Gauge,
+            ),
+            stats.iter().flat_map(|f| {
+                [("ready", f.instances_ready), ("in_use", f.instances_in_use)]
+                    .map(|(state, n)| (labels(f, &[("state", state)]), ConstGauge::new(n as i64)))
+            }),
+        )
     }
 }
 

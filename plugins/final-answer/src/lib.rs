@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 use shallot_guest::{
-    Filter, FilterError, FinishReason, TokenOut, TokenTransform, Tokens, stream_end,
+    Filter, FilterError, FinishReason, HeldTokens, TokenOut, TokenTransform, Tokens, stream_end,
 };
 
 #[derive(Deserialize)]
@@ -22,30 +22,26 @@ struct FinalAnswer {}
 #[shallot_guest::filter(name = "final-answer")]
 impl Filter for FinalAnswer {
     fn token_transform(&self) -> Box<dyn TokenTransform> {
-        Box::new(Round { tokens: Vec::new() })
+        Box::new(Round {
+            tokens: HeldTokens::default(),
+        })
     }
 }
 
 /// One model round's held tokens.
 struct Round {
-    tokens: Vec<(String, Option<String>)>,
+    tokens: HeldTokens,
 }
 
 impl TokenTransform for Round {
     fn step(&mut self, tokens: Tokens, _: &mut TokenOut) -> Result<(), FilterError> {
-        self.tokens.extend(
-            tokens
-                .iter()
-                .map(|t| (t.text.to_owned(), t.meta.map(str::to_owned))),
-        );
+        self.tokens.hold(&tokens);
         Ok(())
     }
 
     fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
         if stream_end() != Some(FinishReason::ToolUse) {
-            for (token, meta) in &self.tokens {
-                out.push(token, meta.as_deref());
-            }
+            self.tokens.release(out);
         }
         Ok(())
     }

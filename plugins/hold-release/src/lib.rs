@@ -10,7 +10,7 @@
 
 use regex_lite::{Regex, RegexBuilder};
 use serde::Deserialize;
-use shallot_guest::{Filter, FilterError, TokenOut, TokenTransform, Tokens};
+use shallot_guest::{Filter, FilterError, HeldTokens, TokenOut, TokenTransform, Tokens};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,7 +61,7 @@ impl Filter for HoldRelease {
             case_sensitive: self.case_sensitive,
             rules: self.rules.clone(),
             replacement: self.replacement.clone(),
-            tokens: Vec::new(),
+            tokens: HeldTokens::default(),
         })
     }
 }
@@ -72,21 +72,17 @@ struct Held {
     case_sensitive: bool,
     rules: Vec<Regex>,
     replacement: String,
-    tokens: Vec<(String, Option<String>)>,
+    tokens: HeldTokens,
 }
 
 impl TokenTransform for Held {
     fn step(&mut self, tokens: Tokens, _: &mut TokenOut) -> Result<(), FilterError> {
-        self.tokens.extend(
-            tokens
-                .iter()
-                .map(|t| (t.text.to_owned(), t.meta.map(str::to_owned))),
-        );
+        self.tokens.hold(&tokens);
         Ok(())
     }
 
     fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
-        let text: String = self.tokens.iter().map(|(t, _)| t.as_str()).collect();
+        let text = self.tokens.text();
         let folded = if self.case_sensitive {
             text.clone()
         } else {
@@ -97,9 +93,7 @@ impl TokenTransform for Held {
         if blocked {
             out.push(&self.replacement, None);
         } else {
-            for (token, meta) in &self.tokens {
-                out.push(token, meta.as_deref());
-            }
+            self.tokens.release(out);
         }
         Ok(())
     }

@@ -28,7 +28,8 @@ struct SchemaValidation {
     #[serde(default = "yes")]
     code_fence: bool,
     /// The feedback message; `{reason}` is replaced by what failed.
-    feedback: Option<String>,
+    #[serde(default)]
+    feedback: validate::Feedback,
     #[serde(skip)]
     compiled: Option<(Validator, Regex)>,
 }
@@ -110,11 +111,6 @@ impl Filter for SchemaValidation {
         if self.max_errors == 0 {
             return Err("max_errors must be at least 1".to_owned());
         }
-        if let Some(feedback) = &self.feedback
-            && !feedback.contains("{reason}")
-        {
-            return Err("feedback must contain {reason}".to_owned());
-        }
         let mut schema = self.schema.clone();
         allow_nullable(&mut schema);
         let validator = jsonschema::draft202012::options()
@@ -126,10 +122,7 @@ impl Filter for SchemaValidation {
     }
 
     fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
-        let feedback = |reason: &str| match &self.feedback {
-            Some(template) => template.replace("{reason}", reason),
-            None => validate::feedback(reason),
-        };
+        let feedback = |reason: &str| self.feedback.message(reason);
         validate::reenter(request, self.max_retries, feedback, |done| {
             self.check(&done.response().text())
         })

@@ -28,7 +28,8 @@ struct Validation {
     /// The longest answer, in characters.
     max_length: Option<usize>,
     /// The feedback message; `{reason}` is replaced by what failed.
-    feedback: Option<String>,
+    #[serde(default)]
+    feedback: validate::Feedback,
     #[serde(skip)]
     must: Vec<Regex>,
     #[serde(skip)]
@@ -85,19 +86,11 @@ impl Filter for Validation {
     fn configure(&mut self) -> Result<(), String> {
         self.must = compile(&self.must_match, "must_match")?;
         self.must_not = compile(&self.must_not_match, "must_not_match")?;
-        if let Some(feedback) = &self.feedback
-            && !feedback.contains("{reason}")
-        {
-            return Err("feedback must contain {reason}".to_owned());
-        }
         Ok(())
     }
 
     fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
-        let feedback = |reason: &str| match &self.feedback {
-            Some(template) => template.replace("{reason}", reason),
-            None => validate::feedback(reason),
-        };
+        let feedback = |reason: &str| self.feedback.message(reason);
         validate::reenter(request, self.max_retries, feedback, |done| {
             self.check(&done.response().text())
         })
