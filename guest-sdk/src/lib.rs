@@ -8,6 +8,15 @@
 //! `cdylib` for `wasm32-wasip2` and drop the `.wasm` into shallot's plugins
 //! directory.
 //!
+//! Besides [`next`], [`Fctx`], [`context`] and [`log`], a filter the
+//! operator grants them can use host services: [`timer`] (sleep, for a
+//! backoff), [`approval`] (ask the host's approval handler), [`trace`]
+//! (JSON lines to the operator's sink) and [`memory`] (a conversation
+//! store); without the grant each call returns an `auth` error naming it.
+//! [`validate::reenter`] runs a turn until a check passes, and
+//! [`HeldTokens`] holds a stream's tokens back (with [`stream_end`] telling
+//! why the stream ended).
+//!
 //! This crate owns the guest side of the `shallot:filter` WIT contract; it
 //! must not grow host logic: the host owns ordering, private state (FCtx)
 //! storage, limits and errors attribution.

@@ -487,3 +487,31 @@ proptest::proptest! {
         });
     }
 }
+
+#[tokio::test]
+async fn the_filters_without_options_and_trace_refuse_a_bad_configuration_at_load() {
+    for (plugin, name, config, says) in [
+        (
+            "logging",
+            "logging",
+            json!({ "level": "debug" }),
+            "unknown field `level`",
+        ),
+        (
+            "final_answer",
+            "final-answer",
+            json!({ "tools": false }),
+            "unknown field `tools`",
+        ),
+        ("trace", "trace", json!({ "turns": "yes" }), "invalid type"),
+        (
+            "trace",
+            "trace",
+            json!({ "sink": "stderr" }),
+            "unknown field `sink`",
+        ),
+    ] {
+        let error = refused(plugin, name, config).await;
+        assert!(error.to_string().contains(says), "{plugin}: {error}");
+    }
+}

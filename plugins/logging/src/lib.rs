@@ -11,6 +11,7 @@ use shallot_guest::{
 };
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Logging {}
 
 fn failed(what: &str, error: &FilterError) {
