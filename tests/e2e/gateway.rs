@@ -591,13 +591,14 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
     served.stop().await.unwrap();
 }
 
-/// Answers with the tenant and key name the gateway put in the context.
-struct WhoAsks;
+/// Answers with the values the gateway put in the context under these
+/// keys, joined by " of " (absent ones as `null`).
+struct Says(&'static [&'static str]);
 
 #[async_trait::async_trait]
-impl shallot::Filter for WhoAsks {
+impl shallot::Filter for Says {
     fn name(&self) -> &str {
-        "who-asks"
+        "says"
     }
 
     async fn around_chat(
@@ -606,13 +607,13 @@ impl shallot::Filter for WhoAsks {
         next: shallot::Next<shallot::Chat>,
     ) -> Result<shallot::types::ChatResponse, ChainError> {
         let context = next.context();
-        let text = format!(
-            "{} of {}",
-            context.get("key").unwrap(),
-            context.get("tenant").unwrap()
-        );
+        let said: Vec<String> = self
+            .0
+            .iter()
+            .map(|key| context.get(key).unwrap_or_default().to_string())
+            .collect();
         Ok(shallot::types::ChatResponse::new(
-            shallot::types::Message::assistant(text),
+            shallot::types::Message::assistant(said.join(" of ")),
             shallot::types::FinishReason::Complete,
         ))
     }
@@ -620,7 +621,10 @@ impl shallot::Filter for WhoAsks {
 
 #[tokio::test]
 async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
-    let kernel = Kernel::builder().filter(WhoAsks).build().unwrap();
+    let kernel = Kernel::builder()
+        .filter(Says(&["key", "tenant"]))
+        .build()
+        .unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
     gateway.set_keys(vec![
         shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
@@ -944,31 +948,12 @@ async fn two_replicas_share_a_conversation_through_the_memory_filter_over_redis(
     b.stop().await.unwrap();
 }
 
-/// Answers with the conversation id the filters see.
-struct WhichConversation;
-
-#[async_trait::async_trait]
-impl shallot::Filter for WhichConversation {
-    fn name(&self) -> &str {
-        "which-conversation"
-    }
-
-    async fn around_chat(
-        &self,
-        _: ChatRequest,
-        next: shallot::Next<shallot::Chat>,
-    ) -> Result<shallot::types::ChatResponse, ChainError> {
-        let id = next.context().get("conversation_id").unwrap_or_default();
-        Ok(shallot::types::ChatResponse::new(
-            shallot::types::Message::assistant(id.to_string()),
-            shallot::types::FinishReason::Complete,
-        ))
-    }
-}
-
 #[tokio::test]
 async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
-    let kernel = Kernel::builder().filter(WhichConversation).build().unwrap();
+    let kernel = Kernel::builder()
+        .filter(Says(&["conversation_id"]))
+        .build()
+        .unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
     gateway.set_keys(vec![
         shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),

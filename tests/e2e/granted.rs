@@ -654,3 +654,34 @@ async fn an_approval_question_with_garbage_arguments_never_reaches_the_handler()
     assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
     assert_eq!(asked.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn the_conversation_store_cannot_be_flooded_or_hammered_from_one_call() {
+    let store = || Grants {
+        memory: Some(":memory:".into()),
+        ..Grants::default()
+    };
+    let error = abuse("memory-flood", store()).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("host memory cap"), "{error}");
+    let kept = shallot::open_store(":memory:")
+        .await
+        .unwrap()
+        .load("flooded")
+        .await
+        .unwrap();
+    let kept: usize = kept.iter().map(|m| m.text().len()).sum();
+    assert!(
+        kept <= 64 << 20,
+        "no more than the cap reached the store: {kept}"
+    );
+    let error = abuse("memory-chatter", store()).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(
+        error.message.contains("64 conversation-store operations"),
+        "{error}"
+    );
+    let error = abuse("memory-long-id", store()).await;
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
+    assert!(error.message.contains("1 to 512 bytes"), "{error}");
+}

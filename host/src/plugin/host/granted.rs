@@ -28,6 +28,8 @@ const TRACE_EVENT_CAP: usize = 64 << 10;
 const TRACE_EVENTS_PER_CALL: u32 = 256;
 /// The longest conversation id, in bytes.
 const CONVERSATION_ID_CAP: usize = 512;
+/// Conversation-store operations one call may make.
+const STORE_OPS_PER_CALL: u32 = 64;
 /// The longest a filter may wait for the approval handler, in ms, whatever
 /// it asks for.
 const APPROVAL_WAIT_CAP_MS: u32 = 10 * 60 * 1000;
@@ -233,14 +235,24 @@ impl trace::Host for HostState {
 }
 
 impl HostState {
-    /// The store, if granted, and the conversation key checked.
-    fn store(&self, conversation: &str) -> Result<Arc<dyn ConversationStore>, wit::FilterError> {
+    /// The store, if granted, for one more operation of this call, with
+    /// the conversation key checked.
+    fn store(
+        &mut self,
+        conversation: &str,
+    ) -> Result<Arc<dyn ConversationStore>, wit::FilterError> {
         let Some(store) = self.granted.memory.clone() else {
             return Err(not_granted("memory", "memory = \"conversations.db\""));
         };
         if conversation.is_empty() || conversation.len() > CONVERSATION_ID_CAP {
             let message = format!("a conversation id must be 1 to {CONVERSATION_ID_CAP} bytes");
             return Err(error(wit::ErrorKind::InvalidRequest, message));
+        }
+        self.store_ops += 1;
+        if self.store_ops > STORE_OPS_PER_CALL {
+            let message =
+                format!("more than {STORE_OPS_PER_CALL} conversation-store operations in one call");
+            return Err(error(wit::ErrorKind::LimitExceeded, message));
         }
         Ok(store)
     }
@@ -293,6 +305,18 @@ impl memory::Host for HostState {
             Err(e) => return Ok(Err(e)),
         };
         let messages = convert::from_messages(messages);
+        // What one call writes is bounded like what it makes the host hold,
+        // so a filter cannot flood the store (or the in-process one, the
+        // host's memory) from a loop.
+        let weight: usize = messages.iter().map(Weigh::weight).sum();
+        self.stored_bytes = self.stored_bytes.saturating_add(weight);
+        if self.stored_bytes > self.limits.host_bytes() {
+            let message = format!(
+                "appending {} bytes in one call, more than the filter's host memory cap",
+                self.stored_bytes
+            );
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
         Ok(outside_own_clock(
             self.confinement.meter().clone(),
             store.append(&conversation, &messages),

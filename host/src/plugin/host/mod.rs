@@ -128,6 +128,10 @@ pub struct HostState {
     slept: u32,
     /// Trace events written in the current call.
     trace_events: u32,
+    /// Conversation-store operations in the current call, and the bytes
+    /// it appended.
+    store_ops: u32,
+    stored_bytes: usize,
     /// How the model stream ended, while its token transformer flushes.
     pub(crate) stream_end: Option<wit::FinishReason>,
 }
@@ -165,6 +169,8 @@ impl HostState {
             granted,
             slept: 0,
             trace_events: 0,
+            store_ops: 0,
+            stored_bytes: 0,
             stream_end: None,
         }
     }
@@ -179,6 +185,8 @@ impl HostState {
         self.journal.clear();
         self.slept = 0;
         self.trace_events = 0;
+        self.store_ops = 0;
+        self.stored_bytes = 0;
         self.stream_end = None;
     }
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, Message, TokenOut,
     TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval, context,
-    log, next, timer, trace,
+    log, memory, next, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -25,7 +25,9 @@ struct Misbehave {
     /// write-then-trap, print (to stderr; panics on "boom"), oversleep
     /// (`timer.sleep` until refused), flood-trace, huge-trace, forge-trace
     /// (sets the host's own fields), ask-garbage (arguments that are not
-    /// JSON), ask (asks approval of `delete`, fails if denied), mimic (builds
+    /// JSON), ask (asks approval of `delete`, fails if denied),
+    /// memory-flood (appends 2 MiB messages until refused),
+    /// memory-chatter (loads until refused), memory-long-id, mimic (builds
     /// an error just like the inner failure), pass-first (calls next twice
     /// and returns the first result).
     #[serde(rename = "do")]
@@ -131,6 +133,17 @@ impl Misbehave {
             "forge-trace" => trace::write(
                 &serde_json::json!({ "filter": "someone-else", "ts": 0, "said": text }),
             ),
+            "memory-flood" => {
+                let big = Message::user("m".repeat(2 << 20));
+                for _ in 0..100_000 {
+                    memory::append("flooded", std::slice::from_ref(&big))?;
+                }
+                Ok(())
+            }
+            "memory-chatter" => loop {
+                memory::load("chatty")?;
+            },
+            "memory-long-id" => memory::clear(&"c".repeat(4096)),
             "ask-garbage" => approval::ask(text, "not json", "why", 1000).map(drop),
             "ask" => match approval::ask("delete", "{}", text, 200)? {
                 true => Ok(()),
