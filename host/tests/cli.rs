@@ -708,6 +708,63 @@ fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_reques
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The swaps `/readyz` reports.
+fn swapped(address: &str) -> u64 {
+    let (_, ready) = http(address, "GET", "/readyz", "");
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    ready["reloads"]["swapped"].as_u64().unwrap()
+}
+
+#[test]
+fn serve_reloads_for_its_config_and_plugins_not_for_other_files_beside_them() {
+    let dir = std::env::temp_dir().join(format!("shallot-beside-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(guest("safeguard"), dir.join("safeguard.wasm")).unwrap();
+    let config = dir.join("shallot.toml");
+    let toml = "plugin_dir = \".\"\n[[filter]]\nplugin = \"safeguard.wasm\"\nconfig = { words = [\"bomb\"] }\n";
+    std::fs::write(&config, toml).unwrap();
+    let gateway = Gateway::start(&config);
+    let address = gateway.address.clone();
+
+    // A log, a trace and a store written beside the config, again and again,
+    // as a gateway started with `2>gateway.log` next to its config does.
+    for n in 0..20 {
+        for file in ["gateway.log", "trace.jsonl", "conversations.db"] {
+            let mut out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(file))
+                .unwrap();
+            writeln!(out, "line {n}").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(swapped(&address), 0, "{}", gateway.said());
+
+    // The config and a plugin still do, once each.
+    for changed in [config.clone(), dir.join("safeguard.wasm")] {
+        let before = swapped(&address);
+        let bytes = std::fs::read(&changed).unwrap();
+        std::fs::write(&changed, bytes).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while swapped(&address) == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} changed, no reload: {}",
+                changed.display(),
+                gateway.said()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(swapped(&address), 2, "{}", gateway.said());
+    gateway.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn serve_routes_models_to_their_filters_and_modes_from_the_config() {
     let dir = std::env::temp_dir().join(format!("shallot-routes-{}", std::process::id()));

@@ -6,7 +6,7 @@ mod plugins;
 mod serve;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -151,6 +151,24 @@ impl Source {
         dirs.sort();
         dirs.dedup();
         dirs
+    }
+
+    /// Whether a change to `path`, in one of the [`watched`](Self::watched)
+    /// directories, can change the set: a plugin or the config file. Other
+    /// files there (a log, a trace, a conversation store) never reload it,
+    /// or a gateway logging next to its config would reload forever.
+    pub(crate) fn concerns(&self, path: &Path) -> bool {
+        let is_config = |file: &PathBuf| {
+            let dir = |p: &Path| {
+                p.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .canonicalize()
+                    .ok()
+            };
+            path.file_name() == file.file_name() && dir(path).is_some_and(|d| Some(d) == dir(file))
+        };
+        path.extension().is_some_and(|e| e == "wasm") || self.config.as_ref().is_some_and(is_config)
     }
 }
 

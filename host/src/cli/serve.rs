@@ -24,7 +24,7 @@ use super::{ModelArgs, Source};
 /// chat through the filters; what the client is shown of an answer goes
 /// through the token transforms. Point any OpenAI client's `base_url` at
 /// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
-/// the config file or a plugin, reloads: the new set is compiled while the
+/// the config file or a plugin (`*.wasm`; no other file), reloads: the new set is compiled while the
 /// old one serves, then swapped in (requests in flight finish on theirs); a
 /// broken one is reported and the old set keeps serving. `[[route]]` tables
 /// in the config serve several models, each with its filters, upstream and
@@ -259,8 +259,10 @@ fn watch(
     source: &Source,
     changed: mpsc::UnboundedSender<()>,
 ) -> notify::Result<notify::RecommendedWatcher> {
+    let concerned = source.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        if event.is_ok_and(|e| !e.kind.is_access() && e.paths.iter().any(|p| concerned.concerns(p)))
+        {
             let _ = changed.send(());
         }
     })?;
