@@ -21,6 +21,7 @@ build-polyglot:
 # Run every test (the memory tests need Debian's redis-server installed).
 test: build-guests build-polyglot
     cargo test
+    cargo test -p shallot --features otel --test cli -- serve_exports
 
 # Measure a wasm layer against a native closure layer and a bare component call.
 bench: build-guests build-polyglot
@@ -49,5 +50,5 @@ check FILE: build-guests
 lint:
     scripts/check-layers
     cargo fmt --all --check
-    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --workspace --all-targets --features shallot/otel -- -D warnings
     cargo clippy --target wasm32-wasip2 -p 'shallot-plugin-*' -p 'shallot-test-guest-*' -- -D warnings

@@ -477,11 +477,17 @@ impl Gateway {
 
     /// The same, with more arguments.
     fn start_with(config: &std::path::Path, more: &[&str]) -> Self {
+        Self::start_in(config, more, &[])
+    }
+
+    /// The same, with more environment variables.
+    fn start_in(config: &std::path::Path, more: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
             .args(["serve", "--config"])
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])
             .args(more)
+            .envs(env.iter().copied())
             .env("SHALLOT_CACHE_DIR", target_dir().join("shallot-test-cache"))
             .env("CARGO_TARGET_DIR", target_dir())
             .env_remove("OPENAI_BASE_URL")
@@ -584,6 +590,135 @@ fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
             .unwrap()
             .starts_with("chatcmpl-")
     );
+}
+
+/// A stand-in OpenTelemetry collector on loopback: every OTLP/HTTP export
+/// posted to it, as (path, content type, JSON body).
+#[cfg(feature = "otel")]
+fn collector() -> (
+    String,
+    std::sync::mpsc::Receiver<(String, String, serde_json::Value)>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let (mut length, mut kind) = (0, String::new());
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let Some((name, value)) = line.trim_end().split_once(':') else {
+                            break;
+                        };
+                        match name.to_ascii_lowercase().as_str() {
+                            "content-length" => length = value.trim().parse().unwrap(),
+                            "content-type" => kind = value.trim().to_owned(),
+                            _ => {}
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+                    let path = request
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_owned();
+                    let body = serde_json::from_slice(&body).unwrap_or_default();
+                    let _ = sender.send((path, kind, body));
+                }
+            });
+        }
+    });
+    (base, received)
+}
+
+#[cfg(feature = "otel")]
+#[test]
+fn serve_exports_a_span_per_request_and_per_filter_call_to_an_otlp_collector() {
+    let (endpoint, exports) = collector();
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+    let gateway = Gateway::start_in(
+        &config,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let ask = r#"{"model":"shallot-echo","messages":[{"role":"user","content":"hello"}]}"#;
+    let (status, answer) = http(&gateway.address, "POST", "/v1/chat/completions", ask);
+    assert!(status.contains("200"), "{status}: {answer}");
+    let said = gateway.terminate();
+
+    // Everything exported by the time it stopped (the last batch is flushed
+    // on the way out).
+    let mut spans = Vec::new();
+    while let Ok((path, kind, body)) = exports.recv_timeout(std::time::Duration::from_secs(10)) {
+        assert_eq!(path, "/v1/traces");
+        assert_eq!(kind, "application/json");
+        for resource in body["resourceSpans"].as_array().unwrap() {
+            let service = resource["resource"]["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["key"] == "service.name")
+                .map(|a| a["value"]["stringValue"].clone());
+            assert_eq!(service, Some(serde_json::json!("shallot")));
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                spans.extend(scope["spans"].as_array().unwrap().iter().cloned());
+            }
+        }
+        if spans.iter().any(|s| s["name"] == "request") {
+            break;
+        }
+    }
+    let attribute = |span: &serde_json::Value, key: &str| {
+        span["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == key)
+            .map(|a| a["value"].clone())
+    };
+    let request = spans
+        .iter()
+        .find(|s| s["name"] == "request")
+        .unwrap_or_else(|| panic!("no request span in {spans:?}: {said}"));
+    assert_eq!(
+        attribute(request, "model"),
+        Some(serde_json::json!({"stringValue": "shallot-echo"}))
+    );
+    let calls: Vec<_> = spans
+        .iter()
+        .filter(|s| s["name"] == "filter")
+        .map(|s| {
+            assert_eq!(s["traceId"], request["traceId"], "one trace per request");
+            attribute(s, "name").unwrap()["stringValue"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    // Token transforms are counted in /metrics, not spanned token by token.
+    for filter in ["logging", "safeguard"] {
+        assert!(
+            calls.iter().any(|c| c == filter),
+            "no span for {filter}'s calls: {calls:?}"
+        );
+    }
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! everything it does is a call into the library.
 
 mod chat;
+#[cfg(feature = "otel")]
+mod otel;
 mod plugins;
 mod serve;
 
@@ -202,7 +204,7 @@ pub(crate) fn human_size(bytes: u64) -> String {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.log_format);
+    let _telemetry = init_logging(cli.verbose, cli.log_format);
     let mut config = EngineConfig::default();
     if cli.no_cache {
         config.cache_dir = None;
@@ -233,21 +235,43 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8, format: LogFormat) {
+/// Logs to stderr and, with the `otel` feature and an OTLP endpoint in the
+/// environment, exports spans; keep what it returns until the end.
+fn init_logging(verbose: u8, format: LogFormat) -> Telemetry {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _};
     let default = match verbose {
         0 => "warn",
         1 => "info",
         2 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,shallot={default}")));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("warn,shallot={default}")));
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
-    match format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().with_current_span(true).init(),
+    let logs = match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
+        LogFormat::Json => logs.json().with_current_span(true).boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
+    #[cfg(feature = "otel")]
+    {
+        let (layer, export) = otel::layer().unzip();
+        registry.with(layer).init();
+        Telemetry { _export: export }
     }
+    #[cfg(not(feature = "otel"))]
+    {
+        registry.init();
+        Telemetry {}
+    }
+}
+
+/// What must outlive the command: the span export, flushed when dropped.
+struct Telemetry {
+    #[cfg(feature = "otel")]
+    _export: Option<otel::Export>,
 }

@@ -32,7 +32,8 @@ use super::{ModelArgs, Source};
 /// gateway's tools); without them, one model through every filter. With `[[key]]`
 /// tables in the config, clients must present one of those keys (`401`
 /// otherwise). SIGTERM or Ctrl-C stops accepting and lets the requests in
-/// flight finish.
+/// flight finish. Built with the `otel` feature, spans go to the
+/// OpenTelemetry collector at OTEL_EXPORTER_OTLP_ENDPOINT when it is set.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
     #[command(flatten)]
