@@ -31,6 +31,14 @@ struct Cli {
     /// Compile plugins on every run instead of caching them.
     #[arg(long, global = true)]
     no_cache: bool,
+    /// Filter instances that may be in use at once across all requests. A
+    /// request holds one per filter hook on its stack (a streamed answer,
+    /// for as long as it streams), so concurrent streams through N filters
+    /// need N or more each (a filter's own cap is its `limits.instances`);
+    /// each slot reserves address space for a filter's memory, which
+    /// bounds this at about 10,000.
+    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().instance_slots)]
+    instance_slots: u32,
     /// Log more: -v for info, -vv for debug (filters' own logs), -vvv for trace. RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -205,7 +213,10 @@ pub(crate) fn human_size(bytes: u64) -> String {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let _telemetry = init_logging(cli.verbose, cli.log_format);
-    let mut config = EngineConfig::default();
+    let mut config = EngineConfig {
+        instance_slots: cli.instance_slots,
+        ..EngineConfig::default()
+    };
     if cli.no_cache {
         config.cache_dir = None;
     } else if let Some(dir) = cli.cache_dir.clone() {
@@ -219,7 +230,10 @@ pub fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let engine = Engine::new(config)?;
+        let slots = config.instance_slots;
+        let engine = Engine::new(config).map_err(|e| {
+            anyhow::anyhow!("{e} (with {slots} instance slots: each reserves address space for a filter's memory; try fewer --instance-slots)")
+        })?;
         match cli.command {
             Command::Chat(args) => chat::run(&engine, args).await,
             Command::Serve(args) => serve::run(&engine, args).await,

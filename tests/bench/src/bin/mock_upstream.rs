@@ -1,13 +1,19 @@
 //! A fast OpenAI-compatible model server for the gateway benchmark
 //! (`scripts/bench-gateway`): every chat completion is answered at once
 //! with the same short answer, as JSON or, with `"stream": true`, as
-//! server-sent chunks. `mock_upstream 127.0.0.1:9100`.
+//! server-sent chunks. `mock_upstream 127.0.0.1:9100 [PACE_MS]`: with a
+//! pace, each chunk of a stream waits that long before it goes out (slow
+//! streams, to hold many open at once).
+
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures::StreamExt as _;
 
 const ANSWER: &str = r#"{"id":"chatcmpl-mock","object":"chat.completion","created":0,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":"The answer is 42."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
 
@@ -19,11 +25,22 @@ const STREAM: &str = concat!(
     "data: [DONE]\n\n",
 );
 
+/// How long each chunk of a stream waits before it goes out.
+static PACE: OnceLock<Duration> = OnceLock::new();
+
 async fn complete(body: Bytes) -> Response {
     let streamed = body
         .windows(b"\"stream\":true".len())
         .any(|w| w == b"\"stream\":true");
-    if streamed {
+    let pace = PACE.get().copied().unwrap_or_default();
+    if streamed && !pace.is_zero() {
+        let events = STREAM.split_inclusive("\n\n").map(move |event| async move {
+            tokio::time::sleep(pace).await;
+            Ok::<_, std::convert::Infallible>(event)
+        });
+        let body = Body::from_stream(futures::stream::iter(events).then(|event| event));
+        ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+    } else if streamed {
         ([(header::CONTENT_TYPE, "text/event-stream")], STREAM).into_response()
     } else {
         ([(header::CONTENT_TYPE, "application/json")], ANSWER).into_response()
@@ -35,6 +52,11 @@ async fn main() -> std::io::Result<()> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:9100".to_owned());
+    let pace = std::env::args().nth(2).map_or(0, |ms| {
+        ms.parse()
+            .expect("PACE_MS is a whole number of milliseconds")
+    });
+    PACE.get_or_init(|| Duration::from_millis(pace));
     let listener = tokio::net::TcpListener::bind(&address).await?;
     eprintln!("mock upstream: http://{address}/v1");
     let app = Router::new().route("/v1/chat/completions", post(complete));
