@@ -229,6 +229,22 @@ fn filters_never_go_missing_silently() {
 }
 
 #[test]
+fn more_instance_slots_than_the_address_space_holds_is_a_clear_error() {
+    let out = shallot(&[
+        "--instance-slots",
+        "1000000",
+        "plugins",
+        "list",
+        "--plugins",
+        "plugins",
+    ]);
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(said.contains("1000000 instance slots"), "{said}");
+    assert!(said.contains("try fewer --instance-slots"), "{said}");
+}
+
+#[test]
 fn a_missing_plugins_directory_is_a_clear_error() {
     let out = shallot(&["chat", "--plugins", "/nonexistent/plugins", "hi"]);
     assert!(!out.status.success());
