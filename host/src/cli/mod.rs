@@ -164,10 +164,15 @@ impl Source {
     }
 
     /// Whether a change to `path`, in one of the [`watched`](Self::watched)
-    /// directories, can change the set: a plugin or the config file. Other
-    /// files there (a log, a trace, a conversation store) never reload it,
-    /// or a gateway logging next to its config would reload forever.
+    /// directories, can change the set: a plugin, a plugin's `<stem>.json`
+    /// in a plugins directory, or the config file. Other files there (a
+    /// log, a trace, a conversation store) never reload it, or a gateway
+    /// logging next to its config would reload forever.
     pub(crate) fn concerns(&self, path: &Path) -> bool {
+        let extension = path.extension().and_then(|e| e.to_str());
+        if extension == Some("wasm") || (self.plugins.is_some() && extension == Some("json")) {
+            return true;
+        }
         let is_config = |file: &PathBuf| {
             let dir = |p: &Path| {
                 p.parent()
@@ -178,7 +183,7 @@ impl Source {
             };
             path.file_name() == file.file_name() && dir(path).is_some_and(|d| Some(d) == dir(file))
         };
-        path.extension().is_some_and(|e| e == "wasm") || self.config.as_ref().is_some_and(is_config)
+        self.config.as_ref().is_some_and(is_config)
     }
 }
 
@@ -288,4 +293,38 @@ fn init_logging(verbose: u8, format: LogFormat) -> Telemetry {
 struct Telemetry {
     #[cfg(feature = "otel")]
     _export: Option<otel::Export>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::Source;
+
+    #[test]
+    fn only_plugins_their_sidecars_and_the_config_concern_a_reload() {
+        let dir = std::env::temp_dir();
+        let plugins = Source {
+            plugins: Some(dir.clone()),
+            config: None,
+        };
+        assert!(plugins.concerns(&dir.join("safeguard.wasm")));
+        assert!(plugins.concerns(&dir.join("safeguard.json")));
+        assert!(!plugins.concerns(&dir.join("gateway.log")));
+        assert!(!plugins.concerns(&dir.join("trace.jsonl")));
+
+        let config = Source {
+            plugins: None,
+            config: Some(PathBuf::from("shallot.toml")),
+        };
+        let here = std::env::current_dir().unwrap();
+        assert!(config.concerns(&here.join("shallot.toml")));
+        assert!(config.concerns(Path::new("plugins/safeguard.wasm")));
+        assert!(!config.concerns(&here.join("shallot.toml.new")));
+        assert!(!config.concerns(&here.join("safeguard.json")));
+        assert!(
+            !config.concerns(&dir.join("shallot.toml")),
+            "another directory's"
+        );
+    }
 }
