@@ -73,7 +73,7 @@ pub use config::{
 };
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
-pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, Route};
+pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use shallot::types::ChatRequest;
 use shallot::{ChainError, ErrorKind, Gateway, GatewayConfig, Kernel, Route, RouteMode};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -873,6 +874,81 @@ async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    served.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffered() {
+    // A long answer, paced: 1,900 tokens of 8 KiB (15 MiB, under the
+    // model's cap) over some 30 s.
+    let token = "x".repeat(8 << 10);
+    let model = ScriptedModel::new(move |_, request: &ChatRequest| {
+        match request.messages.last().unwrap().text().as_str() {
+            "long" => Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(16)),
+            _ => Reply::Text("quick".into()),
+        }
+    });
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 0,
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
+
+    // A client with a small receive window asks for it and reads nothing.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let address = served.base.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(address).await.unwrap();
+    let mut long = ask("long");
+    long["stream"] = json!(true);
+    let long = long.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: shallot\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{long}",
+        long.len()
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+
+    // Its place comes back long before the answer would have ended: the
+    // chat is stopped once more than MAX_UNSENT_BYTES wait for the client.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = served.post(ask("next").to_string()).await;
+        if status == 200 {
+            assert!(body.contains("quick"), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a stream nobody reads kept its chat running: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Reading at last, the client gets what waited, then the error and the end.
+    let mut said = Vec::new();
+    let mut buffer = vec![0; 64 << 10];
+    while !String::from_utf8_lossy(&said[said.len().saturating_sub(64)..]).contains("[DONE]") {
+        let read = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut buffer))
+            .await
+            .expect("the stream ends")
+            .unwrap();
+        assert!(read > 0, "the connection closed before the end");
+        said.extend_from_slice(&buffer[..read]);
+    }
+    let said = String::from_utf8_lossy(&said);
+    assert!(
+        said.contains("did not read the stream"),
+        "{}",
+        &said[said.len() - 400..]
+    );
+    // What waited: at most MAX_UNSENT_BYTES held by the gateway, plus what
+    // the sockets' buffers took; never the whole 15 MiB answer.
+    assert!(
+        said.len() < shallot::MAX_UNSENT_BYTES + (6 << 20),
+        "{} bytes were kept for it",
+        said.len()
+    );
     served.stop().await.unwrap();
 }
 

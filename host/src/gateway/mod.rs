@@ -50,7 +50,7 @@ use futures::StreamExt;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::Instrument;
 
 use self::metrics::Metrics;
@@ -704,18 +704,31 @@ impl Answer {
     async fn stream(mut self, chat: ChatRequest) -> Result<Response, ApiError> {
         let (sender, mut events) = mpsc::unbounded_channel();
         let (kernel, mode) = (self.kernel.clone(), self.mode);
-        let options = InvokeOptions::from(self.context.clone()).stream_to(Forward(sender.clone()));
+        let unsent = Arc::new(Unsent::default());
+        let forward = Forward {
+            sender: sender.clone(),
+            unsent: unsent.clone(),
+        };
+        let options = InvokeOptions::from(self.context.clone()).stream_to(forward);
         let (deadline, timed_out) = (self.deadline, self.timed_out());
         // The chat runs on its own, holding the request's place, until it
         // ends, its deadline passes or the client goes away.
         let place = self.place.take();
         let span = tracing::Span::current();
+        let backlog = unsent.clone();
         let chatting = async move {
             let _place = place;
             let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
             tokio::select! {
                 done = chat => {
                     let _ = sender.send(Streamed::Done(done.unwrap_or(Err(timed_out))));
+                }
+                () = backlog.overflowed.notified() => {
+                    let error = ChainError::new(
+                        ErrorKind::LimitExceeded,
+                        format!("the client did not read the stream: more than {MAX_UNSENT_BYTES} bytes of the answer waited for it"),
+                    );
+                    let _ = sender.send(Streamed::Done(Err(error)));
                 }
                 () = sender.closed() => {}
             }
@@ -735,6 +748,7 @@ impl Answer {
             answer: self,
             pending: first,
             events,
+            unsent,
             delivered: false,
             ended: false,
         };
@@ -812,13 +826,34 @@ enum Streamed {
     Done(Result<ChatResponse, ChainError>),
 }
 
-/// Forwards each batch the token transforms deliver to the response body.
-struct Forward(mpsc::UnboundedSender<Streamed>);
+/// How much of a streamed answer may wait for a client that does not read
+/// it: past this, the chat is stopped (its instances, its place and the
+/// model's connection given back) and the stream ends with an error.
+pub const MAX_UNSENT_BYTES: usize = 1 << 20;
+
+/// Forwards each batch the token transforms deliver to the response body,
+/// counting what the client has not taken yet.
+struct Forward {
+    sender: mpsc::UnboundedSender<Streamed>,
+    unsent: Arc<Unsent>,
+}
+
+/// A stream's text delivered but not yet taken by the response body.
+#[derive(Default)]
+struct Unsent {
+    bytes: AtomicUsize,
+    overflowed: Notify,
+}
 
 impl TokenSink for Forward {
     fn deliver(&self, tokens: &TokenBatch) {
-        let text = tokens.iter().map(|token| token.text).collect();
-        let _ = self.0.send(Streamed::Tokens(text));
+        let text: String = tokens.iter().map(|token| token.text).collect();
+        let unsent = self.unsent.bytes.fetch_add(text.len(), Ordering::Relaxed) + text.len();
+        if unsent > MAX_UNSENT_BYTES {
+            self.unsent.overflowed.notify_one();
+            return;
+        }
+        let _ = self.sender.send(Streamed::Tokens(text));
     }
 }
 
@@ -827,6 +862,7 @@ struct Chunks {
     answer: Answer,
     pending: Option<Streamed>,
     events: mpsc::UnboundedReceiver<Streamed>,
+    unsent: Arc<Unsent>,
     /// Whether any text was streamed (a filter that answers itself streams
     /// none; its text is delivered whole at the end).
     delivered: bool,
@@ -847,6 +883,7 @@ impl Chunks {
         };
         let chunks = match event {
             Some(Streamed::Tokens(text)) => {
+                self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
                 self.delivered = true;
                 vec![self.answer.head.chunk(json!({ "content": text }), None)]
             }
