@@ -39,6 +39,11 @@ struct Cli {
     /// bounds this at about 10,000.
     #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().instance_slots)]
     instance_slots: u32,
+    /// Idle filter instances kept ready across all filters (`warm` ones
+    /// between requests, fresh ones for `invoke` filters); more keep a busy
+    /// gateway from making new instances, at about 100 KiB each.
+    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().idle_instances)]
+    idle_instances: u32,
     /// Log more: -v for info, -vv for debug (filters' own logs), -vvv for trace. RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -220,6 +225,7 @@ pub fn main() -> ExitCode {
     let _telemetry = init_logging(cli.verbose, cli.log_format);
     let mut config = EngineConfig {
         instance_slots: cli.instance_slots,
+        idle_instances: cli.idle_instances,
         ..EngineConfig::default()
     };
     if cli.no_cache {
