@@ -242,6 +242,21 @@ fn more_instance_slots_than_the_address_space_holds_is_a_clear_error() {
     let said = text(&out.stderr);
     assert!(said.contains("1000000 instance slots"), "{said}");
     assert!(said.contains("try fewer --instance-slots"), "{said}");
+
+    let out = shallot(&[
+        "--instance-slots",
+        "0",
+        "plugins",
+        "list",
+        "--plugins",
+        "plugins",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--instance-slots"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -671,7 +686,8 @@ fn serve_exports_a_span_per_request_and_per_filter_call_to_an_otlp_collector() {
         &[],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            // Longer than the test: only the flush at exit sends them.
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
         ],
     );
     let ask = r#"{"model":"shallot-echo","messages":[{"role":"user","content":"hello"}]}"#;
@@ -728,6 +744,13 @@ fn serve_exports_a_span_per_request_and_per_filter_call_to_an_otlp_collector() {
                 .to_owned()
         })
         .collect();
+    // Spans only: no log line (the logging filter's included) goes out.
+    assert!(
+        spans
+            .iter()
+            .all(|s| s["events"].as_array().is_none_or(Vec::is_empty)),
+        "{spans:?}"
+    );
     // Token transforms are counted in /metrics, not spanned token by token.
     for filter in ["logging", "safeguard"] {
         assert!(

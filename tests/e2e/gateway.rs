@@ -877,6 +877,23 @@ async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
     served.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_client_that_reads_gets_a_long_answer_whole_even_in_large_batches() {
+    // Two batches of 3 MiB each, each more than MAX_UNSENT_BYTES alone.
+    let big = "y".repeat(3 << 20);
+    let model = ScriptedModel::replies(vec![Reply::Paced(
+        vec![big.clone(), big.clone()],
+        Duration::from_millis(50),
+    )]);
+    let served = Served::start(kernel(vec![], model).await, config()).await;
+    let (status, events) = served.stream(ask("hi")).await;
+    assert_eq!(status, 200);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(streamed_text(&events).len(), 6 << 20);
+    assert!(!events.iter().any(|e| e.contains("\"error\"")));
+    served.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffered() {
     // A long answer, paced: 1,900 tokens of 8 KiB (15 MiB, under the

@@ -7,6 +7,7 @@ mod otel;
 mod plugins;
 mod serve;
 
+use std::ffi::OsStr;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,12 +38,14 @@ struct Cli {
     /// need N or more each (a filter's own cap is its `limits.instances`);
     /// each slot reserves address space for a filter's memory, which
     /// bounds this at about 10,000.
-    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().instance_slots)]
+    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().instance_slots,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     instance_slots: u32,
     /// Idle filter instances kept ready across all filters (`warm` ones
     /// between requests, fresh ones for `invoke` filters); more keep a busy
     /// gateway from making new instances, at about 100 KiB each.
-    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().idle_instances)]
+    #[arg(long, global = true, value_name = "N", default_value_t = EngineConfig::default().idle_instances,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     idle_instances: u32,
     /// Log more: -v for info, -vv for debug (filters' own logs), -vvv for trace. RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -168,27 +171,53 @@ impl Source {
         dirs
     }
 
-    /// Whether a change to `path`, in one of the [`watched`](Self::watched)
-    /// directories, can change the set: a plugin, a plugin's `<stem>.json`
-    /// in a plugins directory, or the config file. Other files there (a
-    /// log, a trace, a conversation store) never reload it, or a gateway
-    /// logging next to its config would reload forever.
-    pub(crate) fn concerns(&self, path: &Path) -> bool {
-        let extension = path.extension().and_then(|e| e.to_str());
-        if extension == Some("wasm") || (self.plugins.is_some() && extension == Some("json")) {
-            return true;
+    /// Which changes in the [`watched`](Self::watched) directories can
+    /// change the set.
+    pub(crate) fn changes(&self) -> Changes {
+        let mut names = Vec::new();
+        if let Some(file) = &self.config {
+            names.extend(file.file_name().map(OsStr::to_owned));
+            if let Ok(specs) = read_config(file) {
+                names.extend(
+                    specs
+                        .iter()
+                        .filter_map(|(path, _)| path.file_name().map(OsStr::to_owned)),
+                );
+            }
         }
-        let is_config = |file: &PathBuf| {
-            let dir = |p: &Path| {
-                p.parent()
-                    .filter(|p| !p.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."))
-                    .canonicalize()
-                    .ok()
-            };
-            path.file_name() == file.file_name() && dir(path).is_some_and(|d| Some(d) == dir(file))
+        Changes {
+            names,
+            sidecars: self.plugins.is_some(),
+        }
+    }
+}
+
+/// The files whose changes reload the set (see [`Source::changes`]).
+pub(crate) struct Changes {
+    /// The config file's name and those of the plugins it names.
+    names: Vec<std::ffi::OsString>,
+    /// A plugins directory: its `<stem>.json` configs count.
+    sidecars: bool,
+}
+
+impl Changes {
+    /// Whether a change to `path` can change the set: the config file, a
+    /// plugin (any `*.wasm`, and each plugin file the config names), a
+    /// plugin's `<stem>.json` in a plugins directory, or a directory or
+    /// link swapped in (as Kubernetes updates a mounted ConfigMap, through
+    /// `..data`). Other files beside them (a log, a trace, a store) never
+    /// reload it, or a gateway logging next to its config would reload
+    /// forever.
+    pub(crate) fn concern(&self, path: &Path) -> bool {
+        let Some(name) = path.file_name() else {
+            return true;
         };
-        self.config.as_ref().is_some_and(is_config)
+        let extension = path.extension().and_then(OsStr::to_str);
+        extension == Some("wasm")
+            || (self.sidecars && extension == Some("json"))
+            || self.names.iter().any(|known| known == name)
+            || name.as_encoded_bytes().starts_with(b"..")
+            || std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
     }
 }
 
@@ -241,9 +270,9 @@ pub fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let slots = config.instance_slots;
+        let (slots, idle) = (config.instance_slots, config.idle_instances);
         let engine = Engine::new(config).map_err(|e| {
-            anyhow::anyhow!("{e} (with {slots} instance slots: each reserves address space for a filter's memory; try fewer --instance-slots)")
+            anyhow::anyhow!("{e} (with {slots} instance slots and {idle} idle instances: each reserves address space for a filter's memory; try fewer --instance-slots or --idle-instances)")
         })?;
         match cli.command {
             Command::Chat(args) => chat::run(&engine, args).await,
@@ -303,34 +332,46 @@ struct Telemetry {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use super::Source;
 
     #[test]
-    fn only_plugins_their_sidecars_and_the_config_concern_a_reload() {
-        let dir = std::env::temp_dir();
+    fn only_plugins_their_sidecars_the_config_and_swapped_links_concern_a_reload() {
+        let dir = std::env::temp_dir().join(format!("shallot-changes-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("..data")).unwrap();
+        let config = dir.join("shallot.toml");
+        std::fs::write(&config, "[[filter]]\nplugin = \"guard.component\"\n").unwrap();
+
         let plugins = Source {
             plugins: Some(dir.clone()),
             config: None,
-        };
-        assert!(plugins.concerns(&dir.join("safeguard.wasm")));
-        assert!(plugins.concerns(&dir.join("safeguard.json")));
-        assert!(!plugins.concerns(&dir.join("gateway.log")));
-        assert!(!plugins.concerns(&dir.join("trace.jsonl")));
+        }
+        .changes();
+        assert!(plugins.concern(&dir.join("safeguard.wasm")));
+        assert!(plugins.concern(&dir.join("safeguard.json")));
+        assert!(!plugins.concern(&dir.join("gateway.log")));
+        assert!(!plugins.concern(&dir.join("trace.jsonl")));
 
-        let config = Source {
+        let configured = Source {
             plugins: None,
-            config: Some(PathBuf::from("shallot.toml")),
-        };
-        let here = std::env::current_dir().unwrap();
-        assert!(config.concerns(&here.join("shallot.toml")));
-        assert!(config.concerns(Path::new("plugins/safeguard.wasm")));
-        assert!(!config.concerns(&here.join("shallot.toml.new")));
-        assert!(!config.concerns(&here.join("safeguard.json")));
+            config: Some(config.clone()),
+        }
+        .changes();
+        assert!(configured.concern(&config));
+        assert!(configured.concern(Path::new("plugins/safeguard.wasm")));
         assert!(
-            !config.concerns(&dir.join("shallot.toml")),
-            "another directory's"
+            configured.concern(&dir.join("guard.component")),
+            "a plugin it names"
         );
+        assert!(
+            configured.concern(&dir.join("..data")),
+            "a directory swapped in"
+        );
+        assert!(configured.concern(&dir.join("..2026_12_01_10_00_00.123")));
+        assert!(!configured.concern(&dir.join("shallot.toml.new")));
+        assert!(!configured.concern(&dir.join("safeguard.json")));
+        assert!(!configured.concern(&dir.join("conversations.db")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

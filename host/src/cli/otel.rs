@@ -6,13 +6,13 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterExt as _, filter_fn};
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// The spans exported unless `SHALLOT_OTEL_FILTER` (an `EnvFilter`
 /// directive, like RUST_LOG) says otherwise: requests and filter calls,
-/// whatever the log level on stderr.
+/// without log lines, whatever the log level on stderr.
 const DEFAULT_FILTER: &str = "shallot=debug";
 
 /// Exports while it lives; flushes what is left when dropped.
@@ -58,10 +58,15 @@ where
         .with_resource(Resource::builder().with_service_name("shallot").build())
         .with_batch_exporter(exporter)
         .build();
-    let filter = std::env::var("SHALLOT_OTEL_FILTER")
+    // An operator's own directive may ask for events (log lines, the
+    // filters' included) on the spans; by default only spans go out.
+    let chosen = std::env::var("SHALLOT_OTEL_FILTER")
         .ok()
-        .and_then(|directive| EnvFilter::try_new(directive).ok())
-        .unwrap_or_else(|| EnvFilter::new(DEFAULT_FILTER));
+        .and_then(|directive| EnvFilter::try_new(directive).ok());
+    let events = chosen.is_some();
+    let filter = chosen
+        .unwrap_or_else(|| EnvFilter::new(DEFAULT_FILTER))
+        .and(filter_fn(move |metadata| events || metadata.is_span()));
     let layer = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("shallot"))
         .with_filter(filter);

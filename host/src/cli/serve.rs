@@ -24,8 +24,9 @@ use super::{ModelArgs, Source};
 /// chat through the filters; what the client is shown of an answer goes
 /// through the token transforms. Point any OpenAI client's `base_url` at
 /// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
-/// the config file or a plugin (`*.wasm`; no other file), reloads: the new set is compiled while the
-/// old one serves, then swapped in (requests in flight finish on theirs); a
+/// the config file or a plugin (and, in a plugins directory, its `.json`;
+/// not a log or other file beside them), reloads: the new set is compiled
+/// while the old one serves, then swapped in (requests in flight finish on theirs); a
 /// broken one is reported and the old set keeps serving. `[[route]]` tables
 /// in the config serve several models, each with its filters, upstream and
 /// mode (`proxy`, or `agent`: one agent turn per request with the
@@ -260,10 +261,13 @@ fn watch(
     source: &Source,
     changed: mpsc::UnboundedSender<()>,
 ) -> notify::Result<notify::RecommendedWatcher> {
-    let concerned = source.clone();
+    let changes = source.changes();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access() && e.paths.iter().any(|p| concerned.concerns(p)))
-        {
+        // A lost event (the queue overflowed) may have been any change.
+        let concerned = |e: &notify::Event| {
+            e.need_rescan() || e.paths.is_empty() || e.paths.iter().any(|p| changes.concern(p))
+        };
+        if event.is_ok_and(|e| !e.kind.is_access() && concerned(&e)) {
             let _ = changed.send(());
         }
     })?;

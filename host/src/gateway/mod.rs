@@ -33,7 +33,7 @@ mod wire;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -720,15 +720,18 @@ impl Answer {
             let _place = place;
             let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
             tokio::select! {
-                done = chat => {
-                    let _ = sender.send(Streamed::Done(done.unwrap_or(Err(timed_out))));
+                biased;
+                () = backlog.overflow.notified() => {
+                    let _ = sender.send(Streamed::Done(Err(Unsent::error())));
                 }
-                () = backlog.overflowed.notified() => {
-                    let error = ChainError::new(
-                        ErrorKind::LimitExceeded,
-                        format!("the client did not read the stream: more than {MAX_UNSENT_BYTES} bytes of the answer waited for it"),
-                    );
-                    let _ = sender.send(Streamed::Done(Err(error)));
+                done = chat => {
+                    // The client fell behind as the chat ended: what it
+                    // missed is gone, so the answer must not look whole.
+                    let done = match done {
+                        _ if backlog.overflowed() => Err(Unsent::error()),
+                        done => done.unwrap_or(Err(timed_out)),
+                    };
+                    let _ = sender.send(Streamed::Done(done));
                 }
                 () = sender.closed() => {}
             }
@@ -842,17 +845,43 @@ struct Forward {
 #[derive(Default)]
 struct Unsent {
     bytes: AtomicUsize,
-    overflowed: Notify,
+    /// Set once the client fell too far behind: nothing more is sent, and
+    /// the answer ends with an error however the chat ends.
+    overflowed: AtomicBool,
+    overflow: Notify,
+}
+
+impl Unsent {
+    fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+
+    fn error() -> ChainError {
+        ChainError::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "the client did not read the stream: more than {MAX_UNSENT_BYTES} bytes of the answer waited for it"
+            ),
+        )
+    }
 }
 
 impl TokenSink for Forward {
     fn deliver(&self, tokens: &TokenBatch) {
-        let text: String = tokens.iter().map(|token| token.text).collect();
-        let unsent = self.unsent.bytes.fetch_add(text.len(), Ordering::Relaxed) + text.len();
-        if unsent > MAX_UNSENT_BYTES {
-            self.unsent.overflowed.notify_one();
+        let unsent = &self.unsent;
+        if unsent.overflowed() {
             return;
         }
+        let text: String = tokens.iter().map(|token| token.text).collect();
+        // One large batch to a client that has taken everything so far is
+        // not falling behind: only text already waiting counts against it.
+        let waiting = unsent.bytes.load(Ordering::Relaxed);
+        if waiting > 0 && waiting + text.len() > MAX_UNSENT_BYTES {
+            unsent.overflowed.store(true, Ordering::Release);
+            unsent.overflow.notify_one();
+            return;
+        }
+        unsent.bytes.fetch_add(text.len(), Ordering::Relaxed);
         let _ = self.sender.send(Streamed::Tokens(text));
     }
 }
