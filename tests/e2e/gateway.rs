@@ -838,11 +838,12 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
     served.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
-    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+/// A gateway with one place and no queue, whose model answers "long" with
+/// `long()` and anything else with "quick".
+async fn one_place(long: impl Fn() -> Reply + Send + Sync + 'static) -> Served {
+    let model = ScriptedModel::new(move |_, request: &ChatRequest| {
         match request.messages.last().unwrap().text().as_str() {
-            "slow" => Reply::Slow(Duration::from_secs(30), "late".into()),
+            "long" => long(),
             _ => Reply::Text("quick".into()),
         }
     });
@@ -851,28 +852,37 @@ async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
         max_queued: 0,
         ..config()
     };
-    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
+    Served::start(kernel(vec![], model).await, config).await
+}
+
+/// Waits, at most `within`, for the one place of `served` to be free
+/// again: a request answered "quick", after `429`s meanwhile.
+async fn place_comes_back(served: &Served, within: Duration, what: &str) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let (status, retry, body) = served.post(ask("next").to_string()).await;
+        if status == 200 {
+            assert!(body.contains("quick"), "{body}");
+            return;
+        }
+        assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
+    let served = one_place(|| Reply::Slow(Duration::from_secs(30), "late".into())).await;
     for stream in [false, true] {
-        let mut slow = ask("slow");
+        let mut slow = ask("long");
         slow["stream"] = json!(stream);
         let gone = served.in_flight(slow);
         tokio::time::sleep(Duration::from_millis(200)).await;
         gone.abort();
         // The place comes back once the server sees the connection close.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let (status, retry, body) = served.post(ask("next").to_string()).await;
-            if status == 200 {
-                assert!(body.contains("quick"), "{body}");
-                break;
-            }
-            assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the place never came back (stream: {stream})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("the place never came back (stream: {stream})");
+        place_comes_back(&served, Duration::from_secs(10), &what).await;
     }
     served.stop().await.unwrap();
 }
@@ -899,18 +909,8 @@ async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffere
     // A long answer, paced: 1,900 tokens of 8 KiB (15 MiB, under the
     // model's cap) over some 30 s.
     let token = "x".repeat(8 << 10);
-    let model = ScriptedModel::new(move |_, request: &ChatRequest| {
-        match request.messages.last().unwrap().text().as_str() {
-            "long" => Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(16)),
-            _ => Reply::Text("quick".into()),
-        }
-    });
-    let config = GatewayConfig {
-        max_concurrent: 1,
-        max_queued: 0,
-        ..config()
-    };
-    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
+    let served =
+        one_place(move || Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(16))).await;
 
     // A client with a small receive window asks for it and reads nothing.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -928,19 +928,8 @@ async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffere
 
     // Its place comes back long before the answer would have ended: the
     // chat is stopped once more than MAX_UNSENT_BYTES wait for the client.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, _, body) = served.post(ask("next").to_string()).await;
-        if status == 200 {
-            assert!(body.contains("quick"), "{body}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a stream nobody reads kept its chat running: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "a stream nobody reads kept its chat running";
+    place_comes_back(&served, Duration::from_secs(20), what).await;
 
     // Reading at last, the client gets what waited, then the error and the end.
     let mut said = Vec::new();
