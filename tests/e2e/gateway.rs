@@ -620,18 +620,21 @@ impl shallot::Filter for Says {
     }
 }
 
-#[tokio::test]
-async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
-    let kernel = Kernel::builder()
-        .filter(Says(&["key", "tenant"]))
-        .build()
-        .unwrap();
+/// A gateway behind two keys (`sk-billing`: key "billing", tenant "acme";
+/// `sk-ops`: key "ops", no tenant) whose answer says the context `fields`.
+async fn keyed(fields: &'static [&'static str]) -> Served {
+    let kernel = Kernel::builder().filter(Says(fields)).build().unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
     gateway.set_keys(vec![
         shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
         shallot::ClientKey::new("ops", None, "sk-ops"),
     ]);
-    let served = Served::gateway(gateway).await;
+    Served::gateway(gateway).await
+}
+
+#[tokio::test]
+async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
+    let served = keyed(&["key", "tenant"]).await;
     let post = |key: Option<&'static str>| {
         let url = format!("{}/v1/chat/completions", served.base);
         async move {
@@ -1032,16 +1035,7 @@ async fn two_replicas_share_a_conversation_through_the_memory_filter_over_redis(
 
 #[tokio::test]
 async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
-    let kernel = Kernel::builder()
-        .filter(Says(&["conversation_id"]))
-        .build()
-        .unwrap();
-    let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
-    gateway.set_keys(vec![
-        shallot::ClientKey::new("billing", Some("acme".into()), "sk-billing"),
-        shallot::ClientKey::new("ops", None, "sk-ops"),
-    ]);
-    let served = Served::gateway(gateway).await;
+    let served = keyed(&["conversation_id"]).await;
     let seen = |key: &'static str| {
         let url = format!("{}/v1/chat/completions", served.base);
         async move {
