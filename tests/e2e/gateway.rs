@@ -218,7 +218,7 @@ async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
     });
     let served = Served::start(kernel(vec![], model.clone()).await, config()).await;
     let tools = json!([{ "type": "function", "function": {
-        "name": "add", "description": "adds", "parameters": { "type": "object" } } }]);
+        "name": "add", "description": "adds", "parameters": { "type": "object" }, "strict": true } }]);
     let mut request = ask("add 1 and 2");
     request["tools"] = tools.clone();
     request["tool_choice"] = json!("auto");
@@ -236,6 +236,7 @@ async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
         seen.tools[0].name, "add",
         "the client's tools reach the model"
     );
+    assert!(seen.tools[0].strict, "strict as the client asked");
     assert_eq!(seen.options["tool_choice"], "auto", "and so do its options");
     assert_eq!(seen.options["user"], "user-7", "and its end user's id");
 
@@ -394,6 +395,19 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
             .as_str()
             .unwrap()
             .contains("unknown role"),
+        "{body}"
+    );
+
+    let mut request = ask("hi");
+    request["tools"] = json!([{ "type": "function", "function": {
+        "name": "add", "parameters": { "type": "object" }, "strict": "yes" } }]);
+    let (status, body) = served.complete(request).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("tools[0]: tool 'add': `function.strict` must be a boolean"),
         "{body}"
     );
 

@@ -79,11 +79,14 @@ async fn a_plain_answer_comes_back_with_usage_and_the_request_goes_out_in_the_wi
     let provider = FakeProvider::start(vec![completion("Hello there.", "stop")]).await;
     let mut request =
         shallot::types::ChatRequest::new(vec![Message::system("be brief"), Message::user("hi")]);
-    request.tools = std::sync::Arc::new(vec![ToolSpec::new(
-        "add",
-        "adds",
-        json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
-    )]);
+    request.tools = std::sync::Arc::new(vec![
+        ToolSpec::new(
+            "add",
+            "adds",
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        ),
+        ToolSpec::new("sub", "subtracts", json!({"type": "object"})).strict(),
+    ]);
     let response = kernel(&provider)
         .chat(request, Context::new())
         .await
@@ -111,6 +114,8 @@ async fn a_plain_answer_comes_back_with_usage_and_the_request_goes_out_in_the_wi
         body["tools"][0]["function"]["parameters"]["properties"]["a"]["type"],
         "integer"
     );
+    assert!(body["tools"][0]["function"].get("strict").is_none());
+    assert_eq!(body["tools"][1]["function"]["strict"], true);
     assert!(body.get("stream").is_none());
 }
 

@@ -369,3 +369,30 @@ async fn tool_search_refuses_a_bad_configuration_at_load() {
         assert!(error.to_string().contains(says), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_tool_the_filter_offers_keeps_what_the_host_knows_of_it() {
+    let model = ScriptedModel::answer("ok");
+    let kernel = kernel(
+        json!({ "unindexed": ["get_weather"] }),
+        &chinese_tools(),
+        model.clone(),
+    )
+    .await;
+    let request = ChatRequest {
+        messages: vec![Message::user("weather?")].into(),
+        tools: vec![ToolSpec::new("get_weather", "weather", json!({ "type": "object" })).strict()]
+            .into(),
+        ..Default::default()
+    };
+    kernel.chat(request, Context::new()).await.unwrap();
+    let seen = &model.requests()[0];
+    assert_eq!(offered(seen), ["get_weather", "tool_search"]);
+    let weather = seen.tools.iter().find(|t| t.name == "get_weather").unwrap();
+    assert!(
+        weather.strict,
+        "rewritten by the filter's set-tools, the tool is still strict"
+    );
+    let search = seen.tools.iter().find(|t| t.name == "tool_search").unwrap();
+    assert!(!search.strict, "the filter's own tool is not");
+}

@@ -30,6 +30,11 @@ pub struct ToolSpec {
     /// `timeout` error is tried again. Other errors are never retried.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries: u32,
+    /// Host-side: asks an OpenAI-compatible model to keep its calls to
+    /// exactly `parameters` (the wire's `function.strict`, structured
+    /// outputs); the model server decides what schemas it accepts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -52,12 +57,33 @@ impl ToolSpec {
             return_direct: false,
             timeout_ms: None,
             retries: 0,
+            strict: false,
         }
     }
 
     /// Marks the tool sensitive.
     pub fn sensitive(mut self) -> Self {
         self.sensitive = true;
+        self
+    }
+
+    /// This tool with the host-side fields of `earlier` (the same tool as
+    /// the host had it): what a filter rewrites through the contract, which
+    /// has no words for them, keeps them.
+    pub(crate) fn keeping_host_side(self, earlier: &ToolSpec) -> ToolSpec {
+        ToolSpec {
+            serial: earlier.serial,
+            return_direct: earlier.return_direct,
+            timeout_ms: earlier.timeout_ms,
+            retries: earlier.retries,
+            strict: earlier.strict,
+            ..self
+        }
+    }
+
+    /// Asks the model to follow `parameters` exactly (see [`ToolSpec::strict`]).
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
         self
     }
 

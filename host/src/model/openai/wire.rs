@@ -54,7 +54,12 @@ pub(crate) fn wire_message(m: &Message) -> Value {
 
 /// A tool in the wire format.
 pub(crate) fn wire_tool(t: &ToolSpec) -> Value {
-    json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.parameters } })
+    let mut function =
+        json!({ "name": t.name, "description": t.description, "parameters": t.parameters });
+    if t.strict {
+        function["strict"] = Value::Bool(true);
+    }
+    json!({ "type": "function", "function": function })
 }
 
 /// A client's message, in our terms.
@@ -151,7 +156,19 @@ pub(crate) fn tool_from_wire(wire: &Value) -> Result<ToolSpec, String> {
         schema => schema.clone(),
     };
     let description = function["description"].as_str().unwrap_or_default();
-    Ok(ToolSpec::new(name, description, parameters))
+    let strict = match &function["strict"] {
+        Value::Null => false,
+        Value::Bool(strict) => *strict,
+        _ => {
+            return Err(format!(
+                "tool '{name}': `function.strict` must be a boolean"
+            ));
+        }
+    };
+    Ok(ToolSpec {
+        strict,
+        ..ToolSpec::new(name, description, parameters)
+    })
 }
 
 /// Our finish reason, as the wire says it.

@@ -135,15 +135,22 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         tools: Vec<wit::ToolSpec>,
     ) -> wasmtime::Result<Result<(), String>> {
+        let request = self.table.get_mut(&this)?;
         let tools = match tools
             .into_iter()
-            .map(convert::from_tool_spec)
-            .collect::<Result<Vec<_>, _>>()
+            .map(|tool| {
+                let tool = convert::from_tool_spec(tool)?;
+                Ok(match request.tools.iter().find(|t| t.name == tool.name) {
+                    Some(earlier) => tool.keeping_host_side(earlier),
+                    None => tool,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()
         {
             Ok(tools) => tools,
             Err(e) => return Ok(Err(e)),
         };
-        self.table.get_mut(&this)?.tools = Arc::new(tools);
+        request.tools = Arc::new(tools);
         self.recharge(&this)?;
         Ok(Ok(()))
     }
