@@ -130,6 +130,8 @@ struct KeyEntry {
     tenant: Option<String>,
     sha256: Option<String>,
     env: Option<String>,
+    #[serde(default)]
+    models: Option<Vec<String>>,
 }
 
 /// A key a client of the gateway presents (`Authorization: Bearer ...`),
@@ -140,6 +142,9 @@ pub struct ClientKey {
     pub name: String,
     /// The tenant it belongs to (context `tenant`), if any.
     pub tenant: Option<String>,
+    /// The routes it may use, by their model names; `None`: every route.
+    /// The others do not exist for it (`404`, not listed).
+    pub models: Option<Vec<String>>,
     sha256: [u8; 32],
 }
 
@@ -149,8 +154,22 @@ impl ClientKey {
         ClientKey {
             name: name.into(),
             tenant,
+            models: None,
             sha256: Sha256::digest(secret.as_bytes()).into(),
         }
+    }
+
+    /// The key, allowed only the routes of these model names.
+    pub fn for_models(mut self, models: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.models = Some(models.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Whether the key may use the route of `model`.
+    pub fn may_use(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == model))
     }
 
     /// Whether `secret` is this key.
@@ -165,6 +184,7 @@ impl std::fmt::Debug for ClientKey {
         f.debug_struct("ClientKey")
             .field("name", &self.name)
             .field("tenant", &self.tenant)
+            .field("models", &self.models)
             .finish_non_exhaustive()
     }
 }
@@ -207,15 +227,16 @@ pub fn read_model(file: &Path) -> Result<Option<OpenAiConfig>, LoadError> {
 }
 
 /// Reads a `shallot.toml`'s client keys (`[[key]]` tables), for the
-/// gateway: each with a `name`, an optional `tenant`, and the key as its
-/// hex `sha256` or the name of the environment variable (`env`) that holds
-/// it.
+/// gateway: each with a `name`, an optional `tenant`, the key as its hex
+/// `sha256` or the name of the environment variable (`env`) that holds it,
+/// and optionally the `models` (routes) it may use, all when not given.
 ///
 /// ```toml
 /// [[key]]
 /// name = "billing-app"
 /// tenant = "acme"
 /// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+/// models = ["gpt-4o-mini"]
 ///
 /// [[key]]
 /// name = "ops"
@@ -232,6 +253,11 @@ pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
         .into_iter()
         .map(|key| {
             let named = |what: &str| bad(format!("key '{}': {what}", key.name));
+            if key.models.as_ref().is_some_and(Vec::is_empty) {
+                return Err(named(
+                    "`models` is empty: the key could use nothing (leave it out for every route)",
+                ));
+            }
             match (&key.sha256, &key.env) {
                 (Some(hex), None) => {
                     let sha256 = decode_sha256(hex)
@@ -239,6 +265,7 @@ pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
                     Ok(ClientKey {
                         name: key.name.clone(),
                         tenant: key.tenant.clone(),
+                        models: key.models.clone(),
                         sha256,
                     })
                 }
@@ -246,11 +273,10 @@ pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
                     let secret = std::env::var(var).map_err(|_| {
                         named(&format!("the environment variable {var} is not set"))
                     })?;
-                    Ok(ClientKey::new(
-                        key.name.clone(),
-                        key.tenant.clone(),
-                        &secret,
-                    ))
+                    Ok(ClientKey {
+                        models: key.models.clone(),
+                        ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
+                    })
                 }
                 _ => Err(named("give exactly one of `sha256` and `env`")),
             }
@@ -515,10 +541,12 @@ mod tests {
         write(concat!(
             "[[key]]\nname = \"billing\"\ntenant = \"acme\"\n",
             "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
-            "[[key]]\nname = \"ops\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
+            "[[key]]\nname = \"ops\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\nmodels = [\"raw\"]\n",
         ));
         let keys = read_keys(&file).unwrap();
         assert_eq!(keys[0].tenant.as_deref(), Some("acme"));
+        assert!(keys[0].may_use("raw") && keys[0].may_use("filtered"));
+        assert!(keys[1].may_use("raw") && !keys[1].may_use("filtered"));
         assert!(keys[0].matches("shallot-test-key") && !keys[0].matches("sk-ops"));
         assert!(keys[1].matches("sk-ops"));
         assert!(
@@ -528,6 +556,10 @@ mod tests {
         for (text, says) in [
             ("[[key]]\nname = \"x\"\nsha256 = \"abc\"\n", "64 hex digits"),
             ("[[key]]\nname = \"x\"\n", "exactly one of"),
+            (
+                "[[key]]\nname = \"x\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\nmodels = []\n",
+                "could use nothing",
+            ),
             (
                 "[[key]]\nname = \"x\"\nenv = \"SHALLOT_TEST_UNSET_KEY\"\n",
                 "is not set",

@@ -1025,6 +1025,29 @@ filters = ["token-redact"]
         "{}",
         text(&out.stderr)
     );
+
+    std::fs::write(
+        &config,
+        concat!(
+            "[[route]]\nmodel = \"x\"\nupstream = \"embedded\"\n",
+            "[[key]]\nname = \"app\"\nmodels = [\"y\"]\n",
+            "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
+        ),
+    )
+    .unwrap();
+    let out = shallot(&[
+        "serve",
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("key 'app': no route serves the model 'y' (served: x)"),
+        "{}",
+        text(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -108,6 +108,11 @@ fn ask(text: &str) -> Value {
     json!({ "model": "scripted", "messages": [{ "role": "user", "content": text }] })
 }
 
+/// A question for the route of `model`.
+fn ask_model(model: &str) -> Value {
+    json!({ "model": model, "messages": [{ "role": "user", "content": "key?" }] })
+}
+
 async fn kernel(
     filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>,
     model: ScriptedModel,
@@ -680,6 +685,96 @@ async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
 }
 
 #[tokio::test]
+async fn a_key_limited_to_some_models_sees_and_uses_only_those() {
+    let gateway = Gateway::new(
+        vec![
+            Route::proxy("raw", kernel(vec![], ScriptedModel::answer("raw")).await),
+            Route::proxy("filtered", kernel(vec![], ScriptedModel::answer("f")).await),
+        ],
+        config(),
+    );
+    gateway.set_keys(vec![
+        shallot::ClientKey::new("billing", None, "sk-billing").for_models(["raw"]),
+        shallot::ClientKey::new("ops", None, "sk-ops"),
+    ]);
+    let served = Served::gateway(gateway).await;
+    let client = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, key: &str, body: Option<Value>| {
+        let mut request = client
+            .request(method, format!("{}{path}", served.base))
+            .bearer_auth(key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let complete = |model: &str, key: &'static str| {
+        call(
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            key,
+            Some(ask_model(model)),
+        )
+    };
+    let ids = |models: &Value| -> Vec<String> {
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let (status, body) = complete("raw", "sk-billing").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = complete("filtered", "sk-billing").await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (404, json!("model_not_found")),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.ends_with("serves raw"),
+        "names only what the key may use: {message}"
+    );
+    let (status, body) = complete("filtered", "sk-ops").await;
+    assert_eq!(status, 200, "an unlimited key uses every route: {body}");
+
+    let (_, models) = call(reqwest::Method::GET, "/v1/models", "sk-billing", None).await;
+    assert_eq!(ids(&models), ["raw"]);
+    let (_, models) = call(reqwest::Method::GET, "/v1/models", "sk-ops", None).await;
+    assert_eq!(ids(&models), ["raw", "filtered"]);
+
+    let (status, model) = call(reqwest::Method::GET, "/v1/models/raw", "sk-billing", None).await;
+    assert_eq!(status, 200, "{model}");
+    assert_eq!(
+        (model["id"].clone(), model["object"].clone()),
+        (json!("raw"), json!("model"))
+    );
+    let (status, body) = call(
+        reqwest::Method::GET,
+        "/v1/models/filtered",
+        "sk-billing",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+    let (status, _) = call(reqwest::Method::GET, "/v1/models/filtered", "sk-ops", None).await;
+    assert_eq!(status, 200);
+    let (status, _) = call(reqwest::Method::GET, "/v1/models/raw", "sk-wrong", None).await;
+    assert_eq!(status, 401, "retrieving a model needs a key too");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
     let hello = kernel(vec![], ScriptedModel::answer("hello")).await;
     let gateway = Gateway::new(vec![Route::proxy("scripted", hello)], config());
@@ -806,7 +901,6 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
         },
     ];
     let served = Served::gateway(Gateway::new(routes, config())).await;
-    let ask_model = |model: &str| json!({ "model": model, "messages": [{ "role": "user", "content": "key?" }] });
     let (_, body) = served.complete(ask_model("filtered")).await;
     assert_eq!(body["choices"][0]["message"]["content"], "the key is [KEY]");
     assert_eq!(body["model"], "filtered");

@@ -88,3 +88,5 @@ expect_error("a bad key", openai.AuthenticationError, 401, "invalid_api_key",
              lambda: intruder.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}]))
 check("the gateway still serves", ask("hello again").choices[0].finish_reason == "stop", "")
 check("the models list names the model", [m.id for m in client.models.list()] == [MODEL], "")
+check("the model can be retrieved", client.models.retrieve(MODEL).id == MODEL, "")
+expect_error("an unknown model", openai.NotFoundError, 404, "model_not_found", lambda: client.models.retrieve("gpt-9"))

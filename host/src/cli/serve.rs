@@ -32,7 +32,7 @@ use super::{ModelArgs, Source};
 /// mode (`proxy`, or `agent`: one agent turn per request with the
 /// gateway's tools); without them, one model through every filter. With `[[key]]`
 /// tables in the config, clients must present one of those keys (`401`
-/// otherwise). SIGTERM or Ctrl-C stops accepting and lets the requests in
+/// otherwise); a key with `models` sees and uses only those. SIGTERM or Ctrl-C stops accepting and lets the requests in
 /// flight finish. Built with the `otel` feature, spans go to the
 /// OpenTelemetry collector at OTEL_EXPORTER_OTLP_ENDPOINT when it is set.
 #[derive(Args)]
@@ -120,7 +120,9 @@ async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Vec<Route>,
     let default = args.model.server(&args.source)?;
     if specs.is_empty() {
         let (builder, model) = with_model(Kernel::builder().plugins(&plugins), default)?;
-        return Ok((vec![Route::proxy(model, builder.build()?)], keys));
+        let routes = vec![Route::proxy(model, builder.build()?)];
+        check_keys(&keys, &routes)?;
+        return Ok((routes, keys));
     }
     let mut routes = Vec::with_capacity(specs.len());
     for spec in specs {
@@ -162,7 +164,26 @@ async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Vec<Route>,
             mode: spec.mode,
         });
     }
+    check_keys(&keys, &routes)?;
     Ok((routes, keys))
+}
+
+/// Fails on a key allowed a model no route serves: a typo would otherwise
+/// lock its holder out without a word.
+fn check_keys(keys: &[ClientKey], routes: &[Route]) -> anyhow::Result<()> {
+    for key in keys {
+        for model in key.models.iter().flatten() {
+            if !routes.iter().any(|route| &route.model == model) {
+                let served: Vec<&str> = routes.iter().map(|r| r.model.as_str()).collect();
+                anyhow::bail!(
+                    "key '{}': no route serves the model '{model}' (served: {})",
+                    key.name,
+                    served.join(", ")
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `builder` over the server `upstream` (`None`: the embedded model), and

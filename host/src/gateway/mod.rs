@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -156,8 +156,31 @@ struct Served {
 }
 
 impl Served {
-    fn route(&self, model: &str) -> Option<&Route> {
-        self.routes.iter().find(|route| route.model == model)
+    /// The routes `key` may use (all of them without keys).
+    fn routes_for<'a>(&'a self, key: Option<&'a ClientKey>) -> impl Iterator<Item = &'a Route> {
+        self.routes
+            .iter()
+            .filter(move |route| key.is_none_or(|key| key.may_use(&route.model)))
+    }
+
+    /// The route of `model`, if `key` may use it; else a `404` naming the
+    /// models it may use (the others do not exist for it).
+    fn route(&self, key: Option<&ClientKey>, model: &str) -> Result<&Route, ApiError> {
+        self.routes
+            .iter()
+            .find(|route| route.model == model && key.is_none_or(|key| key.may_use(model)))
+            .ok_or_else(|| {
+                let models: Vec<&str> = self.routes_for(key).map(|r| r.model.as_str()).collect();
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    Some("model_not_found"),
+                    format!(
+                        "the model '{model}' does not exist; this gateway serves {}",
+                        models.join(", ")
+                    ),
+                )
+            })
     }
 
     fn filters(&self) -> usize {
@@ -280,6 +303,7 @@ impl Gateway {
         let app = Router::new()
             .route("/v1/chat/completions", post(completions))
             .route("/v1/models", get(models))
+            .route("/v1/models/{*model}", get(model))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
             .route("/metrics", get(exposition))
@@ -379,17 +403,36 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `GET /v1/models`: the models the client's key may use.
 async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let served = gateway.served();
-    if let Err(error) = served.authorize(&headers) {
-        return error.into_response();
-    }
-    let models: Vec<Value> = served
-        .routes
-        .iter()
-        .map(|route| json!({ "id": route.model, "object": "model", "created": 0, "owned_by": "shallot" }))
-        .collect();
+    let key = match served.authorize(&headers) {
+        Ok(key) => key,
+        Err(error) => return error.into_response(),
+    };
+    let models: Vec<Value> = served.routes_for(key).map(model_object).collect();
     axum::Json(json!({ "object": "list", "data": models })).into_response()
+}
+
+/// `GET /v1/models/{model}`: one of them, or a `404`.
+async fn model(
+    State(gateway): State<Arc<Shared>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let served = gateway.served();
+    match served
+        .authorize(&headers)
+        .and_then(|key| served.route(key, &model))
+    {
+        Ok(route) => axum::Json(model_object(route)).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// A route as OpenAI's model object.
+fn model_object(route: &Route) -> Value {
+    json!({ "id": route.model, "object": "model", "created": 0, "owned_by": "shallot" })
 }
 
 async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
@@ -497,19 +540,7 @@ async fn complete(
             "the request body is not a chat completion request: {e}"
         ))
     })?;
-    let Some(route) = served.route(&request.model) else {
-        let models: Vec<&str> = served.routes.iter().map(|r| r.model.as_str()).collect();
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            Some("model_not_found"),
-            format!(
-                "the model '{}' does not exist; this gateway serves {}",
-                request.model,
-                models.join(", ")
-            ),
-        ));
-    };
+    let route = served.route(key, &request.model)?;
     *routed = Some(route.model.clone());
     tracing::Span::current().record("model", route.model.as_str());
     let chat = request.chat_request().map_err(ApiError::invalid)?;
