@@ -1007,46 +1007,29 @@ filters = ["token-redact"]
     );
     gateway.terminate();
 
-    std::fs::write(
-        &config,
+    let refused = |toml: &str, says: &str| {
+        std::fs::write(&config, toml).unwrap();
+        let out = shallot(&[
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+    };
+    refused(
         "[[route]]\nmodel = \"x\"\nfilters = [\"missing\"]\n",
-    )
-    .unwrap();
-    let out = shallot(&[
-        "serve",
-        "--config",
-        config.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("route 'x': there is no filter named 'missing'"),
-        "{}",
-        text(&out.stderr)
+        "route 'x': there is no filter named 'missing'",
     );
-
-    std::fs::write(
-        &config,
+    refused(
         concat!(
             "[[route]]\nmodel = \"x\"\nupstream = \"embedded\"\n",
             "[[key]]\nname = \"app\"\nmodels = [\"y\"]\n",
             "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
         ),
-    )
-    .unwrap();
-    let out = shallot(&[
-        "serve",
-        "--config",
-        config.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("key 'app': no route serves the model 'y' (served: x)"),
-        "{}",
-        text(&out.stderr)
+        "key 'app': no route serves the model 'y' (served: x)",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
