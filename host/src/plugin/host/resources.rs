@@ -2,6 +2,7 @@
 //! own values in the instance's table, read and changed through handles,
 //! every change charged to the filter.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use wasmtime::component::Resource;
@@ -10,8 +11,8 @@ use super::{HostState, json_object, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
-    ChatRequest, ChatResponse, Content, FinishReason, Message, ToolRequest, ToolResponse, TurnDone,
-    TurnInterrupt, TurnRequest, Weigh,
+    ChatRequest, ChatResponse, Content, FinishReason, Message, ToolRequest, ToolResponse, ToolSpec,
+    TurnDone, TurnInterrupt, TurnRequest, Weigh,
 };
 
 /// A request that carries a conversation: a chat or a turn request.
@@ -136,11 +137,18 @@ impl wit::HostChatRequest for HostState {
         tools: Vec<wit::ToolSpec>,
     ) -> wasmtime::Result<Result<(), String>> {
         let request = self.table.get_mut(&this)?;
+        // By name, once: a guest's long list against a client's long one
+        // costs the host linear time, not their product.
+        let earlier: HashMap<&str, &ToolSpec> = request
+            .tools
+            .iter()
+            .map(|tool| (tool.name.as_str(), tool))
+            .collect();
         let tools = match tools
             .into_iter()
             .map(|tool| {
                 let tool = convert::from_tool_spec(tool)?;
-                Ok(match request.tools.iter().find(|t| t.name == tool.name) {
+                Ok(match earlier.get(tool.name.as_str()) {
                     Some(earlier) => tool.keeping_host_side(earlier),
                     None => tool,
                 })
