@@ -3,6 +3,8 @@
 //! both ways, the token transforms on every answer, errors by kind, and the
 //! bounds (body cap, queue, deadline, drain).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -771,6 +773,61 @@ async fn a_key_limited_to_some_models_sees_and_uses_only_those() {
     assert_eq!(status, 200);
     let (status, _) = call(reqwest::Method::GET, "/v1/models/raw", "sk-wrong", None).await;
     assert_eq!(status, 401, "retrieving a model needs a key too");
+    served.stop().await.unwrap();
+}
+
+/// A reload replaces the keys and the routes they name in one step: while
+/// reloads alternate between a route `a` for a key limited to `a` and a
+/// route `b` for the key limited to `b`, the key never finds itself with
+/// no model (new keys with old routes) however the requests fall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_swaps_the_keys_and_the_routes_they_name_together() {
+    let kernels = [
+        kernel(vec![], ScriptedModel::answer("a")).await,
+        kernel(vec![], ScriptedModel::answer("b")).await,
+    ];
+    let set = move |round: usize| {
+        let model = ["a", "b"][round % 2];
+        (
+            vec![Route::proxy(model, kernels[round % 2].clone())],
+            vec![shallot::ClientKey::new("billing", None, "sk-billing").for_models([model])],
+        )
+    };
+    let (routes, keys) = set(0);
+    let gateway = Gateway::new(routes, config());
+    gateway.set_keys(keys);
+    let served = Served::gateway(gateway.clone()).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let reloading = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            let mut round = 0;
+            while !done.load(Ordering::Relaxed) {
+                round += 1;
+                let (routes, keys) = set(round);
+                gateway.swap_with_keys(routes, keys);
+            }
+            round
+        }
+    });
+    let client = reqwest::Client::new();
+    let mut empty = 0;
+    for _ in 0..2000 {
+        let response = client
+            .get(format!("{}/v1/models", served.base))
+            .bearer_auth("sk-billing")
+            .send()
+            .await
+            .unwrap();
+        let models: Value = response.json().await.unwrap();
+        if models["data"].as_array().unwrap().is_empty() {
+            empty += 1;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let rounds = reloading.join().unwrap();
+    assert!(rounds > 100, "reloads ran alongside: {rounds}");
+    assert_eq!(empty, 0, "lists without the key's model, of 2000");
     served.stop().await.unwrap();
 }
 

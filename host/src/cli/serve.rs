@@ -261,8 +261,7 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
         match build(&engine, &args).await {
             Ok((routes, keys)) => {
                 let described = describe(&routes);
-                gateway.set_keys(keys);
-                gateway.swap(routes);
+                gateway.swap_with_keys(routes, keys);
                 eprintln!("shallot serve: reloaded ({described})");
             }
             Err(e) => {

@@ -256,11 +256,27 @@ impl Gateway {
     /// Serves `routes` from now on: requests in flight finish on the route
     /// they started with.
     pub fn swap(&self, routes: Vec<Route>) {
-        self.shared
-            .served
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .routes = routes.into();
+        self.replace(|served| served.routes = routes.into());
+    }
+
+    /// Serves `routes` to `keys` from now on, both in one step: no request
+    /// sees the new keys with the old routes (a key limited to a model
+    /// that only the new routes serve would get a `404`) or the reverse.
+    pub fn swap_with_keys(&self, routes: Vec<Route>, keys: Vec<ClientKey>) {
+        self.replace(|served| {
+            served.routes = routes.into();
+            served.keys = keys.into();
+        });
+    }
+
+    fn replace(&self, change: impl FnOnce(&mut Served)) {
+        change(
+            &mut self
+                .shared
+                .served
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
         let mut reloads = self.shared.reloads();
         reloads.swapped += 1;
         reloads.last_error = None;
