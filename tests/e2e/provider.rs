@@ -256,6 +256,27 @@ async fn a_429_is_retried_after_the_servers_retry_after() {
 }
 
 #[tokio::test]
+async fn a_retry_after_that_is_no_duration_falls_back_to_the_backoff() {
+    for nonsense in ["-1", "1e400", "NaN", "inf", "soon"] {
+        let provider = FakeProvider::start(vec![
+            Canned::Json(
+                503,
+                json!({ "error": { "message": "busy" } }),
+                vec![("retry-after", nonsense.into())],
+            ),
+            completion("fine", "stop"),
+        ])
+        .await;
+        let response = kernel(&provider)
+            .chat(ask("hi"), Context::new())
+            .await
+            .unwrap();
+        assert_eq!(response.text(), "fine", "after Retry-After: {nonsense}");
+        assert_eq!(provider.bodies().len(), 2);
+    }
+}
+
+#[tokio::test]
 async fn a_5xx_that_persists_ends_as_a_transient_error_after_the_retries() {
     let provider = FakeProvider::start(vec![Canned::Json(
         503,
@@ -373,6 +394,58 @@ async fn a_stream_that_breaks_mid_answer_is_a_typed_error_and_a_hold_back_filter
         1,
         "a stream that started is not retried"
     );
+}
+
+#[tokio::test]
+async fn an_error_the_server_sends_inside_the_stream_ends_it_with_that_error() {
+    let mut chunks = streamed(&["Hel"]);
+    chunks.truncate(2);
+    chunks.push(json!({ "error": { "message": "the GPU fell over", "type": "server_error" } }));
+    let provider = FakeProvider::start(vec![Canned::Sse(chunks, true)]).await;
+    let sink = Collector::default();
+    let error = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient);
+    assert!(error.message.contains("the GPU fell over"), "{error}");
+}
+
+#[tokio::test]
+async fn nulls_where_a_server_means_none_read_as_none() {
+    let provider = FakeProvider::start(vec![
+        Canned::Json(
+            200,
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "model": null,
+                "choices": [{ "index": 0, "message": { "role": "assistant", "content": "hi", "tool_calls": null }, "finish_reason": "stop" }],
+                "usage": { "prompt_tokens": 1, "completion_tokens": 1, "total_tokens": null }
+            }),
+            vec![],
+        ),
+        Canned::Sse(
+            vec![
+                json!({ "model": null, "choices": [{ "index": 0, "delta": { "role": "assistant", "content": "o", "tool_calls": null }, "finish_reason": null }] }),
+                json!({ "choices": [{ "index": 0, "delta": null, "finish_reason": null }] }),
+                json!({ "choices": [{ "index": 0, "delta": { "content": "k" }, "finish_reason": "stop" }], "usage": null }),
+            ],
+            true,
+        ),
+    ])
+    .await;
+    let kernel = kernel(&provider);
+    let response = kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    assert_eq!(
+        (response.text(), response.message.tool_calls.len()),
+        ("hi".to_owned(), 0)
+    );
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "ok");
+    assert_eq!(response.finish_reason, FinishReason::Complete);
 }
 
 #[tokio::test]

@@ -181,7 +181,7 @@ async fn status_error(response: reqwest::Response) -> (ChainError, Option<Durati
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(Duration::from_secs_f64);
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
     let text = response.text().await.unwrap_or_default();
     let said = serde_json::from_str::<Value>(&text)
         .ok()
@@ -328,6 +328,17 @@ impl ChatModel for OpenAiModel {
                         return Some((Err(error), (events, None)));
                     }
                 };
+                if let Some(error) = &chunk.error {
+                    let said = error["message"].as_str().or_else(|| error.as_str());
+                    let error = ChainError::new(
+                        ErrorKind::Transient,
+                        format!(
+                            "the model server broke off the stream with an error: {}",
+                            said.unwrap_or("(no message)")
+                        ),
+                    );
+                    return Some((Err(error), (events, None)));
+                }
                 let text = match building.add(chunk) {
                     Ok(text) => text,
                     Err(error) => return Some((Err(error), (events, None))),

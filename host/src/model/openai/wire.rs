@@ -204,11 +204,11 @@ pub(super) fn finish(reason: Option<&str>, calls: bool) -> FinishReason {
 
 #[derive(Deserialize, Default)]
 pub(super) struct WireUsage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) prompt_tokens: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) completion_tokens: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) total_tokens: u32,
 }
 
@@ -224,8 +224,9 @@ impl From<WireUsage> for Usage {
 
 #[derive(Deserialize)]
 pub(super) struct Completion {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) model: String,
+    #[serde(deserialize_with = "nullable")]
     pub(super) choices: Vec<Choice>,
     pub(super) usage: Option<WireUsage>,
 }
@@ -239,7 +240,7 @@ pub(super) struct Choice {
 #[derive(Deserialize)]
 pub(super) struct WireAnswer {
     pub(super) content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) tool_calls: Vec<WireCall>,
 }
 
@@ -252,22 +253,24 @@ pub(super) struct WireCall {
 #[derive(Deserialize)]
 pub(super) struct WireFunction {
     pub(super) name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) arguments: String,
 }
 
 #[derive(Deserialize)]
 pub(super) struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) model: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) choices: Vec<ChunkChoice>,
     pub(super) usage: Option<WireUsage>,
+    /// An error the server reports in the stream instead of a chunk.
+    pub(super) error: Option<Value>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct ChunkChoice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) delta: Delta,
     pub(super) finish_reason: Option<String>,
 }
@@ -275,13 +278,13 @@ pub(super) struct ChunkChoice {
 #[derive(Deserialize, Default)]
 pub(super) struct Delta {
     pub(super) content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) tool_calls: Vec<DeltaCall>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct DeltaCall {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) index: usize,
     pub(super) id: Option<String>,
     pub(super) function: Option<DeltaFunction>,
@@ -293,6 +296,17 @@ pub(super) struct DeltaFunction {
     pub(super) arguments: Option<String>,
 }
 
+/// A field a server may send as `null` where it means "none": its
+/// default, as if it were absent (servers built on the OpenAI SDK's models
+/// write `"tool_calls": null`).
+fn nullable<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Option::unwrap_or_default)
+}
+
 pub(super) fn answer(
     text: Option<String>,
     calls: Vec<ToolCall>,
@@ -301,6 +315,19 @@ pub(super) fn answer(
     model: String,
 ) -> ChatResponse {
     let content = text.filter(|t| !t.is_empty()).map(Content::Text);
+    // A call the server sent without arguments (some do, for a tool that
+    // takes none) has the empty object: whoever runs or relays it parses
+    // them as JSON.
+    let calls = calls
+        .into_iter()
+        .map(|call| match call.arguments.trim() {
+            "" => ToolCall {
+                arguments: "{}".to_owned(),
+                ..call
+            },
+            _ => call,
+        })
+        .collect();
     let message = Message {
         role: Role::Assistant,
         content,
