@@ -210,9 +210,25 @@ fn parse(file: &Path) -> Result<(ConfigFile, String), LoadError> {
     })?;
     let parsed = toml::from_str(&text).map_err(|e| LoadError::Config {
         path: file.into(),
-        message: e.to_string(),
+        message: where_in(&text, &e),
     })?;
     Ok((parsed, text))
+}
+
+/// A TOML error by its line and column, without quoting the line: a
+/// config's lines can hold keys, and its errors reach logs and `/readyz`.
+fn where_in(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_owned();
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before[before.rfind('\n').map_or(0, |at| at + 1)..]
+        .chars()
+        .count()
+        + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 /// Reads a `shallot.toml`'s `[model]` table, if it has one, filling a
@@ -573,6 +589,22 @@ mod tests {
             let error = read_keys(&file).unwrap_err().to_string();
             assert!(error.contains(says), "{error}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_broken_config_is_placed_by_line_and_column_without_quoting_its_lines() {
+        let dir = std::env::temp_dir().join(format!("shallot-broken-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("shallot.toml");
+        std::fs::write(
+            &file,
+            "[model]\nbase_url = \"http://localhost:8000/v1\"\napi_key = \"sk-live-secret\nmodel = \"x\"\n",
+        )
+        .unwrap();
+        let error = super::read_model(&file).unwrap_err().to_string();
+        assert!(error.contains("line 3, column "), "{error}");
+        assert!(!error.contains("sk-live"), "the key is not quoted: {error}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shallot::types::ChatRequest;
 use shallot::{ChainError, ErrorKind, Gateway, GatewayConfig, Kernel, Route, RouteMode};
-use shallot_tests::{Reply, ScriptedModel, load, spec};
+use shallot_tests::{Canned, FakeProvider, Reply, ScriptedModel, load, spec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -183,6 +183,35 @@ async fn a_completion_answers_as_openai_does_and_the_service_endpoints_answer() 
     served.stop().await.unwrap();
 }
 
+/// An upstream's tool call without arguments (some servers omit them for
+/// a tool that takes none) reaches the client as `{}`, which its SDK can
+/// parse, not as an empty string.
+#[tokio::test]
+async fn a_tool_call_without_arguments_reaches_the_client_as_an_empty_object() {
+    let provider = FakeProvider::start(vec![Canned::Json(
+        200,
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+            "choices": [{ "index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null,
+                "tool_calls": [{ "id": "call_1", "type": "function", "function": { "name": "now" } }] } }]
+        }),
+        vec![],
+    )])
+    .await;
+    let model = shallot::OpenAiModel::new(shallot::OpenAiConfig::new(&provider.url, "m")).unwrap();
+    let kernel = Kernel::builder().model(model).build().unwrap();
+    let served = Served::start(kernel, config()).await;
+    let mut request = ask("what time is it?");
+    request["tools"] = json!([{ "type": "function", "function": { "name": "now", "parameters": { "type": "object" } } }]);
+    let (status, body) = served.complete(request).await;
+    assert_eq!(status, 200, "{body}");
+    let call = &body["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "now");
+    assert_eq!(call["function"]["arguments"], "{}");
+    served.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_streamed_completion_sends_chunks_the_finish_the_usage_then_done() {
     let model = ScriptedModel::replies(vec![Reply::Paced(
@@ -209,6 +238,15 @@ async fn a_streamed_completion_sends_chunks_the_finish_the_usage_then_done() {
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
     assert!(usage["usage"]["prompt_tokens"].is_u64(), "{usage}");
+
+    let mut request = ask("hi");
+    request["stream_options"] = json!({ "include_usage": null });
+    let (status, events) = served.stream(request).await;
+    assert_eq!(status, 200, "a null is not asking: {events:?}");
+    assert!(
+        self::chunks(&events).iter().all(|c| c["usage"].is_null()),
+        "{events:?}"
+    );
     served.stop().await.unwrap();
 }
 
@@ -680,6 +718,28 @@ async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
         body["choices"][0]["message"]["content"],
         "\"billing\" of \"acme\""
     );
+    for header in [
+        "bearer sk-billing",
+        "BEARER\tsk-billing",
+        "  Bearer   sk-billing ",
+    ] {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", served.base))
+            .header("authorization", header)
+            .json(&ask("hi"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "the scheme in any case: {header:?}");
+    }
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", served.base))
+        .header("authorization", "Basic sk-billing")
+        .json(&ask("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401, "another scheme is no key");
     let (status, _) = served.get("/v1/models").await;
     assert_eq!(status, 401, "the models list needs a key too");
     assert_eq!(served.get("/healthz").await.0, 200, "probes do not");

@@ -196,8 +196,11 @@ impl Served {
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(|value| {
+                // The scheme's name is case-insensitive (RFC 9110).
+                let (scheme, key) = value.trim().split_once(char::is_whitespace)?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+            });
         let unauthorized = |code: Option<&str>, message: &str| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,

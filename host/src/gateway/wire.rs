@@ -38,7 +38,7 @@ pub(super) struct CompletionRequest {
 #[derive(Deserialize)]
 struct StreamOptions {
     #[serde(default)]
-    include_usage: bool,
+    include_usage: Option<bool>,
 }
 
 impl CompletionRequest {
@@ -51,7 +51,7 @@ impl CompletionRequest {
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
-            .is_some_and(|o| o.include_usage)
+            .is_some_and(|o| o.include_usage == Some(true))
     }
 
     /// The request in our terms, or what is wrong with it.
@@ -238,7 +238,10 @@ impl ApiError {
             .as_ref()
             .is_none_or(|origin| origin.call == Call::Terminal);
         if error.kind == ErrorKind::Auth && upstream {
-            tracing::warn!("the model server refused the gateway's credentials: {error}");
+            // Not the server's words: they can quote the key.
+            tracing::warn!(
+                "the model server refused the gateway's credentials (its answer is not logged): check the upstream's api_key"
+            );
             return Self::new(
                 StatusCode::BAD_GATEWAY,
                 "server_error",
