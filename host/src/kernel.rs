@@ -428,6 +428,7 @@ impl Kernel {
             self.core.clone(),
             options.context,
             options.sink,
+            options.model_options,
             Box::new(admission),
         ));
         if call != CallKind::Tool {

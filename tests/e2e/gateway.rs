@@ -491,6 +491,12 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
         status, 200,
         "nulls mean defaults, as OpenAI reads them: {body}"
     );
+    for (n, expected) in [(json!(1.0), 200), (json!(2), 400)] {
+        let (status, body) = served
+            .complete(json!({ "model": "scripted", "messages": [{ "role": "user", "content": "hi" }], "n": n }))
+            .await;
+        assert_eq!(status, expected, "n: {n}: {body}");
+    }
     let (status, body) = served.get("/v1/chat/completions").await;
     assert_eq!(status, 405, "{body}");
     assert!(body.contains("method_not_allowed"), "{body}");
@@ -1000,7 +1006,7 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
     });
     let adder = shallot::types::ToolSpec::new("add", "adds", json!({ "type": "object" }));
     let agent = Kernel::builder()
-        .model(agent_model)
+        .model(agent_model.clone())
         .tool(adder, |args: Value, _| async move {
             Ok(json!(
                 args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap()
@@ -1026,12 +1032,27 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
         body["choices"][0]["message"]["content"],
         "the key is sk-abc"
     );
-    let (status, body) = served.complete(ask_model("agent")).await;
+    let mut careful = ask_model("agent");
+    careful["temperature"] = json!(0.2);
+    careful["max_completion_tokens"] = json!(50);
+    let (status, body) = served.complete(careful).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["choices"][0]["message"]["content"], "the sum is 5",
         "the tool ran server-side"
     );
+    let asked = agent_model.requests();
+    assert_eq!(asked.len(), 2, "a round for the call, one for the answer");
+    for request in &asked {
+        assert_eq!(
+            (
+                &request.options["temperature"],
+                &request.options["max_completion_tokens"]
+            ),
+            (&json!(0.2), &json!(50)),
+            "the client's options reach each model call of the turn"
+        );
+    }
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
     let (status, events) = served.stream(ask_model("agent")).await;
     assert_eq!(status, 200);

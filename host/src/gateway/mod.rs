@@ -858,6 +858,9 @@ async fn run(
                 load_history: false,
                 ..TurnRequest::new(chat.messages.to_vec())
             };
+            // The client's options (temperature, max_tokens, ...) reach
+            // every model call of the turn.
+            let options = options.model_options((*chat.options).clone());
             match kernel.turn(turn, options).await {
                 TurnResult::Done(done) => Ok(done.response),
                 TurnResult::Interrupt(paused) => Err(ChainError::new(

@@ -62,7 +62,7 @@ impl CompletionRequest {
         if self
             .options
             .get("n")
-            .is_some_and(|n| !n.is_null() && n != 1)
+            .is_some_and(|n| !n.is_null() && n.as_f64() != Some(1.0))
         {
             return Err("only `n: 1` is supported".to_owned());
         }

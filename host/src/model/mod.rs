@@ -118,6 +118,11 @@ impl Terminal<Chat> for ModelTerminal {
         if !prompt.is_empty() {
             request.messages_mut().insert(0, Message::system(prompt));
         }
+        for (key, value) in invoke.model_options() {
+            if !request.options.contains_key(key) {
+                request = request.with_option(key, value.clone());
+            }
+        }
         let Some(sink) = invoke.sink() else {
             let response = self.model.chat(&request, invoke.context()).await?;
             self.check(&response)?;

@@ -20,7 +20,8 @@ use super::{Core, Fctx, Next, TokenSink};
 use crate::context::Context;
 use crate::types::ChainError;
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, Resumable, ToolRequest, ToolResponse, ToolSpec, Weigh,
+    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, ToolSpec,
+    Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
@@ -36,12 +37,24 @@ pub struct InvokeOptions {
     /// Where the model's answers stream to, through the token transforms;
     /// `None` for a call that is not streamed (token transforms do not run).
     pub sink: Option<Arc<dyn TokenSink>>,
+    /// Model options (`temperature`, `max_tokens`, ...) for every model
+    /// call of the invoke, applied innermost like the system prompts: a
+    /// request's own options win. A turn's tool loop makes its model calls
+    /// itself; this is how a caller's options reach them.
+    pub model_options: JsonMap,
 }
 
 impl InvokeOptions {
     /// Adds a system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompts.push(prompt.into());
+        self
+    }
+
+    /// Sets the model options of every model call (see
+    /// [`model_options`](Self::model_options)).
+    pub fn model_options(mut self, options: JsonMap) -> Self {
+        self.model_options = options;
         self
     }
 
@@ -57,6 +70,7 @@ impl std::fmt::Debug for InvokeOptions {
         f.debug_struct("InvokeOptions")
             .field("context", &self.context)
             .field("system_prompts", &self.system_prompts)
+            .field("model_options", &self.model_options)
             .field("streamed", &self.sink.is_some())
             .finish()
     }
@@ -83,6 +97,7 @@ pub struct Invoke {
     reservation: Box<dyn Any + Send + Sync>,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompt: OnceLock<String>,
+    model_options: JsonMap,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Resumable, Decision)>>,
     /// The tools the model was last offered, as the chat filters left
@@ -106,6 +121,7 @@ impl Invoke {
         core: Arc<Core>,
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
+        model_options: JsonMap,
         reservation: Box<dyn Any + Send + Sync>,
     ) -> Self {
         let filters = core.filters.len();
@@ -121,6 +137,7 @@ impl Invoke {
             reservation,
             sink,
             system_prompt: OnceLock::new(),
+            model_options,
             resumed: Mutex::new(None),
             offered: Mutex::new(None),
         }
@@ -276,6 +293,12 @@ impl Invoke {
     /// for none.
     pub fn system_prompt(&self) -> &str {
         self.system_prompt.get().map_or("", String::as_str)
+    }
+
+    /// The model options every model call of the invoke gets, under its
+    /// own.
+    pub fn model_options(&self) -> &JsonMap {
+        &self.model_options
     }
 
     /// Takes the paused turn this invoke resumes, once.
