@@ -545,6 +545,16 @@ async fn a_stream_that_fails_after_it_started_ends_with_an_error_event() {
             .any(|c| c["choices"][0]["finish_reason"] == "stop"),
         "{events:?}"
     );
+    let (_, metrics) = served.get("/metrics").await;
+    for line in [
+        r#"shallot_gateway_requests_total{model="scripted",mode="stream",status="200"} 1"#,
+        r#"shallot_gateway_stream_errors_total{model="scripted",status="502"} 1"#,
+    ] {
+        assert!(
+            metrics.contains(line),
+            "a broken stream is counted as such: {line}\n{metrics}"
+        );
+    }
     served.stop().await.unwrap();
 }
 

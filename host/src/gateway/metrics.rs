@@ -37,6 +37,13 @@ struct Model {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Broken {
+    model: String,
+    /// The status the error would have had before the stream started.
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Tokens {
     model: String,
     /// `in` (the prompt) or `out` (the answer).
@@ -179,6 +186,7 @@ impl Collector for Served {
 pub(super) struct Metrics {
     registry: Registry,
     requests: Family<Request, Counter>,
+    broken: Family<Broken, Counter>,
     latency: Family<Model, Histogram>,
     tokens: Family<Tokens, Counter>,
     pub in_progress: Gauge,
@@ -197,6 +205,12 @@ impl Metrics {
             "requests",
             "Chat completion requests, by model, mode and HTTP status",
             requests.clone(),
+        );
+        let broken = Family::<Broken, Counter>::default();
+        registry.register(
+            "stream_errors",
+            "Streams that started (counted as requests with status 200) and ended with an error event, by model and the error's status",
+            broken.clone(),
         );
         let latency = Family::<Model, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 18))
@@ -242,6 +256,7 @@ impl Metrics {
             served,
             registry,
             requests,
+            broken,
             latency,
             tokens,
             in_progress,
@@ -265,6 +280,12 @@ impl Metrics {
         self.latency
             .get_or_create(&Model { model })
             .observe(seconds);
+    }
+
+    /// A stream of `model` that ended with an error of `status`.
+    pub fn stream_error(&self, model: &str, status: u16) {
+        let model = model.to_owned();
+        self.broken.get_or_create(&Broken { model, status }).inc();
     }
 
     /// The tokens one answer used.

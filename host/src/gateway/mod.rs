@@ -973,7 +973,7 @@ impl Chunks {
                 self.ended = true;
                 let mut chunks = match done {
                     Ok(response) => self.last(&response).await,
-                    Err(error) => vec![ApiError::chain(&error).body],
+                    Err(error) => vec![self.broken(&error)],
                 };
                 chunks.push(Value::String("[DONE]".to_owned()));
                 chunks
@@ -982,13 +982,18 @@ impl Chunks {
                 self.ended = true;
                 let error =
                     ChainError::new(ErrorKind::Internal, "the answer ended without a result");
-                vec![
-                    ApiError::chain(&error).body,
-                    Value::String("[DONE]".to_owned()),
-                ]
+                vec![self.broken(&error), Value::String("[DONE]".to_owned())]
             }
         };
         Some((futures::stream::iter(chunks), self))
+    }
+
+    /// The error event that ends a broken stream, counted.
+    fn broken(&self, error: &ChainError) -> Value {
+        let error = ApiError::chain(error);
+        let metrics = &self.answer.shared.metrics;
+        metrics.stream_error(&self.answer.head.model, error.status.as_u16());
+        error.body
     }
 
     /// The chunks after the last token: text a filter answered with (not
@@ -1002,7 +1007,7 @@ impl Chunks {
                     chunks.push(head.chunk(json!({ "content": text }), None));
                 }
                 Ok(_) => {}
-                Err(error) => return vec![ApiError::chain(&error).body],
+                Err(error) => return vec![self.broken(&error)],
             }
         }
         if !response.message.tool_calls.is_empty() {
