@@ -531,3 +531,192 @@ async fn p25_malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
     .unwrap();
     assert_eq!(told["error"]["type"], "invalid-request");
 }
+
+/// The bytes of an event stream with these `data:` payloads and `[DONE]`.
+fn sse_bytes(chunks: &[Value]) -> Vec<u8> {
+    let mut bytes: Vec<u8> = chunks
+        .iter()
+        .flat_map(|c| format!("data: {c}\n\n").into_bytes())
+        .collect();
+    bytes.extend_from_slice(b"data: [DONE]\n\n");
+    bytes
+}
+
+#[tokio::test]
+async fn a_byte_order_mark_and_empty_events_are_no_trouble() {
+    let mut bytes = b"\xEF\xBB\xBF: keep-alive\n\ndata:\n\n".to_vec();
+    bytes.extend(sse_bytes(&streamed(&["Hel", "lo"])));
+    let provider = FakeProvider::start(vec![Canned::Raw(bytes)]).await;
+    let sink = Collector::default();
+    let response = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.text(), sink.tokens().concat()),
+        ("Hello".to_owned(), "Hello".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_byte_that_is_not_utf8_ends_the_stream_at_once_not_at_the_timeout() {
+    let mut bytes = sse_bytes(&streamed(&["Hel"])[..2]);
+    bytes.truncate(bytes.len() - b"data: [DONE]\n\n".len());
+    bytes.extend_from_slice(
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\xFF\"}}]}\n\n",
+    );
+    let provider = FakeProvider::start(vec![Canned::Raw(bytes)]).await;
+    let model = client(&provider, 60_000, 0);
+    let kernel = Kernel::builder().model(model).build().unwrap();
+    let error = kernel
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind,
+        ErrorKind::Transient,
+        "refused as it came, not when the silence ran out: {error}"
+    );
+    assert!(error.message.contains("not UTF-8"), "{error}");
+}
+
+#[tokio::test]
+async fn only_the_first_of_n_answers_is_read_and_a_refusal_is_one() {
+    let chunk = |choices: Value| json!({ "choices": choices });
+    let provider = FakeProvider::start(vec![
+        Canned::Sse(
+            vec![
+                chunk(json!([
+                    { "index": 0, "delta": { "role": "assistant", "content": "A" } },
+                    { "index": 1, "delta": { "role": "assistant", "content": "B" } }
+                ])),
+                chunk(json!([{ "index": 1, "delta": { "content": "b" } }])),
+                chunk(json!([{ "index": 0, "delta": { "content": "a" }, "finish_reason": "stop" }])),
+            ],
+            true,
+        ),
+        Canned::Sse(
+            vec![
+                chunk(json!([{ "index": 0, "delta": { "role": "assistant", "refusal": "I can't help with that." } }])),
+                chunk(json!([{ "index": 0, "delta": {}, "finish_reason": "stop" }])),
+            ],
+            true,
+        ),
+        Canned::Json(
+            200,
+            json!({ "model": "m", "choices": [{ "index": 0, "message": { "role": "assistant", "content": null, "refusal": "No." }, "finish_reason": "stop" }] }),
+            vec![],
+        ),
+    ])
+    .await;
+    let kernel = kernel(&provider);
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.text(), sink.tokens().concat()),
+        ("Aa".to_owned(), "Aa".to_owned())
+    );
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap();
+    assert_eq!(response.text(), "I can't help with that.");
+    assert_eq!(response.finish_reason, FinishReason::Refusal);
+    let response = kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    assert_eq!(
+        (response.text(), response.finish_reason),
+        ("No.".to_owned(), FinishReason::Refusal)
+    );
+}
+
+#[tokio::test]
+async fn tool_call_pieces_without_an_index_are_told_apart_by_their_ids() {
+    let piece = |call: Value, finish: Option<&str>| json!({ "choices": [{ "index": 0, "delta": { "tool_calls": [call] }, "finish_reason": finish }] });
+    let provider = FakeProvider::start(vec![Canned::Sse(
+        vec![
+            piece(json!({ "id": "a", "type": "function", "function": { "name": "f", "arguments": "{\"x\":" } }), None),
+            piece(json!({ "function": { "arguments": "1}" } }), None),
+            piece(json!({ "id": "b", "type": "function", "function": { "name": "g", "arguments": "{}" } }), Some("tool_calls")),
+        ],
+        true,
+    )])
+    .await;
+    let response = kernel(&provider)
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap();
+    let calls: Vec<(&str, &str, &str)> = response
+        .message
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    assert_eq!(calls, [("a", "f", "{\"x\":1}"), ("b", "g", "{}")]);
+}
+
+#[tokio::test]
+async fn an_error_sent_with_a_200_is_an_error_and_a_whole_answer_to_a_stream_is_read() {
+    let provider = FakeProvider::start(vec![
+        Canned::Json(200, json!({ "error": { "message": "quota gone" } }), vec![]),
+        completion("whole", "stop"),
+    ])
+    .await;
+    let model = client(&provider, 5_000, 0);
+    let kernel = Kernel::builder().model(model).build().unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert!(error.message.contains("quota gone"), "{error}");
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.text(), sink.tokens().concat()),
+        ("whole".to_owned(), "whole".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_whole_answer_over_the_cap_is_refused_before_it_is_read() {
+    let huge = "a".repeat(33 << 20);
+    let provider = FakeProvider::start(vec![completion(&huge, "stop")]).await;
+    // The model itself, without the kernel's check of what it returns.
+    let error = shallot::ChatModel::chat(&client(&provider, 5_000, 0), &ask("hi"), &Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("over"), "{error}");
+}
+
+#[tokio::test]
+async fn retry_after_in_milliseconds_or_as_a_date_and_a_408_are_retried() {
+    let past =
+        httpdate::fmt_http_date(std::time::SystemTime::now() - std::time::Duration::from_secs(60));
+    let provider = FakeProvider::start(vec![
+        Canned::Json(
+            429,
+            json!({ "error": { "message": "slow" } }),
+            vec![("retry-after-ms", "10".into())],
+        ),
+        Canned::Json(
+            503,
+            json!({ "error": { "message": "busy" } }),
+            vec![("retry-after", past)],
+        ),
+        Canned::Json(
+            408,
+            json!({ "error": { "message": "late" } }),
+            vec![("retry-after", "0".into())],
+        ),
+        completion("fine", "stop"),
+    ])
+    .await;
+    let model = client(&provider, 5_000, 3);
+    let kernel = Kernel::builder().model(model).build().unwrap();
+    let response = kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    assert_eq!(response.text(), "fine");
+    assert_eq!(provider.bodies().len(), 4, "each failure was retried");
+}

@@ -16,6 +16,9 @@ pub enum Canned {
     Sse(Vec<Value>, bool),
     /// Starts a stream with these `data:` payloads, then falls silent.
     Stall(Vec<Value>),
+    /// An event-stream head and these bytes as they are (any framing, any
+    /// encoding), then silence.
+    Raw(Vec<u8>),
     /// Never answers.
     Hang,
     /// Closes the connection without answering.
@@ -101,6 +104,11 @@ impl FakeProvider {
                         }
                         Canned::Stall(chunks) => {
                             send_events(&mut socket, chunks).await;
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                        }
+                        Canned::Raw(bytes) => {
+                            send_events(&mut socket, vec![]).await;
+                            let _ = socket.write_all(&bytes).await;
                             tokio::time::sleep(Duration::from_secs(3600)).await;
                         }
                         Canned::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::super::ResponseLimits;
-use super::wire::{Chunk, answer, finish};
+use super::wire::{Chunk, answer, finish, refused};
 use crate::types::ChainError;
 use crate::types::{ChatResponse, ToolCall, Usage};
 
@@ -19,6 +19,8 @@ pub(super) struct Assembly {
     reason: Option<String>,
     usage: Usage,
     model: String,
+    /// Whether the model refused (its refusal is the text).
+    refused: bool,
 }
 
 impl Assembly {
@@ -33,12 +35,16 @@ impl Assembly {
             self.usage = usage.into();
         }
         let mut text = None;
-        for choice in chunk.choices {
-            if let Some(reason) = choice.finish_reason {
+        // Only the first of `n` answers is read.
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
                 self.reason = Some(reason);
             }
             for piece in choice.delta.tool_calls {
-                let call = self.calls.entry(piece.index).or_insert_with(|| ToolCall {
+                let index = piece
+                    .index
+                    .unwrap_or_else(|| self.unindexed(piece.id.as_deref()));
+                let call = self.calls.entry(index).or_insert_with(|| ToolCall {
                     id: String::new(),
                     name: String::new(),
                     arguments: String::new(),
@@ -55,7 +61,10 @@ impl Assembly {
                 }
                 limits.check(self.calls.len(), self.bytes)?;
             }
-            if let Some(content) = choice.delta.content.filter(|c| !c.is_empty()) {
+            let refusal = choice.delta.refusal.filter(|r| !r.is_empty());
+            self.refused |= refusal.is_some();
+            let content = choice.delta.content.filter(|c| !c.is_empty());
+            if let Some(content) = content.or(refusal) {
                 self.bytes += content.len();
                 limits.check(self.calls.len(), self.bytes)?;
                 self.text.push_str(&content);
@@ -63,6 +72,18 @@ impl Assembly {
             }
         }
         Ok(text)
+    }
+
+    /// The call a tool-call piece without an index belongs to: a new one
+    /// when it brings an id the last call does not have, else the last.
+    fn unindexed(&self, id: Option<&str>) -> usize {
+        match self.calls.last_key_value() {
+            None => 0,
+            Some((last, call)) if id.is_some_and(|id| !call.id.is_empty() && call.id != id) => {
+                last + 1
+            }
+            Some((last, _)) => *last,
+        }
     }
 
     /// Whether the server already said why the answer ended.
@@ -73,6 +94,7 @@ impl Assembly {
     pub(super) fn finish(self) -> ChatResponse {
         let calls: Vec<ToolCall> = self.calls.into_values().collect();
         let reason = finish(self.reason.as_deref(), !calls.is_empty());
+        let reason = refused(reason, self.refused);
         answer(Some(self.text), calls, reason, self.usage, self.model)
     }
 }

@@ -9,9 +9,11 @@
 //! be taken back, and the token chain does not flush what it held.
 //!
 //! `wire` is the protocol's JSON (requests, answers, chunks) in our terms;
-//! `assembly` puts a streamed answer together chunk by chunk.
+//! `assembly` puts a streamed answer together chunk by chunk; `body` reads
+//! the server's bytes under caps.
 
 mod assembly;
+mod body;
 pub(crate) mod wire;
 
 use std::time::Duration;
@@ -23,7 +25,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::assembly::Assembly;
-use self::wire::{Chunk, Completion, answer, finish, wire_message, wire_tool};
+use self::body::Refused;
+use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
 use crate::types::{ChainError, ErrorKind};
@@ -176,13 +179,8 @@ impl OpenAiModel {
 /// `Retry-After`.
 async fn status_error(response: reqwest::Response) -> (ChainError, Option<Duration>) {
     let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
-    let text = response.text().await.unwrap_or_default();
+    let retry_after = retry_after(response.headers());
+    let text = body::error_text(response).await;
     let said = serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| {
@@ -193,7 +191,7 @@ async fn status_error(response: reqwest::Response) -> (ChainError, Option<Durati
         })
         .unwrap_or(text);
     let kind = match status {
-        429 | 500..=599 => ErrorKind::Transient,
+        408 | 409 | 429 | 500..=599 => ErrorKind::Transient,
         401 | 403 => ErrorKind::Auth,
         404 => ErrorKind::NotFound,
         _ => ErrorKind::InvalidRequest,
@@ -201,10 +199,41 @@ async fn status_error(response: reqwest::Response) -> (ChainError, Option<Durati
     (
         ChainError::new(
             kind,
-            format!("the model server answered {status}: {}", said.trim()),
+            format!(
+                "the model server answered {status}: {}",
+                body::cut(said.trim())
+            ),
         ),
         retry_after,
     )
+}
+
+/// How long the server asks to wait: `retry-after-ms` (OpenAI's), else
+/// `Retry-After` in seconds or as an HTTP date. A value that is no
+/// duration is no answer.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let seconds = |v: &str| {
+        v.parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    };
+    if let Some(ms) = header("retry-after-ms").and_then(&seconds) {
+        return Some(ms / 1000);
+    }
+    let value = header("retry-after")?;
+    seconds(value).or_else(|| {
+        let at = httpdate::parse_http_date(value).ok()?;
+        Some(
+            at.duration_since(std::time::SystemTime::now())
+                .unwrap_or_default(),
+        )
+    })
 }
 
 fn transport_error(error: reqwest::Error) -> ChainError {
@@ -229,6 +258,50 @@ fn transport_error(error: reqwest::Error) -> ChainError {
     }
 }
 
+/// A whole answer's body as our response: the first choice, or the error
+/// a server sent with a `200`.
+fn completed(body: &[u8]) -> Result<ChatResponse, ChainError> {
+    let completion: Completion = serde_json::from_slice(body).map_err(|e| {
+        ChainError::new(
+            ErrorKind::Transient,
+            format!("the model server sent an unreadable answer: {e}"),
+        )
+    })?;
+    if let Some(error) = &completion.error {
+        let said = error["message"].as_str().or_else(|| error.as_str());
+        return Err(ChainError::new(
+            ErrorKind::Transient,
+            format!(
+                "the model server answered with an error: {}",
+                body::cut(said.unwrap_or("(no message)"))
+            ),
+        ));
+    }
+    let choice = completion.choices.into_iter().next().ok_or_else(|| {
+        ChainError::new(
+            ErrorKind::Transient,
+            "the model server sent an answer with no choices",
+        )
+    })?;
+    let calls: Vec<ToolCall> = choice
+        .message
+        .tool_calls
+        .into_iter()
+        .map(|c| ToolCall {
+            id: c.id,
+            name: c.function.name,
+            arguments: c.function.arguments,
+        })
+        .collect();
+    let reason = finish(choice.finish_reason.as_deref(), !calls.is_empty());
+    let (content, refusal) = (choice.message.content, choice.message.refusal);
+    let refused_only = content.as_deref().is_none_or(str::is_empty) && refusal.is_some();
+    let reason = refused(reason, refused_only);
+    let usage = completion.usage.map(Usage::from).unwrap_or_default();
+    let text = if refused_only { refusal } else { content };
+    Ok(answer(text, calls, reason, usage, completion.model))
+}
+
 #[async_trait]
 impl ChatModel for OpenAiModel {
     fn name(&self) -> &str {
@@ -241,37 +314,7 @@ impl ChatModel for OpenAiModel {
         _context: &Context,
     ) -> Result<ChatResponse, ChainError> {
         let response = self.send(&self.body(request, false), true).await?;
-        let completion: Completion = response.json().await.map_err(|e| {
-            ChainError::new(
-                ErrorKind::Transient,
-                format!("the model server sent an unreadable answer: {e}"),
-            )
-        })?;
-        let choice = completion.choices.into_iter().next().ok_or_else(|| {
-            ChainError::new(
-                ErrorKind::Transient,
-                "the model server sent an answer with no choices",
-            )
-        })?;
-        let calls: Vec<ToolCall> = choice
-            .message
-            .tool_calls
-            .into_iter()
-            .map(|c| ToolCall {
-                id: c.id,
-                name: c.function.name,
-                arguments: c.function.arguments,
-            })
-            .collect();
-        let reason = finish(choice.finish_reason.as_deref(), !calls.is_empty());
-        let usage = completion.usage.map(Usage::from).unwrap_or_default();
-        Ok(answer(
-            choice.message.content,
-            calls,
-            reason,
-            usage,
-            completion.model,
-        ))
+        completed(&body::read(response, body::answer_cap()).await?)
     }
 
     async fn stream(
@@ -280,18 +323,38 @@ impl ChatModel for OpenAiModel {
         _context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
         let response = self.send(&self.body(request, true), false).await?;
-        let events = response.bytes_stream().eventsource().boxed();
+        let json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+        if json {
+            // A server that does not stream (or fails with a 200) answers
+            // whole: the answer is one token and the end.
+            let answer = completed(&body::read(response, body::answer_cap()).await?)?;
+            let text = answer.message.text();
+            let token = (!text.is_empty()).then_some(Ok(ModelEvent::Token { text, meta: None }));
+            let events = token.into_iter().chain([Ok(ModelEvent::Done(answer))]);
+            return Ok(stream::iter(events).boxed());
+        }
+        let bytes = body::checked(response.bytes_stream(), body::line_cap());
+        let events = bytes.eventsource().boxed();
         let state = (events, Some(Assembly::default()));
         let stream = stream::unfold(state, |(mut events, mut assembly)| async move {
             loop {
                 let building = assembly.as_mut()?;
                 let event = match events.next().await {
                     Some(Ok(event)) => event,
-                    Some(Err(EventStreamError::Transport(e))) if e.is_timeout() => {
+                    Some(Err(EventStreamError::Transport(Refused::Transport(e))))
+                        if e.is_timeout() =>
+                    {
                         let error = ChainError::new(
                             ErrorKind::Timeout,
                             format!("the model stream fell silent: {e}"),
                         );
+                        return Some((Err(error), (events, None)));
+                    }
+                    Some(Err(EventStreamError::Transport(e @ Refused::LineTooLong(_)))) => {
+                        let error = ChainError::new(ErrorKind::LimitExceeded, e.to_string());
                         return Some((Err(error), (events, None)));
                     }
                     Some(Err(e)) => {
@@ -314,6 +377,9 @@ impl ChatModel for OpenAiModel {
                         return Some((Err(error), (events, None)));
                     }
                 };
+                if event.data.trim().is_empty() {
+                    continue;
+                }
                 if event.data.trim() == "[DONE]" {
                     let done = assembly.take()?.finish();
                     return Some((Ok(ModelEvent::Done(done)), (events, None)));
@@ -352,5 +418,57 @@ impl ChatModel for OpenAiModel {
             }
         });
         Ok(stream.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use reqwest::header::{HeaderMap, HeaderValue};
+
+    use super::retry_after;
+
+    fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn retry_after_reads_milliseconds_seconds_and_dates_and_nothing_else() {
+        let wait = |pairs: &[(&'static str, String)]| retry_after(&headers(pairs));
+        assert_eq!(
+            wait(&[
+                ("retry-after-ms", "1500".into()),
+                ("retry-after", "9".into())
+            ]),
+            Some(Duration::from_millis(1500)),
+            "OpenAI's milliseconds first"
+        );
+        assert_eq!(
+            wait(&[("retry-after", "2.5".into())]),
+            Some(Duration::from_millis(2500))
+        );
+        let soon = SystemTime::now() + Duration::from_secs(120);
+        let waited = wait(&[("retry-after", httpdate::fmt_http_date(soon))]).unwrap();
+        assert!(
+            (Duration::from_secs(110)..=Duration::from_secs(120)).contains(&waited),
+            "{waited:?}"
+        );
+        let past = SystemTime::now() - Duration::from_secs(60);
+        assert_eq!(
+            wait(&[("retry-after", httpdate::fmt_http_date(past))]),
+            Some(Duration::ZERO)
+        );
+        for nonsense in ["-1", "1e400", "NaN", "soon"] {
+            assert_eq!(
+                wait(&[("retry-after", nonsense.into())]),
+                None,
+                "{nonsense}"
+            );
+        }
     }
 }

@@ -202,6 +202,14 @@ pub(super) fn finish(reason: Option<&str>, calls: bool) -> FinishReason {
     }
 }
 
+/// `reason`, or a refusal if the model refused and did not say otherwise.
+pub(super) fn refused(reason: FinishReason, refused: bool) -> FinishReason {
+    match reason {
+        FinishReason::Complete | FinishReason::Unknown if refused => FinishReason::Refusal,
+        reason => reason,
+    }
+}
+
 #[derive(Deserialize, Default)]
 pub(super) struct WireUsage {
     #[serde(default, deserialize_with = "nullable")]
@@ -226,9 +234,11 @@ impl From<WireUsage> for Usage {
 pub(super) struct Completion {
     #[serde(default, deserialize_with = "nullable")]
     pub(super) model: String,
-    #[serde(deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "nullable")]
     pub(super) choices: Vec<Choice>,
     pub(super) usage: Option<WireUsage>,
+    /// An error some servers send with a `200` instead of an answer.
+    pub(super) error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -240,6 +250,8 @@ pub(super) struct Choice {
 #[derive(Deserialize)]
 pub(super) struct WireAnswer {
     pub(super) content: Option<String>,
+    /// The model's refusal, in place of content.
+    pub(super) refusal: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub(super) tool_calls: Vec<WireCall>,
 }
@@ -270,6 +282,9 @@ pub(super) struct Chunk {
 
 #[derive(Deserialize)]
 pub(super) struct ChunkChoice {
+    /// Which of `n` answers (only the first is read).
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) index: usize,
     #[serde(default, deserialize_with = "nullable")]
     pub(super) delta: Delta,
     pub(super) finish_reason: Option<String>,
@@ -278,14 +293,15 @@ pub(super) struct ChunkChoice {
 #[derive(Deserialize, Default)]
 pub(super) struct Delta {
     pub(super) content: Option<String>,
+    pub(super) refusal: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub(super) tool_calls: Vec<DeltaCall>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct DeltaCall {
-    #[serde(default, deserialize_with = "nullable")]
-    pub(super) index: usize,
+    /// Which call the piece belongs to; some servers leave it out.
+    pub(super) index: Option<usize>,
     pub(super) id: Option<String>,
     pub(super) function: Option<DeltaFunction>,
 }
