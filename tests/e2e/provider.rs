@@ -66,6 +66,15 @@ fn streamed(pieces: &[&str]) -> Vec<Value> {
     chunks
 }
 
+/// A failure with `status` whose answer asks the client to wait (`header`).
+fn asking_to_wait(status: u16, message: &str, header: (&'static str, String)) -> Canned {
+    Canned::Json(
+        status,
+        json!({ "error": { "message": message } }),
+        vec![header],
+    )
+}
+
 fn error(status: u16, message: &str) -> Canned {
     Canned::Json(
         status,
@@ -236,34 +245,13 @@ async fn tool_calls_split_across_chunks_are_put_together_and_run_through_a_turn(
     );
 }
 
+/// A 429 is retried after the server's `Retry-After`, or after the
+/// backoff when the value is no duration (it panicked on a negative one).
 #[tokio::test]
 async fn a_429_is_retried_after_the_servers_retry_after() {
-    let provider = FakeProvider::start(vec![
-        Canned::Json(
-            429,
-            json!({ "error": { "message": "slow down" } }),
-            vec![("retry-after", "0".into())],
-        ),
-        completion("fine", "stop"),
-    ])
-    .await;
-    let response = kernel(&provider)
-        .chat(ask("hi"), Context::new())
-        .await
-        .unwrap();
-    assert_eq!(response.text(), "fine");
-    assert_eq!(provider.bodies().len(), 2);
-}
-
-#[tokio::test]
-async fn a_retry_after_that_is_no_duration_falls_back_to_the_backoff() {
-    for nonsense in ["-1", "1e400", "NaN", "inf", "soon"] {
+    for wait in ["0", "-1", "1e400", "NaN", "inf", "soon"] {
         let provider = FakeProvider::start(vec![
-            Canned::Json(
-                503,
-                json!({ "error": { "message": "busy" } }),
-                vec![("retry-after", nonsense.into())],
-            ),
+            asking_to_wait(429, "slow down", ("retry-after", wait.into())),
             completion("fine", "stop"),
         ])
         .await;
@@ -271,17 +259,17 @@ async fn a_retry_after_that_is_no_duration_falls_back_to_the_backoff() {
             .chat(ask("hi"), Context::new())
             .await
             .unwrap();
-        assert_eq!(response.text(), "fine", "after Retry-After: {nonsense}");
+        assert_eq!(response.text(), "fine", "after Retry-After: {wait}");
         assert_eq!(provider.bodies().len(), 2);
     }
 }
 
 #[tokio::test]
 async fn a_5xx_that_persists_ends_as_a_transient_error_after_the_retries() {
-    let provider = FakeProvider::start(vec![Canned::Json(
+    let provider = FakeProvider::start(vec![asking_to_wait(
         503,
-        json!({ "error": { "message": "overloaded" } }),
-        vec![("retry-after", "0".into())],
+        "overloaded",
+        ("retry-after", "0".into()),
     )])
     .await;
     let error = kernel(&provider)
@@ -331,10 +319,7 @@ async fn a_server_that_never_answers_times_out() {
         .unwrap();
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Timeout);
-    let error = kernel
-        .chat_stream(ask("hi"), Context::new(), Collector::default())
-        .await
-        .unwrap_err();
+    let error = stream_fails(&kernel).await;
     assert_eq!(error.kind, ErrorKind::Timeout);
 }
 
@@ -402,11 +387,7 @@ async fn an_error_the_server_sends_inside_the_stream_ends_it_with_that_error() {
     chunks.truncate(2);
     chunks.push(json!({ "error": { "message": "the GPU fell over", "type": "server_error" } }));
     let provider = FakeProvider::start(vec![Canned::Sse(chunks, true)]).await;
-    let sink = Collector::default();
-    let error = kernel(&provider)
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .unwrap_err();
+    let error = stream_fails(&kernel(&provider)).await;
     assert_eq!(error.kind, ErrorKind::Transient);
     assert!(error.message.contains("the GPU fell over"), "{error}");
 }
@@ -451,10 +432,7 @@ async fn nulls_where_a_server_means_none_read_as_none() {
 #[tokio::test]
 async fn an_unreadable_chunk_ends_the_stream_with_an_error() {
     let provider = FakeProvider::start(vec![Canned::Sse(vec![json!("not a chunk")], true)]).await;
-    let error = kernel(&provider)
-        .chat_stream(ask("hi"), Context::new(), Collector::default())
-        .await
-        .unwrap_err();
+    let error = stream_fails(&kernel(&provider)).await;
     assert_eq!(error.kind, ErrorKind::Transient);
     assert!(error.message.contains("unreadable chunk"), "{error}");
 }
@@ -532,6 +510,24 @@ async fn p25_malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
     assert_eq!(told["error"]["type"], "invalid-request");
 }
 
+/// The error a streamed chat ends with.
+async fn stream_fails(kernel: &Kernel) -> ChainError {
+    kernel
+        .chat_stream(ask("hi"), Context::new(), Collector::default())
+        .await
+        .unwrap_err()
+}
+
+/// A streamed chat's answer and the tokens its sink was given.
+async fn streamed_and_said(kernel: &Kernel) -> (String, String) {
+    let sink = Collector::default();
+    let response = kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    (response.text(), sink.tokens().concat())
+}
+
 /// The bytes of an event stream with these `data:` payloads and `[DONE]`.
 fn sse_bytes(chunks: &[Value]) -> Vec<u8> {
     let mut bytes: Vec<u8> = chunks
@@ -547,14 +543,9 @@ async fn a_byte_order_mark_and_empty_events_are_no_trouble() {
     let mut bytes = b"\xEF\xBB\xBF: keep-alive\n\ndata:\n\n".to_vec();
     bytes.extend(sse_bytes(&streamed(&["Hel", "lo"])));
     let provider = FakeProvider::start(vec![Canned::Raw(bytes)]).await;
-    let sink = Collector::default();
-    let response = kernel(&provider)
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .unwrap();
     assert_eq!(
-        (response.text(), sink.tokens().concat()),
-        ("Hello".to_owned(), "Hello".to_owned())
+        streamed_and_said(&kernel(&provider)).await,
+        ("Hello".into(), "Hello".into())
     );
 }
 
@@ -568,10 +559,7 @@ async fn a_byte_that_is_not_utf8_ends_the_stream_at_once_not_at_the_timeout() {
     let provider = FakeProvider::start(vec![Canned::Raw(bytes)]).await;
     let model = client(&provider, 60_000, 0);
     let kernel = Kernel::builder().model(model).build().unwrap();
-    let error = kernel
-        .chat_stream(ask("hi"), Context::new(), Collector::default())
-        .await
-        .unwrap_err();
+    let error = stream_fails(&kernel).await;
     assert_eq!(
         error.kind,
         ErrorKind::Transient,
@@ -610,15 +598,7 @@ async fn only_the_first_of_n_answers_is_read_and_a_refusal_is_one() {
     ])
     .await;
     let kernel = kernel(&provider);
-    let sink = Collector::default();
-    let response = kernel
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .unwrap();
-    assert_eq!(
-        (response.text(), sink.tokens().concat()),
-        ("Aa".to_owned(), "Aa".to_owned())
-    );
+    assert_eq!(streamed_and_said(&kernel).await, ("Aa".into(), "Aa".into()));
     let response = kernel
         .chat_stream(ask("hi"), Context::new(), Collector::default())
         .await
@@ -668,14 +648,9 @@ async fn an_error_sent_with_a_200_is_an_error_and_a_whole_answer_to_a_stream_is_
     let kernel = Kernel::builder().model(model).build().unwrap();
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
     assert!(error.message.contains("quota gone"), "{error}");
-    let sink = Collector::default();
-    let response = kernel
-        .chat_stream(ask("hi"), Context::new(), sink.clone())
-        .await
-        .unwrap();
     assert_eq!(
-        (response.text(), sink.tokens().concat()),
-        ("whole".to_owned(), "whole".to_owned())
+        streamed_and_said(&kernel).await,
+        ("whole".into(), "whole".into())
     );
 }
 
@@ -696,21 +671,9 @@ async fn retry_after_in_milliseconds_or_as_a_date_and_a_408_are_retried() {
     let past =
         httpdate::fmt_http_date(std::time::SystemTime::now() - std::time::Duration::from_secs(60));
     let provider = FakeProvider::start(vec![
-        Canned::Json(
-            429,
-            json!({ "error": { "message": "slow" } }),
-            vec![("retry-after-ms", "10".into())],
-        ),
-        Canned::Json(
-            503,
-            json!({ "error": { "message": "busy" } }),
-            vec![("retry-after", past)],
-        ),
-        Canned::Json(
-            408,
-            json!({ "error": { "message": "late" } }),
-            vec![("retry-after", "0".into())],
-        ),
+        asking_to_wait(429, "slow", ("retry-after-ms", "10".into())),
+        asking_to_wait(503, "busy", ("retry-after", past)),
+        asking_to_wait(408, "late", ("retry-after", "0".into())),
         completion("fine", "stop"),
     ])
     .await;
