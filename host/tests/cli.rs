@@ -513,6 +513,16 @@ impl Gateway {
 
     /// The same, with more environment variables.
     fn start_in(config: &std::path::Path, more: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(config, more, env, |_| {})
+    }
+
+    /// The same, calling `spawned` with the process id as soon as it runs.
+    fn launch(
+        config: &std::path::Path,
+        more: &[&str],
+        env: &[(&str, &str)],
+        spawned: impl FnOnce(u32),
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
             .args(["serve", "--config"])
             .arg(config)
@@ -526,6 +536,7 @@ impl Gateway {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("shallot runs");
+        spawned(child.id());
         let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let (found, address) = std::sync::mpsc::channel();
         let stderr = BufReader::new(child.stderr.take().unwrap());
@@ -581,6 +592,45 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
     }
+}
+
+/// A SIGHUP while the first plugin set still compiles (seconds, for a
+/// large plugin and an empty cache) neither ends the process, as SIGHUP's
+/// default action would, nor is lost: the set reloads once after start.
+#[test]
+fn a_sighup_while_the_first_set_compiles_reloads_it_after_start() {
+    let dir = std::env::temp_dir().join(format!("shallot-early-hup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shallot.toml");
+    let plugin = guest("schema_validation");
+    std::fs::write(
+        &config,
+        format!(
+            "[[filter]]\nplugin = {:?}\nconfig = {{ schema = {{ type = \"object\" }} }}\n",
+            plugin.display().to_string()
+        ),
+    )
+    .unwrap();
+    let cache = dir.join("cache");
+    let cache = cache.to_str().unwrap();
+    let gateway = Gateway::launch(&config, &["--cache-dir", cache], &[], |pid| {
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            // SAFETY: signals the child this test started and still owns.
+            unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+        });
+    });
+    let (status, _) = http(&gateway.address, "GET", "/healthz", "");
+    assert!(status.contains("200"), "{status}");
+    for _ in 0..600 {
+        if gateway.said().contains("reloaded") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let said = gateway.terminate();
+    assert!(said.contains("reloaded"), "{said}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -280,6 +280,9 @@ pub fn main() -> ExitCode {
             Command::Plugins(command) => plugins::run(&engine, command).await,
         }
     });
+    // A compile still running (a reload when SIGTERM came) does not hold
+    // the exit: its thread is left to the process's end.
+    runtime.shutdown_background();
     match result {
         Ok(code) => code,
         Err(e) => {

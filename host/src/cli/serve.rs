@@ -62,12 +62,16 @@ pub(crate) struct ServeArgs {
     request_timeout_ms: u64,
     /// On SIGTERM or Ctrl-C, how long requests in flight get to finish
     /// (those still running then end with an error, a stream with an error
-    /// event).
+    /// event; those waiting for a place get 503 at once).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     drain_timeout_ms: u64,
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // Watching (and SIGHUP's handler) before the first load, which can
+    // take seconds: a SIGHUP meanwhile would otherwise end the process, and
+    // a change meanwhile would be missed. Either reloads once after start.
+    let reloads = Reloads::watch(&args.source)?;
     let (routes, keys) = build(engine, &args).await?;
     let config = GatewayConfig {
         max_body_bytes: args.max_body_kib as usize * 1024,
@@ -87,9 +91,6 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
             _ = interrupt.recv() => {}
         }
     };
-    // Watching too, so that no change after the address is printed is
-    // missed.
-    let reloads = Reloads::watch(&args.source)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
@@ -241,14 +242,22 @@ impl Reloads {
     }
 
     /// Waits for the next reload to be asked for, and for its changes to
-    /// settle (an editor or a copy writes in several steps).
+    /// settle (an editor or a copy writes in several steps): until no
+    /// change came for `SETTLE`, or `SETTLED` after the first one for a
+    /// file that keeps changing.
     async fn next(&mut self) {
         tokio::select! {
             _ = self.changes.recv() => {}
             _ = self.hangups.recv() => {}
         }
-        tokio::time::sleep(SETTLE).await;
-        while self.changes.try_recv().is_ok() {}
+        let settled = tokio::time::Instant::now() + SETTLED;
+        loop {
+            let quiet = (tokio::time::Instant::now() + SETTLE).min(settled);
+            tokio::select! {
+                Some(()) = self.changes.recv() => {}
+                () = tokio::time::sleep_until(quiet) => break,
+            }
+        }
     }
 }
 
@@ -275,6 +284,8 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
 
 /// How long changes must stop before a reload starts.
 const SETTLE: Duration = Duration::from_millis(200);
+/// The longest a reload waits for changes to stop.
+const SETTLED: Duration = Duration::from_secs(5);
 
 /// Watches the config file's directory and every plugin's directory.
 fn watch(
@@ -287,7 +298,13 @@ fn watch(
         let concerned = |e: &notify::Event| {
             e.need_rescan() || e.paths.is_empty() || e.paths.iter().any(|p| changes.concern(p))
         };
-        if event.is_ok_and(|e| !e.kind.is_access() && concerned(&e)) {
+        // A write finished counts (a slow copy's last word); reads do not.
+        let closed_written = |e: &notify::Event| {
+            use notify::event::{AccessKind, AccessMode, EventKind};
+            e.kind == EventKind::Access(AccessKind::Close(AccessMode::Write))
+        };
+        let wanted = |e: &notify::Event| !e.kind.is_access() || closed_written(e);
+        if event.is_ok_and(|e| wanted(&e) && concerned(&e)) {
             let _ = changed.send(());
         }
     })?;
