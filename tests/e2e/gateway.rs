@@ -1366,4 +1366,54 @@ async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_c
             .contains("shutting down"),
         "{answer}"
     );
+    assert_eq!(
+        answer["error"]["code"], "overloaded",
+        "the gateway's own going, to retry elsewhere, not the model server's fault: {answer}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at_once() {
+    let model = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Slow(Duration::from_millis(600), "served".into())
+    });
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 4,
+        queue_timeout: Duration::from_secs(60),
+        drain_timeout: Duration::from_secs(5),
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], model).await, config).await;
+    let first = served.in_flight(ask("first"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let url = format!("{}/v1/chat/completions", served.base);
+    let queued = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .json(&ask("second"))
+            .send()
+            .await
+            .unwrap();
+        let retry = response.headers().get("retry-after").cloned();
+        (
+            response.status().as_u16(),
+            retry,
+            response.json::<Value>().await.unwrap(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    served.stop().await.unwrap();
+    let (status, retry, body) = queued.await.unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (503, json!("shutting_down")),
+        "not admitted during the drain: {body}"
+    );
+    assert!(retry.is_some(), "with Retry-After");
+    let first = first.await.unwrap();
+    assert_eq!(
+        first["choices"][0]["message"]["content"], "served",
+        "the request in progress finished"
+    );
 }

@@ -123,6 +123,8 @@ struct Shared {
     /// flight end with an error (a stream with an error event), never
     /// silently cut.
     cut: tokio::sync::watch::Sender<bool>,
+    /// Set when the drain starts: no request takes a place from then on.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 /// One model a gateway serves: the name clients ask for, the kernel (the
@@ -244,6 +246,7 @@ impl Gateway {
                 reloads: Mutex::new(Reloads::default()),
                 metrics: Metrics::new(),
                 cut: tokio::sync::watch::Sender::new(false),
+                draining: tokio::sync::watch::Sender::new(false),
                 config,
             }),
         }
@@ -350,8 +353,10 @@ impl Gateway {
         let listener = listener.tap_io(|connection| {
             let _ = connection.set_nodelay(true);
         });
+        let shared = self.shared.clone();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
+            shared.draining.send_replace(true);
             let _ = stopping.send(());
         });
         let server = server.into_future();
@@ -384,7 +389,7 @@ impl Shared {
     /// The error an answer cut at the end of the drain ends with.
     fn cut_error() -> ChainError {
         ChainError::new(
-            ErrorKind::Transient,
+            ErrorKind::Overloaded,
             "the gateway is shutting down and the answer did not finish in time; retry it",
         )
     }
@@ -611,7 +616,8 @@ async fn complete(
 
 impl Shared {
     /// Waits for a place among the requests served at once: `429` if too
-    /// many already wait, `503` if the wait runs out.
+    /// many already wait, `503` if the wait runs out or the gateway starts
+    /// shutting down (those waiting are told at once, to retry elsewhere).
     async fn place(&self) -> Result<Place, ApiError> {
         let placed = |permit| {
             self.metrics.in_progress.inc();
@@ -620,6 +626,17 @@ impl Shared {
                 in_progress: self.metrics.in_progress.clone(),
             }
         };
+        let shutting_down = || {
+            ApiError::busy(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the gateway is shutting down; retry the request".to_owned(),
+            )
+        };
+        let mut draining = self.draining.subscribe();
+        if *draining.borrow() {
+            return Err(shutting_down());
+        }
         if let Ok(permit) = self.places.clone().try_acquire_owned() {
             return Ok(placed(permit));
         }
@@ -633,11 +650,13 @@ impl Shared {
                 ),
             )
         })?;
-        let place = tokio::time::timeout(
-            self.config.queue_timeout,
-            self.places.clone().acquire_owned(),
-        )
-        .await;
+        let place = tokio::select! {
+            place = tokio::time::timeout(
+                self.config.queue_timeout,
+                self.places.clone().acquire_owned(),
+            ) => place,
+            _ = draining.wait_for(|draining| *draining) => return Err(shutting_down()),
+        };
         drop(waiting);
         match place {
             Ok(Ok(permit)) => Ok(placed(permit)),
