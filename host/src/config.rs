@@ -263,12 +263,24 @@ pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
         path: file.into(),
         message,
     };
-    parse(file)?
-        .0
-        .keys
-        .into_iter()
+    let keys = parse(file)?.0.keys;
+    // A conversation's id is prefixed with its owner, the key's tenant or,
+    // without one, the key's name: owners must not be confused.
+    let tenants: std::collections::HashSet<&str> =
+        keys.iter().filter_map(|k| k.tenant.as_deref()).collect();
+    keys.iter()
         .map(|key| {
             let named = |what: &str| bad(format!("key '{}': {what}", key.name));
+            if key.name.contains('/') || key.tenant.as_ref().is_some_and(|t| t.contains('/')) {
+                return Err(named(
+                    "a key's name and tenant cannot hold '/' (they prefix the ids of its conversations)",
+                ));
+            }
+            if key.tenant.is_none() && tenants.contains(key.name.as_str()) {
+                return Err(named(
+                    "it has no tenant and a tenant has its name: they would share conversations; give it that tenant or another name",
+                ));
+            }
             if key.models.as_ref().is_some_and(Vec::is_empty) {
                 return Err(named(
                     "`models` is empty: the key could use nothing (leave it out for every route)",
@@ -583,6 +595,17 @@ mod tests {
             (
                 "[[key]]\nname = \"x\"\nsecret = \"plain\"\n",
                 "unknown field",
+            ),
+            (
+                "[[key]]\nname = \"a/b\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
+                "cannot hold '/'",
+            ),
+            (
+                concat!(
+                    "[[key]]\nname = \"x\"\ntenant = \"acme\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
+                    "[[key]]\nname = \"acme\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
+                ),
+                "would share conversations",
             ),
         ] {
             write(text);
