@@ -939,6 +939,49 @@ fn swapped(address: &str) -> u64 {
     ready["reloads"]["swapped"].as_u64().unwrap()
 }
 
+/// A reload that moves the plugins to another directory watches that one
+/// from then on: a plugin replaced there reloads the set.
+#[test]
+fn serve_watches_the_plugin_directory_a_reload_moves_to() {
+    let dir = std::env::temp_dir().join(format!("shallot-rewatch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["p1", "p2"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::copy(guest("safeguard"), dir.join(sub).join("safeguard.wasm")).unwrap();
+    }
+    let config = dir.join("shallot.toml");
+    let write_config = |plugins: &str, answer: &str| {
+        let toml = format!(
+            "plugin_dir = \"{plugins}\"\n[[filter]]\nplugin = \"safeguard.wasm\"\nconfig = {{ words = [\"bomb\"], failure_response = \"{answer}\" }}\n"
+        );
+        let staged = dir.join("shallot.toml.new");
+        std::fs::write(&staged, toml).unwrap();
+        std::fs::rename(&staged, &config).unwrap();
+    };
+    write_config("p1", "no-1");
+    let gateway = Gateway::start(&config);
+    let until = |done: &dyn Fn(Option<String>) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done(refusal(&gateway.address)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no reload: {}",
+                gateway.said()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    until(&|answer| answer.as_deref() == Some("no-1"));
+    write_config("p2", "no-2");
+    until(&|answer| answer.as_deref() == Some("no-2"));
+    let staged = dir.join("p2").join("passthrough.tmp");
+    std::fs::copy(guest("passthrough"), &staged).unwrap();
+    std::fs::rename(&staged, dir.join("p2").join("safeguard.wasm")).unwrap();
+    until(&|answer| answer.is_some_and(|a| a.contains("bomb")));
+    gateway.terminate();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn serve_reloads_for_its_config_and_plugins_not_for_other_files_beside_them() {
     let dir = std::env::temp_dir().join(format!("shallot-beside-{}", std::process::id()));

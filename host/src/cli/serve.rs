@@ -219,15 +219,16 @@ fn describe(routes: &[Route]) -> String {
 /// plugin.
 struct Reloads {
     changes: mpsc::UnboundedReceiver<()>,
+    changed: mpsc::UnboundedSender<()>,
     hangups: Signal,
     /// Kept alive for as long as changes are wanted.
-    _watcher: Option<notify::RecommendedWatcher>,
+    watcher: Option<notify::RecommendedWatcher>,
 }
 
 impl Reloads {
     fn watch(source: &Source) -> anyhow::Result<Self> {
         let (changed, changes) = mpsc::unbounded_channel();
-        let watcher = match watch(source, changed) {
+        let watcher = match watch(source, changed.clone()) {
             Ok(watcher) => Some(watcher),
             Err(e) => {
                 eprintln!("shallot serve: not watching files ({e}); SIGHUP still reloads");
@@ -236,9 +237,20 @@ impl Reloads {
         };
         Ok(Reloads {
             changes,
+            changed,
             hangups: signal(SignalKind::hangup())?,
-            _watcher: watcher,
+            watcher,
         })
+    }
+
+    /// Watches what the config names now (a reload can move the plugins
+    /// to another directory, or a directory can have been replaced); the
+    /// new watch is in place before the old one goes. A config naming
+    /// directories that cannot be watched keeps the old watch.
+    fn rewatch(&mut self, source: &Source) {
+        if let Ok(watcher) = watch(source, self.changed.clone()) {
+            self.watcher = Some(watcher);
+        }
     }
 
     /// Waits for the next reload to be asked for, and for its changes to
@@ -267,7 +279,9 @@ impl Reloads {
 async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
     loop {
         reloads.next().await;
-        match build(&engine, &args).await {
+        let built = build(&engine, &args).await;
+        reloads.rewatch(&args.source);
+        match built {
             Ok((routes, keys)) => {
                 let described = describe(&routes);
                 gateway.swap_with_keys(routes, keys);
