@@ -67,7 +67,7 @@ struct ConfigFile {
     routes: Vec<RouteEntry>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RouteEntry {
     model: String,
@@ -77,7 +77,7 @@ struct RouteEntry {
     upstream: Option<UpstreamEntry>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum UpstreamEntry {
     Named(String),
@@ -189,7 +189,7 @@ impl std::fmt::Debug for ClientKey {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FilterEntry {
     name: Option<String>,
@@ -201,18 +201,6 @@ struct FilterEntry {
     grants: Grants,
     #[serde(default)]
     isolation: Isolation,
-}
-
-fn parse(file: &Path) -> Result<(ConfigFile, String), LoadError> {
-    let text = std::fs::read_to_string(file).map_err(|error| LoadError::Read {
-        path: file.into(),
-        error,
-    })?;
-    let parsed = toml::from_str(&text).map_err(|e| LoadError::Config {
-        path: file.into(),
-        message: where_in(&text, &e),
-    })?;
-    Ok((parsed, text))
 }
 
 /// A TOML error by its line and column, without quoting the line: a
@@ -231,85 +219,235 @@ fn where_in(text: &str, error: &toml::de::Error) -> String {
     format!("line {line}, column {column}: {message}")
 }
 
-/// Reads a `shallot.toml`'s `[model]` table, if it has one, filling a
-/// missing `api_key` from `OPENAI_API_KEY`.
-pub fn read_model(file: &Path) -> Result<Option<OpenAiConfig>, LoadError> {
-    Ok(parse(file)?.0.model.map(|mut model| {
-        if model.api_key.is_none() {
-            model.api_key = std::env::var("OPENAI_API_KEY").ok();
-        }
-        model
-    }))
+/// A `shallot.toml`, read and parsed once: the filters, the model, the
+/// gateway's client keys and routes all come from the same version of the
+/// file (a reload reads it once, so a write in between cannot mix two).
+/// Each part is checked when it is asked for: `shallot chat` does not need
+/// the keys' environment variables set.
+#[derive(Debug)]
+pub struct Config {
+    file: PathBuf,
+    parsed: ConfigFile,
+    text: String,
 }
 
-/// Reads a `shallot.toml`'s client keys (`[[key]]` tables), for the
-/// gateway: each with a `name`, an optional `tenant`, the key as its hex
-/// `sha256` or the name of the environment variable (`env`) that holds it,
-/// and optionally the `models` (routes) it may use, all when not given.
-///
-/// ```toml
-/// [[key]]
-/// name = "billing-app"
-/// tenant = "acme"
-/// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-/// models = ["gpt-4o-mini"]
-///
-/// [[key]]
-/// name = "ops"
-/// env = "SHALLOT_OPS_KEY"
-/// ```
-pub fn read_keys(file: &Path) -> Result<Vec<ClientKey>, LoadError> {
-    let bad = |message: String| LoadError::Config {
-        path: file.into(),
-        message,
-    };
-    let keys = parse(file)?.0.keys;
-    // A conversation's id is prefixed with its owner, the key's tenant or,
-    // without one, the key's name: owners must not be confused.
-    let tenants: std::collections::HashSet<&str> =
-        keys.iter().filter_map(|k| k.tenant.as_deref()).collect();
-    keys.iter()
-        .map(|key| {
-            let named = |what: &str| bad(format!("key '{}': {what}", key.name));
-            if key.name.contains('/') || key.tenant.as_ref().is_some_and(|t| t.contains('/')) {
-                return Err(named(
-                    "a key's name and tenant cannot hold '/' (they prefix the ids of its conversations)",
-                ));
-            }
-            if key.tenant.is_none() && tenants.contains(key.name.as_str()) {
-                return Err(named(
-                    "it has no tenant and a tenant has its name: they would share conversations; give it that tenant or another name",
-                ));
-            }
-            if key.models.as_ref().is_some_and(Vec::is_empty) {
-                return Err(named(
-                    "`models` is empty: the key could use nothing (leave it out for every route)",
-                ));
-            }
-            match (&key.sha256, &key.env) {
-                (Some(hex), None) => {
-                    let sha256 = decode_sha256(hex)
-                        .ok_or_else(|| named("`sha256` must be 64 hex digits"))?;
-                    Ok(ClientKey {
-                        name: key.name.clone(),
-                        tenant: key.tenant.clone(),
-                        models: key.models.clone(),
-                        sha256,
-                    })
-                }
-                (None, Some(var)) => {
-                    let secret = std::env::var(var).map_err(|_| {
-                        named(&format!("the environment variable {var} is not set"))
-                    })?;
-                    Ok(ClientKey {
-                        models: key.models.clone(),
-                        ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
-                    })
-                }
-                _ => Err(named("give exactly one of `sha256` and `env`")),
-            }
+impl Config {
+    /// Reads and parses `file`; a syntax error is placed by line and
+    /// column.
+    pub fn read(file: &Path) -> Result<Self, LoadError> {
+        let text = std::fs::read_to_string(file).map_err(|error| LoadError::Read {
+            path: file.into(),
+            error,
+        })?;
+        let parsed = toml::from_str(&text).map_err(|e| LoadError::Config {
+            path: file.into(),
+            message: where_in(&text, &e),
+        })?;
+        Ok(Config {
+            file: file.into(),
+            parsed,
+            text,
         })
-        .collect()
+    }
+
+    /// The file it was read from.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    fn bad(&self, message: String) -> LoadError {
+        LoadError::Config {
+            path: self.file.clone(),
+            message,
+        }
+    }
+
+    /// The `[model]` table, if there is one, a missing `api_key` filled
+    /// from `OPENAI_API_KEY`.
+    pub fn model(&self) -> Option<OpenAiConfig> {
+        self.parsed.model.clone().map(|mut model| {
+            if model.api_key.is_none() {
+                model.api_key = std::env::var("OPENAI_API_KEY").ok();
+            }
+            model
+        })
+    }
+
+    /// The client keys (`[[key]]` tables), for the gateway: each with a
+    /// `name`, an optional `tenant`, the key as its hex `sha256` or the
+    /// name of the environment variable (`env`) that holds it, and
+    /// optionally the `models` (routes) it may use, all when not given.
+    ///
+    /// ```toml
+    /// [[key]]
+    /// name = "billing-app"
+    /// tenant = "acme"
+    /// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    /// models = ["gpt-4o-mini"]
+    ///
+    /// [[key]]
+    /// name = "ops"
+    /// env = "SHALLOT_OPS_KEY"
+    /// ```
+    pub fn keys(&self) -> Result<Vec<ClientKey>, LoadError> {
+        let keys = &self.parsed.keys;
+        // A conversation's id is prefixed with its owner, the key's tenant or,
+        // without one, the key's name: owners must not be confused.
+        let tenants: std::collections::HashSet<&str> =
+            keys.iter().filter_map(|k| k.tenant.as_deref()).collect();
+        keys.iter()
+            .map(|key| {
+                let named = |what: &str| self.bad(format!("key '{}': {what}", key.name));
+                if key.name.contains('/') || key.tenant.as_ref().is_some_and(|t| t.contains('/')) {
+                    return Err(named(
+                        "a key's name and tenant cannot hold '/' (they prefix the ids of its conversations)",
+                    ));
+                }
+                if key.tenant.is_none() && tenants.contains(key.name.as_str()) {
+                    return Err(named(
+                        "it has no tenant and a tenant has its name: they would share conversations; give it that tenant or another name",
+                    ));
+                }
+                if key.models.as_ref().is_some_and(Vec::is_empty) {
+                    return Err(named(
+                        "`models` is empty: the key could use nothing (leave it out for every route)",
+                    ));
+                }
+                match (&key.sha256, &key.env) {
+                    (Some(hex), None) => {
+                        let sha256 = decode_sha256(hex)
+                            .ok_or_else(|| named("`sha256` must be 64 hex digits"))?;
+                        Ok(ClientKey {
+                            name: key.name.clone(),
+                            tenant: key.tenant.clone(),
+                            models: key.models.clone(),
+                            sha256,
+                        })
+                    }
+                    (None, Some(var)) => {
+                        let secret = std::env::var(var).map_err(|_| {
+                            named(&format!("the environment variable {var} is not set"))
+                        })?;
+                        Ok(ClientKey {
+                            models: key.models.clone(),
+                            ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
+                        })
+                    }
+                    _ => Err(named("give exactly one of `sha256` and `env`")),
+                }
+            })
+            .collect()
+    }
+
+    /// The gateway routes (`[[route]]` tables), in order.
+    ///
+    /// ```toml
+    /// [[route]]
+    /// model = "support"                      # what clients ask for
+    /// mode = "proxy"                         # or "agent": one agent turn per request
+    /// filters = ["logging", "guard"]         # [[filter]] names, in order (default: all)
+    /// upstream = { base_url = "http://localhost:8000/v1", model = "Qwen/Qwen2.5-7B-Instruct" }
+    ///
+    /// [[route]]
+    /// model = "demo"
+    /// upstream = "embedded"                  # the offline model
+    /// ```
+    ///
+    /// An upstream without `api_key` takes `OPENAI_API_KEY`.
+    pub fn routes(&self) -> Result<Vec<RouteSpec>, LoadError> {
+        let mut seen = std::collections::HashSet::new();
+        self.parsed
+            .routes
+            .iter()
+            .cloned()
+            .map(|route| {
+                if !seen.insert(route.model.clone()) {
+                    return Err(self.bad(format!("two routes serve the model '{}'", route.model)));
+                }
+                let upstream = match route.upstream {
+                    None => None,
+                    Some(UpstreamEntry::Named(name)) if name == "embedded" => {
+                        Some(Upstream::Embedded)
+                    }
+                    Some(UpstreamEntry::Named(name)) => {
+                        return Err(self.bad(format!(
+                            "route '{}': upstream '{name}' is neither \"embedded\" nor a server table",
+                            route.model
+                        )));
+                    }
+                    Some(UpstreamEntry::Server(mut server)) => {
+                        if server.api_key.is_none() {
+                            server.api_key = std::env::var("OPENAI_API_KEY").ok();
+                        }
+                        Some(Upstream::Server(server))
+                    }
+                };
+                Ok(RouteSpec {
+                    model: route.model,
+                    mode: route.mode,
+                    filters: route.filters,
+                    upstream,
+                })
+            })
+            .collect()
+    }
+
+    /// The filters (`[[filter]]` tables): plugin paths and filter specs, in
+    /// order.
+    pub fn filters(&self) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
+        let bad = |message: String| self.bad(message);
+        let base = self.file.parent().unwrap_or(Path::new("."));
+        let dir = match &self.parsed.plugin_dir {
+            Some(dir) => base.join(expand(dir).map_err(bad)?),
+            None => base.to_path_buf(),
+        };
+        self.parsed
+            .filters
+            .iter()
+            .map(|entry| {
+                let line = self.text[..entry.span().start].matches('\n').count() + 1;
+                let source = format!("{}, the [[filter]] at line {line}", self.file.display());
+                let entry = entry.get_ref().clone();
+                let config = entry
+                    .config
+                    .map(|value| {
+                        serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
+                    })
+                    .transpose()?;
+                let mut grants = entry.grants;
+                // A trace file is the operator's, relative to this file.
+                if let Some(trace) = grants.trace.take() {
+                    let trace = match trace.as_str() {
+                        "stderr" => trace,
+                        path => base.join(expand(path).map_err(bad)?).display().to_string(),
+                    };
+                    grants.trace = Some(trace);
+                }
+                // A SQLite store is the operator's file, relative to this file.
+                if let Some(memory) = grants.memory.take() {
+                    let is_file = memory != ":memory:"
+                        && !memory.starts_with("redis://")
+                        && !memory.starts_with("rediss://");
+                    grants.memory = Some(if is_file {
+                        base.join(expand(&memory).map_err(bad)?)
+                            .display()
+                            .to_string()
+                    } else {
+                        memory
+                    });
+                }
+                let spec = FilterSpec {
+                    name: entry.name,
+                    config,
+                    limits: entry.limits,
+                    grants,
+                    isolation: entry.isolation,
+                    source: Some(source),
+                };
+                Ok((dir.join(entry.plugin), spec))
+            })
+            .collect()
+    }
 }
 
 fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
@@ -324,119 +462,10 @@ fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
     Some(digest)
 }
 
-/// Reads a `shallot.toml`'s gateway routes (`[[route]]` tables), in order.
-///
-/// ```toml
-/// [[route]]
-/// model = "support"                      # what clients ask for
-/// mode = "proxy"                         # or "agent": one agent turn per request
-/// filters = ["logging", "guard"]         # [[filter]] names, in order (default: all)
-/// upstream = { base_url = "http://localhost:8000/v1", model = "Qwen/Qwen2.5-7B-Instruct" }
-///
-/// [[route]]
-/// model = "demo"
-/// upstream = "embedded"                  # the offline model
-/// ```
-///
-/// An upstream without `api_key` takes `OPENAI_API_KEY`.
-pub fn read_routes(file: &Path) -> Result<Vec<RouteSpec>, LoadError> {
-    let bad = |message: String| LoadError::Config {
-        path: file.into(),
-        message,
-    };
-    let mut seen = std::collections::HashSet::new();
-    parse(file)?
-        .0
-        .routes
-        .into_iter()
-        .map(|route| {
-            if !seen.insert(route.model.clone()) {
-                return Err(bad(format!("two routes serve the model '{}'", route.model)));
-            }
-            let upstream = match route.upstream {
-                None => None,
-                Some(UpstreamEntry::Named(name)) if name == "embedded" => Some(Upstream::Embedded),
-                Some(UpstreamEntry::Named(name)) => {
-                    return Err(bad(format!(
-                        "route '{}': upstream '{name}' is neither \"embedded\" nor a server table",
-                        route.model
-                    )));
-                }
-                Some(UpstreamEntry::Server(mut server)) => {
-                    if server.api_key.is_none() {
-                        server.api_key = std::env::var("OPENAI_API_KEY").ok();
-                    }
-                    Some(Upstream::Server(server))
-                }
-            };
-            Ok(RouteSpec {
-                model: route.model,
-                mode: route.mode,
-                filters: route.filters,
-                upstream,
-            })
-        })
-        .collect()
-}
-
-/// Reads a `shallot.toml` into plugin paths and filter specs, in order.
+/// Reads a `shallot.toml` into plugin paths and filter specs, in order
+/// ([`Config::filters`] of [`Config::read`]).
 pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
-    let bad = |message: String| LoadError::Config {
-        path: file.into(),
-        message,
-    };
-    let (parsed, text) = parse(file)?;
-    let base = file.parent().unwrap_or(Path::new("."));
-    let dir = match parsed.plugin_dir {
-        Some(dir) => base.join(expand(&dir).map_err(bad)?),
-        None => base.to_path_buf(),
-    };
-    parsed
-        .filters
-        .into_iter()
-        .map(|entry| {
-            let line = text[..entry.span().start].matches('\n').count() + 1;
-            let source = format!("{}, the [[filter]] at line {line}", file.display());
-            let entry = entry.into_inner();
-            let config = entry
-                .config
-                .map(|value| {
-                    serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
-                })
-                .transpose()?;
-            let mut grants = entry.grants;
-            // A trace file is the operator's, relative to this file.
-            if let Some(trace) = grants.trace.take() {
-                let trace = match trace.as_str() {
-                    "stderr" => trace,
-                    path => base.join(expand(path).map_err(bad)?).display().to_string(),
-                };
-                grants.trace = Some(trace);
-            }
-            // A SQLite store is the operator's file, relative to this file.
-            if let Some(memory) = grants.memory.take() {
-                let is_file = memory != ":memory:"
-                    && !memory.starts_with("redis://")
-                    && !memory.starts_with("rediss://");
-                grants.memory = Some(if is_file {
-                    base.join(expand(&memory).map_err(bad)?)
-                        .display()
-                        .to_string()
-                } else {
-                    memory
-                });
-            }
-            let spec = FilterSpec {
-                name: entry.name,
-                config,
-                limits: entry.limits,
-                grants,
-                isolation: entry.isolation,
-                source: Some(source),
-            };
-            Ok((dir.join(entry.plugin), spec))
-        })
-        .collect()
+    Config::read(file)?.filters()
 }
 
 /// Expands `${NAME}` and `${NAME:-default}` in a path from the environment.
@@ -556,7 +585,11 @@ impl PluginSet {
 
 #[cfg(test)]
 mod tests {
-    use super::read_keys;
+    use super::Config;
+
+    fn read_keys(file: &std::path::Path) -> Result<Vec<super::ClientKey>, super::LoadError> {
+        Config::read(file)?.keys()
+    }
 
     #[test]
     fn client_keys_come_hashed_or_from_the_environment_and_nothing_else() {
@@ -625,7 +658,7 @@ mod tests {
             "[model]\nbase_url = \"http://localhost:8000/v1\"\napi_key = \"sk-live-secret\nmodel = \"x\"\n",
         )
         .unwrap();
-        let error = super::read_model(&file).unwrap_err().to_string();
+        let error = Config::read(&file).unwrap_err().to_string();
         assert!(error.contains("line 3, column "), "{error}");
         assert!(!error.contains("sk-live"), "the key is not quoted: {error}");
         let _ = std::fs::remove_dir_all(&dir);

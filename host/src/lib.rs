@@ -67,10 +67,7 @@ pub mod types;
 
 pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, NoHistory, ToolLoop};
 pub use cache::{Cache, CacheState};
-pub use config::{
-    ClientKey, RouteMode, RouteSpec, Upstream, read_config, read_dir, read_keys, read_model,
-    read_routes,
-};
+pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};

@@ -102,7 +102,8 @@ impl Prompts {
 }
 
 pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<ExitCode> {
-    let plugins = args.source.load(engine).await?;
+    let file = args.source.config()?;
+    let plugins = args.source.load(engine, file.as_ref()).await?;
     let config = LoopConfig {
         max_iterations: args.max_iterations,
         ..LoopConfig::default()
@@ -113,7 +114,7 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
         ToolLoop::new(config, MemoryHistory::default())
     };
     let mut builder = Kernel::builder().plugins(&plugins).turn_terminal(tool_loop);
-    builder = match args.model.server(&args.source)? {
+    builder = match args.model.server(file.as_ref())? {
         Some(server) => builder.model(OpenAiModel::new(server)?),
         None => builder.model(EmbeddedModel::new().with_delay(Duration::from_millis(args.pace))),
     };

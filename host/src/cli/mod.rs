@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::{Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet, read_config, read_model};
+use shallot::{Config, Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///
@@ -86,12 +86,25 @@ pub(crate) struct Source {
 }
 
 impl Source {
-    /// Loads the plugin set, reporting slow compiles on stderr.
-    pub(crate) async fn load(&self, engine: &Engine) -> anyhow::Result<PluginSet> {
+    /// The config file, read once for everything taken from it; `None`
+    /// without `--config`.
+    pub(crate) fn config(&self) -> anyhow::Result<Option<Config>> {
+        Ok(self.config.as_deref().map(Config::read).transpose()?)
+    }
+
+    /// Loads the plugin set (from `config`, what [`Source::config`] read),
+    /// reporting slow compiles on stderr.
+    pub(crate) async fn load(
+        &self,
+        engine: &Engine,
+        config: Option<&Config>,
+    ) -> anyhow::Result<PluginSet> {
         let mut progress = |event: LoadEvent<'_>| report(&event);
-        let set = match (&self.plugins, &self.config) {
+        let set = match (&self.plugins, config) {
             (Some(dir), _) => PluginSet::from_dir(engine, dir, &mut progress).await?,
-            (_, Some(file)) => PluginSet::from_config(engine, file, &mut progress).await?,
+            (_, Some(config)) => {
+                PluginSet::from_specs(engine, config.filters()?, &mut progress).await?
+            }
             (None, None) => {
                 eprintln!("note: no --plugins or --config: the prompts go to the model unfiltered");
                 PluginSet::default()
@@ -120,11 +133,8 @@ pub(crate) struct ModelArgs {
 impl ModelArgs {
     /// The model server the flags, the config file or the environment
     /// name, in that order of precedence; `None` for the embedded model.
-    pub(crate) fn server(&self, source: &Source) -> anyhow::Result<Option<OpenAiConfig>> {
-        let configured = match &source.config {
-            Some(file) => read_model(file)?,
-            None => None,
-        };
+    pub(crate) fn server(&self, config: Option<&Config>) -> anyhow::Result<Option<OpenAiConfig>> {
+        let configured = config.and_then(Config::model);
         let mut server = match (&self.model_url, configured.or_else(OpenAiConfig::from_env)) {
             (Some(url), Some(server)) => Some(OpenAiConfig {
                 base_url: url.clone(),
@@ -149,8 +159,9 @@ impl ModelArgs {
 
 impl Source {
     /// The directories whose changes change the set: the plugins
-    /// directory, or the config file's and each of its plugins'.
-    pub(crate) fn watched(&self) -> Vec<PathBuf> {
+    /// directory, or the config file's and each of its plugins' (as
+    /// `config`, the file as last read, names them).
+    pub(crate) fn watched(&self, config: Option<&Config>) -> Vec<PathBuf> {
         let mut dirs = Vec::new();
         if let Some(dir) = &self.plugins {
             dirs.push(dir.clone());
@@ -162,7 +173,7 @@ impl Source {
                     .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
             };
             dirs.push(parent(file));
-            if let Ok(specs) = read_config(file) {
+            if let Some(Ok(specs)) = config.map(Config::filters) {
                 dirs.extend(specs.iter().map(|(path, _)| parent(path)));
             }
         }
@@ -173,11 +184,11 @@ impl Source {
 
     /// Which changes in the [`watched`](Self::watched) directories can
     /// change the set.
-    pub(crate) fn changes(&self) -> Changes {
+    pub(crate) fn changes(&self, config: Option<&Config>) -> Changes {
         let mut names = Vec::new();
         if let Some(file) = &self.config {
             names.extend(file.file_name().map(OsStr::to_owned));
-            if let Ok(specs) = read_config(file) {
+            if let Some(Ok(specs)) = config.map(Config::filters) {
                 names.extend(
                     specs
                         .iter()
@@ -350,17 +361,17 @@ mod tests {
             plugins: Some(dir.clone()),
             config: None,
         }
-        .changes();
+        .changes(None);
         assert!(plugins.concern(&dir.join("safeguard.wasm")));
         assert!(plugins.concern(&dir.join("safeguard.json")));
         assert!(!plugins.concern(&dir.join("gateway.log")));
         assert!(!plugins.concern(&dir.join("trace.jsonl")));
 
-        let configured = Source {
+        let source = Source {
             plugins: None,
             config: Some(config.clone()),
-        }
-        .changes();
+        };
+        let configured = source.changes(source.config().unwrap().as_ref());
         assert!(configured.concern(&config));
         assert!(configured.concern(Path::new("plugins/safeguard.wasm")));
         assert!(

@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::Args;
 use notify::{RecursiveMode, Watcher};
 use shallot::{
-    ChatModel, ClientKey, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel, KernelBuilder,
-    LoopConfig, NoHistory, OpenAiConfig, OpenAiModel, Route, RouteMode, ToolLoop, Upstream,
-    read_keys, read_routes,
+    ChatModel, ClientKey, Config, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel,
+    KernelBuilder, LoopConfig, NoHistory, OpenAiConfig, OpenAiModel, Route, RouteMode, ToolLoop,
+    Upstream,
 };
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -72,7 +72,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
     // take seconds: a SIGHUP meanwhile would otherwise end the process, and
     // a change meanwhile would be missed. Either reloads once after start.
     let reloads = Reloads::watch(&args.source)?;
-    let (routes, keys) = build(engine, &args).await?;
+    let (routes, keys) = build(engine, &args, args.source.config()?.as_ref()).await?;
     let config = GatewayConfig {
         max_body_bytes: args.max_body_kib as usize * 1024,
         max_concurrent: args.max_concurrent as usize,
@@ -111,14 +111,19 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
 /// Loads the filters and builds the routes the gateway serves (the
 /// config's `[[route]]` tables; without any, one proxy route over every
 /// filter and the model the flags, `[model]` or the environment name),
-/// with the config's client keys.
-async fn build(engine: &Engine, args: &ServeArgs) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
-    let (keys, specs) = match &args.source.config {
-        Some(file) => (read_keys(file)?, read_routes(file)?),
+/// with the config's client keys: all from `config`, one reading of the
+/// file.
+async fn build(
+    engine: &Engine,
+    args: &ServeArgs,
+    config: Option<&Config>,
+) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
+    let (keys, specs) = match config {
+        Some(config) => (config.keys()?, config.routes()?),
         None => (Vec::new(), Vec::new()),
     };
-    let plugins = args.source.load(engine).await?;
-    let default = args.model.server(&args.source)?;
+    let plugins = args.source.load(engine, config).await?;
+    let default = args.model.server(config)?;
     if specs.is_empty() {
         let (builder, model) = with_model(Kernel::builder().plugins(&plugins), default)?;
         let routes = vec![Route::proxy(model, builder.build()?)];
@@ -228,7 +233,8 @@ struct Reloads {
 impl Reloads {
     fn watch(source: &Source) -> anyhow::Result<Self> {
         let (changed, changes) = mpsc::unbounded_channel();
-        let watcher = match watch(source, changed.clone()) {
+        let config = source.config().ok().flatten();
+        let watcher = match watch(source, config.as_ref(), changed.clone()) {
             Ok(watcher) => Some(watcher),
             Err(e) => {
                 eprintln!("shallot serve: not watching files ({e}); SIGHUP still reloads");
@@ -247,8 +253,8 @@ impl Reloads {
     /// to another directory, or a directory can have been replaced); the
     /// new watch is in place before the old one goes. A config naming
     /// directories that cannot be watched keeps the old watch.
-    fn rewatch(&mut self, source: &Source) {
-        if let Ok(watcher) = watch(source, self.changed.clone()) {
+    fn rewatch(&mut self, source: &Source, config: Option<&Config>) {
+        if let Ok(watcher) = watch(source, config, self.changed.clone()) {
             self.watcher = Some(watcher);
         }
     }
@@ -279,8 +285,12 @@ impl Reloads {
 async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
     loop {
         reloads.next().await;
-        let built = build(&engine, &args).await;
-        reloads.rewatch(&args.source);
+        let config = args.source.config();
+        let built = match &config {
+            Ok(config) => build(&engine, &args, config.as_ref()).await,
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        };
+        reloads.rewatch(&args.source, config.ok().flatten().as_ref());
         match built {
             Ok((routes, keys)) => {
                 let described = describe(&routes);
@@ -304,9 +314,10 @@ const SETTLED: Duration = Duration::from_secs(5);
 /// Watches the config file's directory and every plugin's directory.
 fn watch(
     source: &Source,
+    config: Option<&Config>,
     changed: mpsc::UnboundedSender<()>,
 ) -> notify::Result<notify::RecommendedWatcher> {
-    let changes = source.changes();
+    let changes = source.changes(config);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // A lost event (the queue overflowed) may have been any change.
         let concerned = |e: &notify::Event| {
@@ -322,7 +333,7 @@ fn watch(
             let _ = changed.send(());
         }
     })?;
-    for dir in source.watched() {
+    for dir in source.watched(config) {
         watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     }
     Ok(watcher)
