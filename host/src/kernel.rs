@@ -217,6 +217,7 @@ impl KernelBuilder {
             tools.shared_specs(),
         );
         core.approver = self.approver;
+        core.response_limits = self.response_limits;
         Ok(Kernel {
             core: Arc::new(core),
             wasm: self.wasm.into(),

@@ -107,6 +107,8 @@ async fn chaos(seed: u64, ops: u32) {
         json!({ "seed": seed, "ops": ops }),
     )])
     .await;
+    // It names each hook 10,000 times; every invoke reads the list.
+    assert_eq!(plugins.filters()[0].hooks().len(), 5);
     let model = ScriptedModel::replies(vec![
         Reply::call("echo", json!({ "x": 1 })),
         Reply::tokens(&["a", "b", "c"]),

@@ -282,6 +282,41 @@ async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model
     );
 }
 
+/// A filter that answers in the model's place is bounded as the model is:
+/// its 10,000 made-up calls of a tool never run (each would copy the
+/// tool's spec and run at once, past every limit on a model's answer).
+#[tokio::test]
+async fn tool_calls_a_filter_makes_up_are_bounded_like_the_models() {
+    let (path, spec) = spec(
+        "misbehave",
+        "liar",
+        json!({ "on": "chat", "do": "fake-calls" }),
+    );
+    let plugins = load(vec![(path, spec)]).await;
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = ran.clone();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .tool(ToolSpec::new("echo", "", json!({})), move |args, _| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok(args) }
+        })
+        .build()
+        .unwrap();
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    let shallot::types::TurnResult::Error(error) = kernel.turn(request, Context::new()).await
+    else {
+        panic!("the turn fails");
+    };
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(
+        error.message.contains("more than 128 tool calls"),
+        "{error}"
+    );
+    assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
 #[tokio::test]
 async fn stderr_is_captured_per_call_and_never_reaches_another_invoke() {
     let (path, spec) = warm("misbehave", "bad", json!({ "on": "chat", "do": "print" }));

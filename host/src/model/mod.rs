@@ -22,45 +22,9 @@ use crate::context::Context;
 use crate::onion::Invoke;
 use crate::onion::TokenStream;
 use crate::onion::{Chat, Terminal};
-use crate::types::{ChainError, ErrorKind, Origin};
+pub use crate::types::ResponseLimits;
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
-
-/// Bounds on one model answer, so a broken or hostile model server cannot
-/// grow the host without limit. Past either, the call fails with a
-/// `limit-exceeded` error whose origin is the `model` terminal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResponseLimits {
-    /// Bytes of text, tool calls and metadata (16 MiB by default).
-    pub max_bytes: usize,
-    /// Tool calls (128 by default).
-    pub max_tool_calls: usize,
-}
-
-impl Default for ResponseLimits {
-    fn default() -> Self {
-        ResponseLimits {
-            max_bytes: 16 << 20,
-            max_tool_calls: 128,
-        }
-    }
-}
-
-impl ResponseLimits {
-    /// Checks an answer that has `tool_calls` calls and weighs `bytes`.
-    pub(crate) fn check(&self, tool_calls: usize, bytes: usize) -> Result<(), ChainError> {
-        let message = if tool_calls > self.max_tool_calls {
-            format!(
-                "the model's answer has more than {} tool calls",
-                self.max_tool_calls
-            )
-        } else if bytes > self.max_bytes {
-            format!("the model's answer is larger than {} bytes", self.max_bytes)
-        } else {
-            return Ok(());
-        };
-        Err(ChainError::new(ErrorKind::LimitExceeded, message).at(Origin::terminal("model")))
-    }
-}
 
 /// One event of a streamed model answer.
 #[derive(Debug, Clone, PartialEq)]

@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::types::{
-    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, TokenBatch, ToolRequest,
-    ToolResponse, ToolSpec, TurnRequest, TurnResult,
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, ResponseLimits,
+    TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
 };
 
 /// A filter hook: what a filter may implement.
@@ -363,6 +363,8 @@ pub(crate) struct Core {
     pub tools: Vec<Arc<ToolSpec>>,
     /// Who answers the `approval` import; `None` denies every question.
     pub approver: Option<Arc<dyn Approver>>,
+    /// Bounds on an answer of the chat chain, the model's or a filter's.
+    pub response_limits: ResponseLimits,
 }
 
 impl Core {
@@ -387,6 +389,7 @@ impl Core {
             filters,
             tools,
             approver: None,
+            response_limits: ResponseLimits::default(),
         }
     }
 

@@ -121,17 +121,21 @@ impl FilterInstance {
             )
             .at(self.store.data().identity.origin(Call::Describe))
         })?;
-        let hooks = d
-            .hooks
-            .iter()
-            .map(|h| match h {
+        // Each hook once, in the order first named: the list is read on
+        // every invoke, and a guest could repeat a hook millions of times.
+        let mut hooks = Vec::new();
+        for hook in &d.hooks {
+            let hook = match hook {
                 WitHook::AroundChat => Hook::AroundChat,
                 WitHook::AroundTool => Hook::AroundTool,
                 WitHook::AroundTurn => Hook::AroundTurn,
                 WitHook::TokenTransform => Hook::TokenTransform,
                 WitHook::SystemPrompt => Hook::SystemPrompt,
-            })
-            .collect();
+            };
+            if !hooks.contains(&hook) {
+                hooks.push(hook);
+            }
+        }
         Ok(Description {
             name: sandbox::printable(&d.name, NAME_CAP),
             version: sandbox::printable(&d.version, NAME_CAP),

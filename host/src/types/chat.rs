@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{JsonMap, Message, ToolSpec};
+use super::{ChainError, ErrorKind, JsonMap, Message, Origin, ToolSpec};
 
 /// A request to the model: what the chat chain carries inward.
 #[derive(Debug, Clone, Default)]
@@ -108,5 +108,54 @@ impl ChatResponse {
     /// The answer's text.
     pub fn text(&self) -> String {
         self.message.text()
+    }
+}
+
+/// Bounds on one answer of the chat chain (the model's, or one a filter
+/// made), so a broken or hostile model server or filter cannot grow the
+/// host without limit. Past either, the call fails with a
+/// `limit-exceeded` error whose origin is the `model` terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseLimits {
+    /// Bytes of text, tool calls and metadata (16 MiB by default).
+    pub max_bytes: usize,
+    /// Tool calls (128 by default).
+    pub max_tool_calls: usize,
+}
+
+impl Default for ResponseLimits {
+    fn default() -> Self {
+        ResponseLimits {
+            max_bytes: 16 << 20,
+            max_tool_calls: 128,
+        }
+    }
+}
+
+impl ResponseLimits {
+    /// Checks the model's answer that has `tool_calls` calls and weighs
+    /// `bytes`.
+    pub(crate) fn check(&self, tool_calls: usize, bytes: usize) -> Result<(), ChainError> {
+        self.check_as("model", tool_calls, bytes)
+    }
+
+    /// The same for the answer `terminal` got from the chat chain.
+    pub(crate) fn check_as(
+        &self,
+        terminal: &str,
+        tool_calls: usize,
+        bytes: usize,
+    ) -> Result<(), ChainError> {
+        let message = if tool_calls > self.max_tool_calls {
+            format!(
+                "the answer has more than {} tool calls",
+                self.max_tool_calls
+            )
+        } else if bytes > self.max_bytes {
+            format!("the answer is larger than {} bytes", self.max_bytes)
+        } else {
+            return Ok(());
+        };
+        Err(ChainError::new(ErrorKind::LimitExceeded, message).at(Origin::terminal(terminal)))
     }
 }

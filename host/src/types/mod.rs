@@ -16,7 +16,7 @@ mod tool;
 mod turn;
 mod weight;
 
-pub use chat::{ChatRequest, ChatResponse, FinishReason, Usage};
+pub use chat::{ChatRequest, ChatResponse, FinishReason, ResponseLimits, Usage};
 pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};

@@ -17,6 +17,7 @@ mod run;
 
 use self::run::Run;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -24,7 +25,7 @@ use async_trait::async_trait;
 use super::history::{History, MemoryHistory};
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{ChainError, ErrorKind, Weigh};
 use crate::types::{
     ChatRequest, ChatResponse, Decision, Message, ToolCall, ToolCallRecord, ToolRequest, ToolSpec,
     TurnRequest, TurnResult,
@@ -162,6 +163,13 @@ impl Terminal<Turn> for ToolLoop {
                 Ok(response) => response,
                 Err(error) => return TurnResult::Error(error),
             };
+            // A filter may answer in the model's place: its answer is
+            // bounded as the model's is before its calls run.
+            let calls = response.message.tool_calls.len();
+            let limits = invoke.core().response_limits;
+            if let Err(error) = limits.check_as("tool-loop", calls, response.weight()) {
+                return TurnResult::Error(error);
+            }
             run.rounds = round;
             run.push(response.message.clone());
             let calls = response.message.tool_calls.clone();
@@ -211,13 +219,18 @@ impl ToolLoop {
         tools: &[Arc<ToolSpec>],
         calls: &[ToolCall],
     ) -> Vec<Result<String, ChainError>> {
+        // Each name is looked up once a batch: an offered spec is copied
+        // out of the request, and a batch may call one tool many times.
+        let mut specs: HashMap<&str, Option<Arc<ToolSpec>>> = HashMap::new();
         let requests: Vec<Result<ToolRequest, ChainError>> = calls
             .iter()
             .map(|call| {
-                match spec_of(tools, &call.name)
-                    .cloned()
-                    .or_else(|| invoke.offered(&call.name))
-                {
+                let spec = specs.entry(call.name.as_str()).or_insert_with(|| {
+                    spec_of(tools, &call.name)
+                        .cloned()
+                        .or_else(|| invoke.offered(&call.name))
+                });
+                match spec.clone() {
                     Some(tool) => Ok(ToolRequest {
                         tool,
                         call_id: Arc::from(call.id.as_str()),

@@ -163,13 +163,15 @@ impl exports::shallot::filter::plugin::Guest for Chaos {
             name: "chaos".to_owned(),
             version: "0.1.0".to_owned(),
             init_fctx: "null".to_owned(),
-            hooks: vec![
+            // Every hook, named over and over: the host keeps each once.
+            hooks: [
                 Hook::AroundChat,
                 Hook::AroundTool,
                 Hook::AroundTurn,
                 Hook::TokenTransform,
                 Hook::SystemPrompt,
-            ],
+            ]
+            .repeat(10_000),
         }
     }
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, Message, TokenOut,
-    TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval, context,
-    log, memory, next, timer, trace,
+    ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, FinishReason, Message,
+    TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval,
+    context, log, memory, next, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -29,7 +29,8 @@ struct Misbehave {
     /// memory-flood (appends 2 MiB messages until refused),
     /// memory-chatter (loads until refused), memory-long-id, mimic (builds
     /// an error just like the inner failure), pass-first (calls next twice
-    /// and returns the first result).
+    /// and returns the first result), fake-calls (answers a chat itself
+    /// with 10,000 tool calls).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -192,6 +193,20 @@ impl Misbehave {
                 let first = next::chat(request);
                 let _second = next::chat(request);
                 first
+            }
+            // Answers in the model's place with 10,000 calls of `echo`.
+            "fake-calls" => {
+                let call = shallot_guest::ToolCall {
+                    id: String::new(),
+                    name: "echo".to_owned(),
+                    arguments: "{}".to_owned(),
+                };
+                let message = Message {
+                    content: None,
+                    tool_calls: vec![call; 10_000],
+                    ..Message::assistant("")
+                };
+                Ok(ChatResponse::new(&message, FinishReason::ToolUse))
             }
             "flood-next" => {
                 let mut last = next::chat(request);
