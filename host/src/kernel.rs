@@ -377,8 +377,10 @@ impl Kernel {
     /// Continues a turn the tool loop paused (a `sensitive` tool waiting
     /// for approval): its pending calls run, or are denied, and the loop goes
     /// on. The turn chain runs again with `resume = true`; only its first
-    /// call of the terminal continues the paused turn. With a sink in
-    /// `options`, every model round streams to it.
+    /// call of the terminal continues the paused turn. A pause continues
+    /// once: resuming it again (a clone of `interrupt`) is an
+    /// `invalid-request` error. With a sink in `options`, every model round
+    /// streams to it.
     pub async fn resume(
         &self,
         interrupt: TurnInterrupt,
@@ -394,6 +396,11 @@ impl Kernel {
             Ok(invoke) => invoke,
             Err(error) => return TurnResult::Error(error),
         };
+        // Claimed once admitted: a resume refused for load can be retried.
+        if !paused.claim() {
+            let message = "this interrupt was already resumed (a pause continues once)";
+            return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
+        }
         invoke.set_resumed(paused, decision);
         let request = TurnRequest {
             resume: true,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
+use shallot::ErrorKind;
 use shallot::types::Decision;
-use shallot::types::{Message, Role, ToolSpec, TurnResult};
+use shallot::types::{Message, Role, ToolSpec, TurnInterrupt, TurnResult};
 use shallot::{Context, Kernel, LoopConfig, MemoryHistory, ToolLoop};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
@@ -102,6 +103,49 @@ async fn a_sensitive_tool_pauses_the_turn_and_an_approval_resumes_it() {
         Some(json!([false, true])),
         "turn filters see the resume flag"
     );
+}
+
+/// O47: a pause continues once. Resuming a clone of its interrupt again
+/// (a retried request, a double click) is an error, not a second run of
+/// the sensitive call; a resume of an interrupt that holds no pause too.
+#[tokio::test]
+async fn o47_a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
+    let mut replies = delete_and_list();
+    replies.push(Reply::Text("again".into()));
+    let model = ScriptedModel::replies(replies);
+    let (kernel, deleted) = approval_kernel(&shallot::PluginSet::default(), model.clone());
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
+        panic!("expected an interrupt")
+    };
+    let again = interrupt.clone();
+    done(
+        kernel
+            .resume(interrupt, Decision::Approve, Context::new())
+            .await,
+    );
+    let TurnResult::Error(error) = kernel
+        .resume(again, Decision::Approve, Context::new())
+        .await
+    else {
+        panic!("a second resume fails")
+    };
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
+    assert!(error.message.contains("already resumed"), "{error}");
+    assert_eq!(
+        deleted.load(Ordering::SeqCst),
+        1,
+        "the sensitive call ran once"
+    );
+    assert_eq!(model.calls(), 2);
+
+    let stray = TurnInterrupt::new("made by hand", None);
+    let TurnResult::Error(error) = kernel
+        .resume(stray, Decision::Approve, Context::new())
+        .await
+    else {
+        panic!("nothing to resume")
+    };
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
 }
 
 #[tokio::test]

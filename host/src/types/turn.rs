@@ -1,5 +1,6 @@
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ChatResponse, Message, ToolCall};
 use crate::types::ChainError;
@@ -64,9 +65,28 @@ pub struct TurnInterrupt {
     pub(crate) paused: Option<Resumable>,
 }
 
-/// A paused terminal's own state, carried opaquely by the interrupt.
+/// A paused terminal's own state, carried opaquely by the interrupt, and
+/// whether it was resumed: a pause continues once, however often its
+/// interrupt is cloned (a second approval would run its calls again).
 #[derive(Clone)]
-pub(crate) struct Resumable(pub(crate) Arc<dyn Any + Send + Sync>);
+pub(crate) struct Resumable {
+    pub(crate) state: Arc<dyn Any + Send + Sync>,
+    resumed: Arc<AtomicBool>,
+}
+
+impl Resumable {
+    pub(crate) fn new(state: Arc<dyn Any + Send + Sync>) -> Self {
+        Resumable {
+            state,
+            resumed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Marks it resumed; `false` when it already was.
+    pub(crate) fn claim(&self) -> bool {
+        !self.resumed.swap(true, Ordering::AcqRel)
+    }
+}
 
 impl std::fmt::Debug for Resumable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,7 +96,7 @@ impl std::fmt::Debug for Resumable {
 
 impl PartialEq for Resumable {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.state, &other.state)
     }
 }
 

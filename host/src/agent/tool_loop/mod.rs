@@ -122,7 +122,7 @@ impl Terminal<Turn> for ToolLoop {
         // of ours starts afresh then.
         let resumed = if request.resume {
             invoke.take_resumed().and_then(|(paused, decision)| {
-                let paused = paused.0.downcast::<Paused>().ok()?;
+                let paused = paused.state.downcast::<Paused>().ok()?;
                 Some((paused, decision))
             })
         } else {

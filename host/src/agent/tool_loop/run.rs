@@ -156,7 +156,7 @@ impl<'a> Run<'a> {
         TurnResult::Interrupt(TurnInterrupt {
             reason,
             pending,
-            paused: Some(Resumable(Arc::new(paused))),
+            paused: Some(Resumable::new(Arc::new(paused))),
         })
     }
 
