@@ -251,3 +251,57 @@ async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_
         "a fresh instance serves the next turn"
     );
 }
+
+/// A native filter that panics around every tool call.
+struct Panicky;
+
+#[async_trait::async_trait]
+impl shallot::Filter for Panicky {
+    fn name(&self) -> &str {
+        "panicky"
+    }
+
+    async fn around_tool(
+        &self,
+        request: shallot::types::ToolRequest,
+        _: shallot::Next<shallot::Tool>,
+    ) -> Result<shallot::types::ToolResponse, ChainError> {
+        panic!("lost {}", request.arguments)
+    }
+}
+
+/// N35 for a native filter: its panic fails each call of the batch with a
+/// typed error naming it, and the turn (and the host) carry on.
+#[tokio::test]
+async fn n35_a_panicking_native_around_tool_filter_fails_each_call_not_the_turn() {
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("echo".into(), json!({"text": "a"})),
+            ("echo".into(), json!({"text": "b"})),
+        ]),
+        Reply::Text("carried on".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .filter(Panicky)
+        .model(model)
+        .builtin_tools()
+        .build()
+        .unwrap();
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("expected a done turn, got {result:?}")
+    };
+    assert_eq!(done.response.text(), "carried on");
+    assert_eq!(done.tool_calls.len(), 2);
+    for record in &done.tool_calls {
+        let error = record.error.as_ref().expect("each call failed");
+        assert_eq!(error.kind, ErrorKind::PluginFault);
+        assert_eq!(&*error.origin.as_ref().unwrap().filter, "panicky");
+        assert!(
+            error.message.contains("panicked: lost {\"text\""),
+            "{error}"
+        );
+    }
+}

@@ -24,16 +24,18 @@ pub use invoke::{Invoke, InvokeOptions};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::types::{
-    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, ResponseLimits,
+    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, Origin, ResponseLimits,
     TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
 };
 
@@ -545,10 +547,34 @@ impl<K: ChainKind> Next<K> {
             ..self.clone()
         };
         match &layer.filter {
-            LayerFilter::Native(filter) => K::around_native(filter.as_ref(), request, next).await,
+            // A native filter is the embedder's code: its panic fails this
+            // call with an error naming it, as a guest's trap does, and
+            // the layers around it see an error like any other.
+            LayerFilter::Native(filter) => {
+                let call = K::around_native(filter.as_ref(), request, next);
+                match AssertUnwindSafe(call).catch_unwind().await {
+                    Ok(output) => output,
+                    Err(panic) => K::fail(panicked(filter.name(), K::HOOK.into(), &*panic)),
+                }
+            }
             LayerFilter::Guest(filter) => {
                 K::around_guest(filter.clone(), layer.id, request, next).await
             }
         }
     }
+}
+
+/// The error a native filter's panic in `call` becomes.
+fn panicked(filter: &str, call: Call, panic: &(dyn std::any::Any + Send)) -> ChainError {
+    let said = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic");
+    let origin = Origin {
+        filter: filter.into(),
+        plugin: None,
+        call,
+    };
+    ChainError::new(ErrorKind::PluginFault, format!("panicked: {said}")).at(origin)
 }

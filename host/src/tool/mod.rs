@@ -112,8 +112,11 @@ impl Terminal<Tool> for ToolRegistry {
             )
         })?;
         if let Ok(schema) = &tool.schema {
+            // The first few: each quotes the value it is about, and
+            // arguments a filter rewrote can fail a schema everywhere.
             let problems: Vec<String> = schema
                 .iter_errors(&arguments)
+                .take(8)
                 .map(|e| match e.instance_path().as_str() {
                     "" => format!("#: {e}"),
                     path => format!("{path}: {e}"),
