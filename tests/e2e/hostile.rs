@@ -184,6 +184,49 @@ async fn a_filter_that_traps_loses_its_context_writes() {
     assert_eq!(context.get("written"), None);
 }
 
+/// A faulted call's writes are undone with their charges: a value put
+/// back is paid for again by the filter that had written it. (Undone
+/// without its charge, a value written, then overwritten small by a call
+/// that traps, stayed in the context for free, and the filter could write
+/// past its host memory cap, one such pair at a time.)
+#[tokio::test]
+async fn a_value_a_fault_puts_back_is_charged_to_its_writer_again() {
+    let limits = Limits {
+        host_mib: 1,
+        ..Limits::default()
+    };
+    let (path, mut spec) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "tool", "do": "shrink-then-trap" }),
+    );
+    spec.limits = limits;
+    let plugins = load(vec![(path, spec)]).await;
+    let call = |key: &str, op: &str| Reply::call("echo", json!({ "key": key, "op": op }));
+    let model = ScriptedModel::replies(vec![
+        call("k1", "big"),
+        call("k1", "shrink"),
+        call("k2", "big"),
+        Reply::tokens(&["done"]),
+    ]);
+    let context = Context::new();
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    let result = kernel(&plugins, model).turn(request, context.clone()).await;
+    let shallot::types::TurnResult::Done(done) = result else {
+        panic!("the turn goes on past its failed calls: {result:?}")
+    };
+    let failed: Vec<bool> = done.tool_calls.iter().map(|r| r.error.is_some()).collect();
+    assert_eq!(failed, [false, true, true], "{:?}", done.tool_calls);
+    let error = done.tool_calls[2].error.as_ref().unwrap();
+    assert!(
+        error.message.contains("host memory cap of 1 MiB"),
+        "{error}"
+    );
+    let k1 = context.get("k1").expect("k1 is put back");
+    assert!(k1.to_string().len() > 600 << 10);
+    assert_eq!(context.get("k2"), None);
+}
+
 #[tokio::test]
 async fn next_is_bounded_per_hook_call() {
     let plugins = load(vec![hostile("chat", "flood-next", Limits::default())]).await;

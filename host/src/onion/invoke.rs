@@ -106,6 +106,20 @@ pub struct Invoke {
     offered: Mutex<Option<Arc<Vec<ToolSpec>>>>,
 }
 
+/// What a shared-context key was before a write: its value, and the
+/// filter that wrote it with the bytes charged to it.
+pub(crate) struct Before {
+    value: Option<Value>,
+    writer: Option<(usize, usize)>,
+}
+
+impl Before {
+    /// Whether the key was absent (a removal of it changes nothing).
+    pub(crate) fn absent(&self) -> bool {
+        self.value.is_none()
+    }
+}
+
 /// Host memory each filter holds for the length of the invoke.
 struct Ledger {
     /// By filter: its FCtx and its context writes, in bytes.
@@ -180,15 +194,16 @@ impl Invoke {
     }
 
     /// Filter `id` sets (or with `None` removes) a shared-context key, the
-    /// value charged to it while it stays. Returns the value the key had,
-    /// or `None` if the write would take the filter past `room` bytes.
+    /// value charged to it while it stays. Returns what the key was before
+    /// (its value and who paid for it), or `None` if the write would take
+    /// the filter past `room` bytes.
     pub(crate) fn write_context(
         &self,
         id: usize,
         key: &str,
         value: Option<Value>,
         room: usize,
-    ) -> Option<Option<Value>> {
+    ) -> Option<Before> {
         let mut ledger = self.ledger();
         let bytes = value.as_ref().map_or(0, |v| key.len() + v.weight());
         let previous = ledger.writers.get(key).copied();
@@ -202,7 +217,7 @@ impl Invoke {
         if let Some((writer, charged)) = previous {
             ledger.held[writer] -= charged;
         }
-        Some(match value {
+        let value = match value {
             Some(value) => {
                 ledger.writers.insert(key.to_owned(), (id, bytes));
                 ledger.held[id] += bytes;
@@ -212,16 +227,25 @@ impl Invoke {
                 ledger.writers.remove(key);
                 self.context.take(key)
             }
+        };
+        Some(Before {
+            value,
+            writer: previous,
         })
     }
 
-    /// Puts back the value a key had before a faulted call wrote it.
-    pub(crate) fn restore_context(&self, key: &str, value: Option<Value>) {
+    /// Puts a key back as it was before a faulted call wrote it: its value,
+    /// charged again to the filter that had written it.
+    pub(crate) fn restore_context(&self, key: &str, before: Before) {
         let mut ledger = self.ledger();
         if let Some((writer, charged)) = ledger.writers.remove(key) {
             ledger.held[writer] -= charged;
         }
-        match value {
+        if let Some((writer, charged)) = before.writer {
+            ledger.held[writer] += charged;
+            ledger.writers.insert(key.to_owned(), (writer, charged));
+        }
+        match before.value {
             Some(value) => self.context.replace(key, value),
             None => self.context.take(key),
         };

@@ -56,7 +56,8 @@ impl context::Host for HostState {
             .write_context(scope.id, &key, Some(value), room)
         {
             Some(before) => {
-                self.journal.push((key, before));
+                // The first write of a key in a call is the one to undo.
+                self.journal.entry(key).or_insert(before);
                 Ok(Ok(()))
             }
             None => Err(wasmtime::Error::new(HostMemoryExceeded)),
@@ -66,8 +67,9 @@ impl context::Host for HostState {
     fn remove(&mut self, key: String) -> wasmtime::Result<()> {
         if let Some(scope) = &self.scope
             && let Some(before) = scope.invoke.write_context(scope.id, &key, None, usize::MAX)
+            && !before.absent()
         {
-            self.journal.push((key, before));
+            self.journal.entry(key).or_insert(before);
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::types as wit;
 use super::convert;
 use super::stats::Stats;
-use crate::onion::{Branch, Invoke};
+use crate::onion::{Before, Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
 use crate::types::Weigh;
@@ -119,9 +119,11 @@ pub struct HostState {
     next_calls: u32,
     /// Log lines written in the current call.
     log_lines: u32,
-    /// Shared-context keys the current call wrote, with the values they had
-    /// before, to undo if the call faults.
-    journal: Vec<(String, Option<serde_json::Value>)>,
+    /// Shared-context keys the current call wrote, each with what it was
+    /// before the call's first write of it, to undo if the call faults.
+    /// A key is kept once however often it is written (a loop of writes
+    /// must not grow it), and removing an absent key is not kept.
+    journal: HashMap<String, Before>,
     /// What the operator granted beyond the default imports.
     granted: Granted,
     /// Milliseconds slept through `timer` in the current hook call.
@@ -165,7 +167,7 @@ impl HostState {
             held: 0,
             next_calls: 0,
             log_lines: 0,
-            journal: Vec::new(),
+            journal: HashMap::new(),
             granted,
             slept: 0,
             trace_events: 0,
@@ -194,8 +196,8 @@ impl HostState {
     /// context: each key it wrote gets back the value it had before.
     pub(crate) fn leave(&mut self, faulted: bool) {
         if faulted && let Some(scope) = &self.scope {
-            for (key, value) in self.journal.drain(..).rev() {
-                scope.invoke.restore_context(&key, value);
+            for (key, before) in self.journal.drain() {
+                scope.invoke.restore_context(&key, before);
             }
         }
         self.journal.clear();

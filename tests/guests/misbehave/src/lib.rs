@@ -30,7 +30,8 @@ struct Misbehave {
     /// memory-chatter (loads until refused), memory-long-id, mimic (builds
     /// an error just like the inner failure), pass-first (calls next twice
     /// and returns the first result), fake-calls (answers a chat itself
-    /// with 10,000 tool calls).
+    /// with 10,000 tool calls), shrink-then-trap (by its tool arguments:
+    /// writes a large context value, or overwrites one small and traps).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -115,6 +116,18 @@ impl Misbehave {
             "write-then-trap" => {
                 context::set("written", "by a filter that then trapped");
                 std::process::abort()
+            }
+            // `{"key": K, "op": "big"}`: writes 600 KiB under K;
+            // `{"key": K, "op": "shrink"}`: writes "0" under K, then traps.
+            "shrink-then-trap" => {
+                let asked: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+                let key = asked["key"].as_str().unwrap_or("k");
+                if asked["op"] == "shrink" {
+                    context::set(key, "0");
+                    std::process::abort()
+                }
+                context::set(key, &serde_json::to_string(&"x".repeat(600 << 10)).unwrap());
+                Ok(())
             }
             "print" => {
                 eprintln!("misbehave saw: {text}");
