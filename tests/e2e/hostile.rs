@@ -227,6 +227,44 @@ async fn a_value_a_fault_puts_back_is_charged_to_its_writer_again() {
     assert_eq!(context.get("k2"), None);
 }
 
+/// Each call of a concurrent tool batch keeps its own FCtx write until the
+/// batch ends: each is charged, so a filter cannot hold its host memory cap
+/// once per call of the batch.
+#[tokio::test]
+async fn fctx_writes_of_a_concurrent_batch_are_each_charged() {
+    let (path, mut spec) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "tool", "do": "hoard-fctx" }),
+    );
+    spec.limits = Limits {
+        host_mib: 1,
+        ..Limits::default()
+    };
+    let plugins = load(vec![(path, spec)]).await;
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls((0..4).map(|i| ("echo".into(), json!({ "i": i }))).collect()),
+        Reply::tokens(&["done"]),
+    ]);
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    let result = kernel(&plugins, model).turn(request, Context::new()).await;
+    let shallot::types::TurnResult::Done(done) = result else {
+        panic!("the turn goes on past its failed calls: {result:?}")
+    };
+    let failed: Vec<&ChainError> = done
+        .tool_calls
+        .iter()
+        .filter_map(|r| r.error.as_ref())
+        .collect();
+    assert_eq!(failed.len(), 2, "two of 400 KiB fit in 1 MiB: {failed:?}");
+    for error in failed {
+        assert!(
+            error.message.contains("host memory cap of 1 MiB"),
+            "{error}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn next_is_bounded_per_hook_call() {
     let plugins = load(vec![hostile("chat", "flood-next", Limits::default())]).await;

@@ -180,13 +180,19 @@ impl Invoke {
         fctx: Fctx,
         room: usize,
     ) -> bool {
-        {
-            let mut ledger = self.ledger();
-            let held = ledger.held[id] - ledger.fctx[id] + fctx.len();
-            if held > room {
-                return false;
-            }
-            ledger.held[id] = held;
+        let mut ledger = self.ledger();
+        // A call of a concurrent batch holds its own write until the batch
+        // ends, besides the invoke's: each is charged.
+        let replaced = match branch {
+            Some(branch) => branch.written(id),
+            None => ledger.fctx[id],
+        };
+        let held = ledger.held[id] - replaced + fctx.len();
+        if held > room {
+            return false;
+        }
+        ledger.held[id] = held;
+        if branch.is_none() {
             ledger.fctx[id] = fctx.len();
         }
         self.set_fctx(branch, id, fctx);
@@ -293,15 +299,31 @@ impl Invoke {
                     .call(request)
             });
         let results = futures::future::join_all(calls).await;
+        let filters = base.len();
+        // Per filter: the bytes its calls' writes were charged, and the
+        // weight of the write that wins.
+        let mut released = vec![0; filters];
+        let mut folded = vec![None; filters];
         let mut states = self.states();
         for branch in &branches {
             let writes = branch.writes.lock().unwrap_or_else(PoisonError::into_inner);
             for (id, write) in writes.iter().enumerate() {
                 if let Some(fctx) = write {
                     states[id] = Some(fctx.clone());
+                    released[id] += fctx.len();
+                    folded[id] = Some(fctx.len());
                 }
             }
         }
+        drop(states);
+        let mut ledger = self.ledger();
+        for (id, kept) in folded.into_iter().enumerate() {
+            if let Some(kept) = kept {
+                ledger.held[id] = ledger.held[id] - released[id] - ledger.fctx[id] + kept;
+                ledger.fctx[id] = kept;
+            }
+        }
+        drop(ledger);
         results
     }
 
@@ -393,5 +415,11 @@ impl Branch {
     fn get(&self, id: usize) -> Option<Fctx> {
         let writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
         writes[id].clone().or_else(|| self.base[id].clone())
+    }
+
+    /// The weight of filter `id`'s write in this call, 0 without one.
+    fn written(&self, id: usize) -> usize {
+        let writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+        writes[id].as_ref().map_or(0, |fctx| fctx.len())
     }
 }

@@ -31,7 +31,8 @@ struct Misbehave {
     /// an error just like the inner failure), pass-first (calls next twice
     /// and returns the first result), fake-calls (answers a chat itself
     /// with 10,000 tool calls), shrink-then-trap (by its tool arguments:
-    /// writes a large context value, or overwrites one small and traps).
+    /// writes a large context value, or overwrites one small and traps),
+    /// hoard-fctx (keeps 400 KiB in its FCtx).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -116,6 +117,12 @@ impl Misbehave {
             "write-then-trap" => {
                 context::set("written", "by a filter that then trapped");
                 std::process::abort()
+            }
+            // Keeps 400 KiB in its FCtx.
+            "hoard-fctx" => {
+                let state = serde_json::to_string(&"f".repeat(400 << 10)).unwrap();
+                shallot_guest::bindings::shallot::filter::fctx::set(&state)
+                    .map_err(|e| FilterError::new(ErrorKind::InvalidRequest, e))
             }
             // `{"key": K, "op": "big"}`: writes 600 KiB under K;
             // `{"key": K, "op": "shrink"}`: writes "0" under K, then traps.
