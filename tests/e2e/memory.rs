@@ -53,7 +53,12 @@ async fn kernel(filters: Vec<(PathBuf, FilterSpec)>, model: ScriptedModel) -> Ke
 
 /// What the in-process store holds of conversation `c`.
 async fn stored(c: &str) -> Vec<Message> {
-    open_store(":memory:").await.unwrap().load(c).await.unwrap()
+    open_store(":memory:")
+        .await
+        .unwrap()
+        .load(c, usize::MAX)
+        .await
+        .unwrap()
 }
 
 fn roles(messages: &[Message]) -> Vec<Role> {
@@ -64,19 +69,33 @@ fn roles(messages: &[Message]) -> Vec<Role> {
 async fn m1_on(store: &str) {
     let store = open_store(store).await.unwrap();
     let (c1, c2) = (conversation("m1"), conversation("m1-other"));
-    assert!(store.load(&c1).await.unwrap().is_empty());
+    assert!(store.load(&c1, usize::MAX).await.unwrap().is_empty());
     store.append(&c1, &[Message::user("M1")]).await.unwrap();
     store
         .append(&c1, &[Message::assistant("M2")])
         .await
         .unwrap();
-    assert_eq!(texts(&store.load(&c1).await.unwrap()), ["M1", "M2"]);
+    assert_eq!(
+        texts(&store.load(&c1, usize::MAX).await.unwrap()),
+        ["M1", "M2"]
+    );
     assert!(
-        store.load(&c2).await.unwrap().is_empty(),
+        store.load(&c2, usize::MAX).await.unwrap().is_empty(),
         "conversations are separate"
     );
     store.clear(&c1).await.unwrap();
-    assert!(store.load(&c1).await.unwrap().is_empty());
+    assert!(store.load(&c1, usize::MAX).await.unwrap().is_empty());
+    // A load reads the latest messages that fit in its bytes, no more.
+    let (old, new) = ("o".repeat(1000), "n".repeat(1000));
+    store.append(&c1, &[Message::user(&old)]).await.unwrap();
+    store
+        .append(&c1, &[Message::assistant(&new)])
+        .await
+        .unwrap();
+    assert_eq!(texts(&store.load(&c1, 1500).await.unwrap()), [new]);
+    assert!(store.load(&c1, 10).await.unwrap().is_empty());
+    assert_eq!(store.load(&c1, 4000).await.unwrap().len(), 2);
+    store.clear(&c1).await.unwrap();
 }
 
 fn sqlite_file(name: &str) -> String {
@@ -111,7 +130,7 @@ async fn m9_the_model_sees_the_stored_history_and_the_reply_is_stored() {
         .unwrap();
     assert_eq!(texts(&model.requests()[0].messages), ["Old", "New"]);
     assert_eq!(
-        texts(&store.load(&c).await.unwrap()),
+        texts(&store.load(&c, usize::MAX).await.unwrap()),
         ["Old", "New", "reply"]
     );
 }
@@ -141,7 +160,7 @@ async fn m2_m3_the_window_keeps_system_messages_and_drops_orphan_tool_results() 
         let request = ChatRequest::new(vec![Message::user("U2")]);
         kernel.chat(request, context).await.unwrap();
         let seen = texts(&model.requests().last().unwrap().messages);
-        (seen, store.load(&c).await.unwrap().len())
+        (seen, store.load(&c, usize::MAX).await.unwrap().len())
     };
     let m2 = vec![
         Message::system("Sys"),

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::types::{ChainError, ErrorKind, Message};
+use crate::types::{ChainError, ErrorKind, Message, Weigh};
 
 /// The most messages a load returns: the conversation's latest ones.
 pub const LOAD_LIMIT: usize = 10_000;
@@ -31,9 +31,12 @@ pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where conversations are kept.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + 'static {
-    /// The conversation's messages, oldest first; at most the last
-    /// [`LOAD_LIMIT`]; empty for one never written.
-    async fn load(&self, conversation: &str) -> Result<Vec<Message>, ChainError>;
+    /// The conversation's latest messages, oldest first: at most
+    /// [`LOAD_LIMIT`] of them, and only as many of the latest as fit in
+    /// `max_bytes` as the store keeps them, read newest first and no
+    /// further, so that a load never reads more than its caller can hold;
+    /// empty for one never written.
+    async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError>;
     /// Appends messages to the conversation.
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError>;
     /// Forgets the conversation.
@@ -82,7 +85,7 @@ struct InProcess {
 
 #[async_trait]
 impl ConversationStore for InProcess {
-    async fn load(&self, conversation: &str) -> Result<Vec<Message>, ChainError> {
+    async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
         let conversations = self
             .conversations
             .lock()
@@ -90,7 +93,17 @@ impl ConversationStore for InProcess {
         let messages = conversations
             .get(conversation)
             .map_or(&[][..], Vec::as_slice);
-        Ok(messages[messages.len().saturating_sub(LOAD_LIMIT)..].to_vec())
+        let mut bytes = 0;
+        let fitting = messages
+            .iter()
+            .rev()
+            .take(LOAD_LIMIT)
+            .take_while(|message| {
+                bytes += message.weight();
+                bytes <= max_bytes
+            })
+            .count();
+        Ok(messages[messages.len() - fitting..].to_vec())
     }
 
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError> {

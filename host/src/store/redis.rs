@@ -60,14 +60,39 @@ impl Redis {
     }
 }
 
+/// The latest messages of the list `KEYS[1]`, newest first: at most
+/// `ARGV[1]` of them, no more than fit in `ARGV[2]` bytes. Read on the
+/// server a page at a time, so that what comes back is bounded.
+const LATEST_THAT_FIT: &str = r"
+local key, limit, budget = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local stop = redis.call('LLEN', key) - 1
+local first = math.max(0, stop + 1 - limit)
+local out, bytes = {}, 0
+while stop >= first do
+  local start = math.max(first, stop - 63)
+  local page = redis.call('LRANGE', key, start, stop)
+  for i = #page, 1, -1 do
+    bytes = bytes + #page[i]
+    if bytes > budget then return out end
+    out[#out + 1] = page[i]
+  end
+  stop = start - 1
+end
+return out
+";
+
 #[async_trait]
 impl ConversationStore for Redis {
-    async fn load(&self, conversation: &str) -> Result<Vec<Message>, ChainError> {
+    async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
         let mut connection = self.connection.clone();
-        let last = -(LOAD_LIMIT as isize);
-        let rows: Vec<String> = self
-            .bounded(connection.lrange(key(conversation), last, -1))
-            .await?;
+        let mut load = redis::cmd("EVAL");
+        load.arg(LATEST_THAT_FIT)
+            .arg(1)
+            .arg(key(conversation))
+            .arg(LOAD_LIMIT)
+            .arg(max_bytes);
+        let mut rows: Vec<String> = self.bounded(load.query_async(&mut connection)).await?;
+        rows.reverse();
         rows.iter()
             .map(|row| {
                 serde_json::from_str(row).map_err(|e| {

@@ -44,36 +44,54 @@ impl Sqlite {
         })
     }
 
+    /// Runs `work` on the connection, answering within the operation
+    /// timeout (a slow disk, or a call queued behind one, is a `transient`
+    /// error then; the work itself finishes on its thread).
     async fn with<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ChainError> {
         let connection = self.connection.clone();
-        tokio::task::spawn_blocking(move || {
+        let done = tokio::task::spawn_blocking(move || {
             work(&mut connection.lock().unwrap_or_else(PoisonError::into_inner))
-        })
-        .await
-        .map_err(|e| unavailable(&self.path, e))?
-        .map_err(|e| unavailable(&self.path, e))
+        });
+        tokio::time::timeout(OPERATION_TIMEOUT, done)
+            .await
+            .map_err(|_| {
+                unavailable(
+                    &self.path,
+                    format!("no answer within {OPERATION_TIMEOUT:?}"),
+                )
+            })?
+            .map_err(|e| unavailable(&self.path, e))?
+            .map_err(|e| unavailable(&self.path, e))
     }
 }
 
 #[async_trait]
 impl ConversationStore for Sqlite {
-    async fn load(&self, conversation: &str) -> Result<Vec<Message>, ChainError> {
+    async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
         let conversation = conversation.to_owned();
-        let rows = self
+        let mut rows = self
             .with(move |db| {
                 let mut query = db.prepare_cached(
-                    "SELECT message FROM (SELECT seq, message FROM shallot_messages
-                     WHERE conversation = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+                    "SELECT LENGTH(CAST(message AS BLOB)), message FROM shallot_messages
+                     WHERE conversation = ?1 ORDER BY seq DESC LIMIT ?2",
                 )?;
-                let rows = query.query_map(params![conversation, LOAD_LIMIT as i64], |row| {
-                    row.get::<_, String>(0)
-                })?;
-                rows.collect::<rusqlite::Result<Vec<String>>>()
+                let mut found = query.query(params![conversation, LOAD_LIMIT as i64])?;
+                // Newest first, and no further than fits.
+                let (mut rows, mut bytes) = (Vec::new(), 0);
+                while let Some(row) = found.next()? {
+                    bytes += row.get::<_, i64>(0)? as usize;
+                    if bytes > max_bytes {
+                        break;
+                    }
+                    rows.push(row.get::<_, String>(1)?);
+                }
+                Ok(rows)
             })
             .await?;
+        rows.reverse();
         rows.iter()
             .map(|row| {
                 serde_json::from_str(row).map_err(|e| {

@@ -278,13 +278,15 @@ impl memory::Host for HostState {
             Ok(store) => store,
             Err(e) => return Ok(Err(e)),
         };
-        let messages =
-            match outside_own_clock(self.confinement.meter().clone(), store.load(&conversation))
-                .await
-            {
-                Ok(messages) => messages,
-                Err(e) => return Ok(Err(e)),
-            };
+        let messages = match outside_own_clock(
+            self.confinement.meter().clone(),
+            store.load(&conversation, self.limits.host_bytes()),
+        )
+        .await
+        {
+            Ok(messages) => messages,
+            Err(e) => return Ok(Err(e)),
+        };
         let weight: usize = messages.iter().map(Weigh::weight).sum();
         if weight > self.limits.host_bytes() {
             let message = format!(
