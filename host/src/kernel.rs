@@ -226,6 +226,18 @@ impl KernelBuilder {
     }
 }
 
+/// A turn that paused carries its filters' private contexts, so that the
+/// resumed turn goes on from them (a `memory` filter's count of what it
+/// stored, a retry count), as one turn would.
+fn paused_with_fctx(mut result: TurnResult, invoke: &Invoke) -> TurnResult {
+    if let TurnResult::Interrupt(interrupt) = &mut result
+        && let Some(paused) = &mut interrupt.paused
+    {
+        paused.fctx = Arc::new(invoke.fctx_states());
+    }
+    result
+}
+
 /// Filters composed around a model, tools and a tool loop. Cheap to clone;
 /// every call is an independent invoke with its own shared context and
 /// private contexts.
@@ -315,9 +327,10 @@ impl Kernel {
     ) -> TurnResult {
         match self.admit(CallKind::Turn, options.into()).await {
             Ok(invoke) => {
-                Next::start(self.core.turn.clone(), invoke)
+                let result = Next::start(self.core.turn.clone(), invoke.clone())
                     .call(request)
-                    .await
+                    .await;
+                paused_with_fctx(result, &invoke)
             }
             Err(error) => TurnResult::Error(error),
         }
@@ -377,8 +390,8 @@ impl Kernel {
     /// Continues a turn the tool loop paused (a `sensitive` tool waiting
     /// for approval): its pending calls run, or are denied, and the loop goes
     /// on. The turn chain runs again with `resume = true`; only its first
-    /// call of the terminal continues the paused turn. A pause continues
-    /// once: resuming it again (a clone of `interrupt`) is an
+    /// call of the terminal continues the paused turn, its filters' private
+    /// contexts as they were when it paused. A pause continues once: resuming it again (a clone of `interrupt`) is an
     /// `invalid-request` error. With a sink in `options`, every model round
     /// streams to it.
     pub async fn resume(
@@ -401,14 +414,16 @@ impl Kernel {
             let message = "this interrupt was already resumed (a pause continues once)";
             return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
         }
+        invoke.carry_fctx(&paused.fctx);
         invoke.set_resumed(paused, decision);
         let request = TurnRequest {
             resume: true,
             ..TurnRequest::new(Vec::new())
         };
-        Next::start(self.core.turn.clone(), invoke)
+        let result = Next::start(self.core.turn.clone(), invoke.clone())
             .call(request)
-            .await
+            .await;
+        paused_with_fctx(result, &invoke)
     }
 
     /// [`Kernel::resume`], streaming every model round to `sink`.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use shallot::types::{ChatRequest, Message, Role, ToolSpec};
+use shallot::types::{ChatRequest, Decision, Message, Role, ToolSpec, TurnRequest, TurnResult};
 use shallot::{
     Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError, LoopConfig, NoHistory, ToolLoop,
     open_store,
@@ -391,4 +391,68 @@ async fn memory_refuses_a_bad_configuration_at_load() {
         let error = crate::builtins::refused("memory", "memory", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
+}
+
+/// A turn paused for approval and resumed is one turn to the memory
+/// filter: the resumed turn goes on from its count of what it stored, so
+/// the question and the calls are stored once (H16 across a pause), and
+/// the model's second call sees the question once.
+#[tokio::test]
+async fn a_resumed_turn_stores_nothing_twice() {
+    let c = conversation("resumed");
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("delete".into(), json!({})),
+            ("echo".into(), json!({ "x": 1 })),
+        ]),
+        Reply::Text("Done.".into()),
+    ]);
+    let plugins = load(vec![memory_filter(Value::Null, ":memory:")]).await;
+    let config = LoopConfig {
+        pause_sensitive: true,
+        ..LoopConfig::default()
+    };
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .tool(
+            ToolSpec::new("delete", "", json!({})).sensitive(),
+            |_, _| async { Ok(json!("deleted")) },
+        )
+        .tool(
+            ToolSpec::new("echo", "", json!({})),
+            |args: Value, _| async move { Ok(args) },
+        )
+        .turn_terminal(ToolLoop::new(config, NoHistory))
+        .build()
+        .unwrap();
+    let context = || Context::new().with("conversation_id", c.as_str());
+    let request = TurnRequest::new(vec![Message::user("MY-QUESTION")]);
+    let TurnResult::Interrupt(paused) = kernel.turn(request, context()).await else {
+        panic!("the turn pauses for delete")
+    };
+    let TurnResult::Done(done) = kernel.resume(paused, Decision::Approve, context()).await else {
+        panic!("the resumed turn ends")
+    };
+    assert_eq!(done.response.text(), "Done.");
+    let history = stored(&c).await;
+    let asked = |messages: &[Message]| {
+        messages
+            .iter()
+            .filter(|m| m.text() == "MY-QUESTION")
+            .count()
+    };
+    assert_eq!(asked(&history), 1, "{history:?}");
+    assert_eq!(
+        roles(&history),
+        [
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Tool,
+            Role::Assistant
+        ],
+        "{history:?}"
+    );
+    assert_eq!(asked(&model.requests()[1].messages), 1);
 }

@@ -389,6 +389,28 @@ impl Invoke {
         state.unwrap_or_else(|| self.core.filters[id].init.clone())
     }
 
+    /// Every filter's private context as it is now.
+    pub(crate) fn fctx_states(&self) -> Vec<Option<Fctx>> {
+        self.states().clone()
+    }
+
+    /// Starts from `states`, the private contexts of a paused turn this
+    /// invoke resumes (charged to their filters). States from a kernel
+    /// with other filters are ignored.
+    pub(crate) fn carry_fctx(&self, states: &[Option<Fctx>]) {
+        if states.len() != self.core.filters.len() {
+            return;
+        }
+        let mut ledger = self.ledger();
+        for (id, state) in states.iter().enumerate() {
+            let weight = state.as_ref().map_or(0, |fctx| fctx.len());
+            ledger.held[id] = ledger.held[id] - ledger.fctx[id] + weight;
+            ledger.fctx[id] = weight;
+        }
+        drop(ledger);
+        *self.states() = states.to_vec();
+    }
+
     pub(crate) fn set_fctx(&self, branch: Option<&Branch>, id: usize, fctx: Fctx) {
         match branch {
             Some(branch) => {

@@ -72,6 +72,9 @@ pub struct TurnInterrupt {
 pub(crate) struct Resumable {
     pub(crate) state: Arc<dyn Any + Send + Sync>,
     resumed: Arc<AtomicBool>,
+    /// The filters' private contexts when the turn paused, by filter:
+    /// the resumed turn goes on from them.
+    pub(crate) fctx: Arc<Vec<Option<Arc<str>>>>,
 }
 
 impl Resumable {
@@ -79,6 +82,7 @@ impl Resumable {
         Resumable {
             state,
             resumed: Arc::new(AtomicBool::new(false)),
+            fctx: Arc::default(),
         }
     }
 
