@@ -168,6 +168,16 @@ fn limit(result: TurnResult) -> (ChainError, Arc<TurnDone>) {
     }
 }
 
+#[test]
+fn o11_max_tool_calls_is_unlimited_by_default_and_a_set_limit_is_kept() {
+    assert_eq!(LoopConfig::default().max_tool_calls, None);
+    let config = LoopConfig {
+        max_tool_calls: Some(3),
+        ..LoopConfig::default()
+    };
+    assert_eq!(config.max_tool_calls, Some(3));
+}
+
 #[tokio::test]
 async fn o12_max_tool_calls_stops_the_turn_and_keeps_the_calls() {
     let (kernel, _) = endless_tools(LoopConfig {

@@ -37,9 +37,10 @@ pub struct LoopConfig {
     /// Model rounds before the turn stops with a `limit-exceeded` error.
     pub max_iterations: u32,
     /// Tool calls before the turn stops with a `limit-exceeded` error
-    /// (256 by default; `None` for no limit); checked before each round, so
-    /// the last batch can go past it by at most one answer's calls (see
-    /// [`crate::ResponseLimits`]).
+    /// (`None`, no limit, by default, as in the seed: the turn is bounded
+    /// by `max_iterations` rounds of at most one answer's calls each, see
+    /// [`crate::ResponseLimits`]); checked before each round, so the last
+    /// batch can go past it by at most one answer's calls.
     pub max_tool_calls: Option<u32>,
     /// Run a batch of tool calls concurrently, unless a tool in it is
     /// `serial`.
@@ -54,7 +55,7 @@ impl Default for LoopConfig {
     fn default() -> Self {
         LoopConfig {
             max_iterations: 10,
-            max_tool_calls: Some(256),
+            max_tool_calls: None,
             parallel_tools: true,
             pause_sensitive: false,
         }
