@@ -1,5 +1,7 @@
 //! Composition of the chat and tool onions (PEER-CASES B, E).
 
+use std::sync::Arc;
+
 use serde_json::json;
 use shallot::types::{FinishReason, Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{ChainError, Context, ErrorKind, Kernel};
@@ -386,4 +388,74 @@ async fn a_native_filter_that_lists_no_hooks_still_runs_what_it_implements() {
         "You said: hi",
         "the hooks it does not implement pass through"
     );
+}
+
+/// A native filter with its own FCtx seed that records the FCtx it is
+/// first given.
+struct Seeded {
+    seed: &'static str,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl shallot::Filter for Seeded {
+    fn name(&self) -> &str {
+        "a"
+    }
+
+    fn init_fctx(&self) -> shallot::Fctx {
+        self.seed.into()
+    }
+
+    async fn around_chat(
+        &self,
+        request: shallot::types::ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        let fctx = next.fctx().expect("inside a filter");
+        self.seen.lock().unwrap().push(fctx.to_string());
+        next.call(request).await
+    }
+}
+
+/// A1/A2: a filter's private context starts as an empty map unless the
+/// filter gives its own seed.
+#[tokio::test]
+async fn a1_a2_a_filters_state_starts_empty_or_from_its_seed() {
+    struct Plain(Arc<std::sync::Mutex<Vec<String>>>);
+    #[async_trait::async_trait]
+    impl shallot::Filter for Plain {
+        fn name(&self) -> &str {
+            "a"
+        }
+        async fn around_chat(
+            &self,
+            request: shallot::types::ChatRequest,
+            next: shallot::Next<shallot::Chat>,
+        ) -> Result<shallot::types::ChatResponse, ChainError> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(next.fctx().unwrap().to_string());
+            next.call(request).await
+        }
+    }
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = Kernel::builder()
+        .filter(Plain(seen.clone()))
+        .model(ScriptedModel::answer("ok"))
+        .build()
+        .unwrap();
+    kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    let seeded = Seeded {
+        seed: r#"{"seed":42}"#,
+        seen: seen.clone(),
+    };
+    let kernel = Kernel::builder()
+        .filter(seeded)
+        .model(ScriptedModel::answer("ok"))
+        .build()
+        .unwrap();
+    kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["{}", r#"{"seed":42}"#]);
 }

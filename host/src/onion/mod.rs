@@ -234,9 +234,9 @@ pub trait Filter: Send + Sync + 'static {
     }
 
     /// The FCtx seed (JSON), used the first time the filter is entered in
-    /// an invoke.
+    /// an invoke: an empty object unless overridden, as in the seed.
     fn init_fctx(&self) -> Fctx {
-        Fctx::from("null")
+        Fctx::from("{}")
     }
 
     /// Around one model call. `next` calls the inner layers and gives this
