@@ -339,6 +339,15 @@ impl ChatModel for Flooding {
     }
 }
 
+/// The error a turn asking "go" of `kernel` ends with.
+async fn failed_turn(kernel: &Kernel) -> ChainError {
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    match kernel.turn(request, Context::new()).await {
+        shallot::types::TurnResult::Error(error) => error,
+        other => panic!("the turn fails: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model() {
     let kernel = Kernel::builder()
@@ -348,11 +357,7 @@ async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model
         })
         .build()
         .unwrap();
-    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
-    let shallot::types::TurnResult::Error(error) = kernel.turn(request, Context::new()).await
-    else {
-        panic!("the turn fails");
-    };
+    let error = failed_turn(&kernel).await;
     assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
     let origin = error.origin.expect("the error names the model");
     assert_eq!(&*origin.filter, "model");
@@ -385,11 +390,7 @@ async fn tool_calls_a_filter_makes_up_are_bounded_like_the_models() {
         })
         .build()
         .unwrap();
-    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
-    let shallot::types::TurnResult::Error(error) = kernel.turn(request, Context::new()).await
-    else {
-        panic!("the turn fails");
-    };
+    let error = failed_turn(&kernel).await;
     assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
     assert!(
         error.message.contains("more than 128 tool calls"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
-use shallot::{ChainError, Context, ErrorKind, Kernel};
+use shallot::{ChainError, Context, ErrorKind, Kernel, KernelBuilder};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
 /// A kernel with the tool `flaky`, whose handler fails with `fail` on its
@@ -206,14 +206,10 @@ async fn n33_a_batch_of_panicking_calls_gives_an_error_record_each_in_order() {
     );
 }
 
-#[tokio::test]
-async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_turn() {
-    let plugins = load(vec![spec(
-        "misbehave",
-        "bad",
-        json!({ "on": "tool", "do": "trap" }),
-    )])
-    .await;
+/// N35: a turn whose model asks for two calls, through `filters`; each
+/// call fails with a plugin fault from `filter`, and the turn carries on.
+/// The kernel and the failures.
+async fn n35(filters: KernelBuilder, filter: &str) -> (Kernel, Vec<ChainError>) {
     let model = ScriptedModel::replies(vec![
         Reply::Calls(vec![
             ("echo".into(), json!({"text": "a"})),
@@ -221,12 +217,7 @@ async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_
         ]),
         Reply::Text("carried on".into()),
     ]);
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(model.clone())
-        .builtin_tools()
-        .build()
-        .unwrap();
+    let kernel = filters.model(model).builtin_tools().build().unwrap();
     let result = kernel
         .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
         .await;
@@ -235,11 +226,27 @@ async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_
     };
     assert_eq!(done.response.text(), "carried on");
     assert_eq!(done.tool_calls.len(), 2);
-    for record in &done.tool_calls {
-        let error = record.error.as_ref().expect("each call failed");
+    let errors: Vec<ChainError> = done
+        .tool_calls
+        .into_iter()
+        .map(|record| record.error.expect("each call failed"))
+        .collect();
+    for error in &errors {
         assert_eq!(error.kind, ErrorKind::PluginFault);
-        assert_eq!(&*error.origin.as_ref().unwrap().filter, "bad");
+        assert_eq!(&*error.origin.as_ref().unwrap().filter, filter);
     }
+    (kernel, errors)
+}
+
+#[tokio::test]
+async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_turn() {
+    let plugins = load(vec![spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "tool", "do": "trap" }),
+    )])
+    .await;
+    let (kernel, _) = n35(Kernel::builder().plugins(&plugins), "bad").await;
     let next_turn = kernel
         .turn(
             TurnRequest::new(vec![Message::user("again")]),
@@ -274,31 +281,8 @@ impl shallot::Filter for Panicky {
 /// typed error naming it, and the turn (and the host) carry on.
 #[tokio::test]
 async fn n35_a_panicking_native_around_tool_filter_fails_each_call_not_the_turn() {
-    let model = ScriptedModel::replies(vec![
-        Reply::Calls(vec![
-            ("echo".into(), json!({"text": "a"})),
-            ("echo".into(), json!({"text": "b"})),
-        ]),
-        Reply::Text("carried on".into()),
-    ]);
-    let kernel = Kernel::builder()
-        .filter(Panicky)
-        .model(model)
-        .builtin_tools()
-        .build()
-        .unwrap();
-    let result = kernel
-        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
-        .await;
-    let TurnResult::Done(done) = result else {
-        panic!("expected a done turn, got {result:?}")
-    };
-    assert_eq!(done.response.text(), "carried on");
-    assert_eq!(done.tool_calls.len(), 2);
-    for record in &done.tool_calls {
-        let error = record.error.as_ref().expect("each call failed");
-        assert_eq!(error.kind, ErrorKind::PluginFault);
-        assert_eq!(&*error.origin.as_ref().unwrap().filter, "panicky");
+    let (_, errors) = n35(Kernel::builder().filter(Panicky), "panicky").await;
+    for error in errors {
         assert!(
             error.message.contains("panicked: lost {\"text\""),
             "{error}"
