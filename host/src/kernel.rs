@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Approver, Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
+    Approver, Core, Entry, Fctx, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
     TokenSink, TokenStream, Turn,
 };
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
@@ -284,7 +284,7 @@ impl Kernel {
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, options.into()).await?;
+        let invoke = self.admit(CallKind::Chat, options.into(), &[]).await?;
         invoke.chat(request).await
     }
 
@@ -312,7 +312,7 @@ impl Kernel {
                 format!("tool '{name}' is not registered"),
             )
         })?;
-        let invoke = self.admit(CallKind::Tool, options.into()).await?;
+        let invoke = self.admit(CallKind::Tool, options.into(), &[]).await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
@@ -325,7 +325,7 @@ impl Kernel {
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        match self.admit(CallKind::Turn, options.into()).await {
+        match self.admit(CallKind::Turn, options.into(), &[]).await {
             Ok(invoke) => {
                 let result = Next::start(self.core.turn.clone(), invoke.clone())
                     .call(request)
@@ -355,7 +355,7 @@ impl Kernel {
     ) -> Result<TokenStream, ChainError> {
         let options = InvokeOptions::from(context).stream_to(sink);
         let sink = options.sink.clone().expect("just set");
-        let invoke = self.admit(CallKind::Chat, options).await?;
+        let invoke = self.admit(CallKind::Chat, options, &[]).await?;
         TokenStream::open(&invoke, sink).await
     }
 
@@ -405,7 +405,10 @@ impl Kernel {
                 "this interrupt has nothing to resume (it did not come from the tool loop)";
             return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
         };
-        let invoke = match self.admit(CallKind::Turn, options.into()).await {
+        let invoke = match self
+            .admit(CallKind::Turn, options.into(), &paused.fctx)
+            .await
+        {
             Ok(invoke) => invoke,
             Err(error) => return TurnResult::Error(error),
         };
@@ -414,7 +417,6 @@ impl Kernel {
             let message = "this interrupt was already resumed (a pause continues once)";
             return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
         }
-        invoke.carry_fctx(&paused.fctx);
         invoke.set_resumed(paused, decision);
         let request = TurnRequest {
             resume: true,
@@ -439,11 +441,13 @@ impl Kernel {
     }
 
     /// Starts an invoke: reserves its instances (waiting, for a bounded
-    /// time, while they are taken) and sets up its state.
+    /// time, while they are taken) and sets up its state, its filters'
+    /// private contexts from `carried` (a paused turn's) when given.
     async fn admit(
         &self,
         call: CallKind,
         options: InvokeOptions,
+        carried: &[(Arc<str>, Option<Fctx>)],
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
         let admission = plugin::admit(&self.wasm, call, streamed).await?;
@@ -454,6 +458,7 @@ impl Kernel {
             options.model_options,
             Box::new(admission),
         ));
+        invoke.carry_fctx(carried);
         if call != CallKind::Tool {
             let prompt = self
                 .core

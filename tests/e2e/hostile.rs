@@ -787,3 +787,50 @@ async fn a_warm_javascript_filter_runs_on_past_its_memory_cap() {
         filter.guest_memory()
     );
 }
+
+/// A model (a terminal) that panics.
+struct Broken;
+
+#[async_trait]
+impl ChatModel for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+
+    async fn chat(&self, _: &ChatRequest, _: &Context) -> Result<ChatResponse, ChainError> {
+        panic!("the model's own bug")
+    }
+
+    async fn stream(
+        &self,
+        _: &ChatRequest,
+        _: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        panic!("the model's own bug")
+    }
+}
+
+/// A native filter that passes everything through.
+struct Around;
+
+#[async_trait]
+impl shallot::Filter for Around {
+    fn name(&self) -> &str {
+        "around"
+    }
+}
+
+/// A terminal's panic is its own internal error, not the fault of the
+/// native filter around it (nor a panic in the caller's task).
+#[tokio::test]
+async fn a_panicking_model_is_an_internal_error_of_the_model() {
+    let kernel = Kernel::builder()
+        .filter(Around)
+        .model(Broken)
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Internal, "{error}");
+    assert_eq!(&*error.origin.as_ref().unwrap().filter, "model", "{error}");
+    assert!(error.message.contains("the model's own bug"), "{error}");
+}

@@ -289,3 +289,61 @@ async fn n35_a_panicking_native_around_tool_filter_fails_each_call_not_the_turn(
         );
     }
 }
+
+/// A native filter that keeps each tool call's arguments in its FCtx and
+/// records the FCtx each model call starts from.
+struct Remembers(Arc<std::sync::Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl shallot::Filter for Remembers {
+    fn name(&self) -> &str {
+        "remembers"
+    }
+
+    async fn around_chat(
+        &self,
+        request: shallot::types::ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(next.fctx().unwrap().to_string());
+        next.call(request).await
+    }
+
+    async fn around_tool(
+        &self,
+        request: shallot::types::ToolRequest,
+        next: shallot::Next<shallot::Tool>,
+    ) -> Result<shallot::types::ToolResponse, ChainError> {
+        next.set_fctx(request.arguments.to_string());
+        next.call(request).await
+    }
+}
+
+/// A native filter's FCtx writes in a concurrent batch fold like a
+/// guest's: the last writer by call index wins (their charges were once
+/// given back without having been taken, and the ledger underflowed).
+#[tokio::test]
+async fn native_fctx_writes_in_a_concurrent_batch_fold_by_call_index() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("echo".into(), json!({"n": 1})),
+            ("echo".into(), json!({"n": 2})),
+        ]),
+        Reply::Text("done".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .filter(Remembers(seen.clone()))
+        .model(model)
+        .builtin_tools()
+        .build()
+        .unwrap();
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await;
+    assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+    assert_eq!(*seen.lock().unwrap(), ["{}", r#"{"n":2}"#]);
+}

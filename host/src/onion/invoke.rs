@@ -298,32 +298,14 @@ impl Invoke {
                     .in_branch(branch.clone())
                     .call(request)
             });
+        let mut batch = Batch {
+            invoke: self,
+            branches: &branches,
+            finished: false,
+        };
         let results = futures::future::join_all(calls).await;
-        let filters = base.len();
-        // Per filter: the bytes its calls' writes were charged, and the
-        // weight of the write that wins.
-        let mut released = vec![0; filters];
-        let mut folded = vec![None; filters];
-        let mut states = self.states();
-        for branch in &branches {
-            let writes = branch.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            for (id, write) in writes.iter().enumerate() {
-                if let Some(fctx) = write {
-                    states[id] = Some(fctx.clone());
-                    released[id] += fctx.len();
-                    folded[id] = Some(fctx.len());
-                }
-            }
-        }
-        drop(states);
-        let mut ledger = self.ledger();
-        for (id, kept) in folded.into_iter().enumerate() {
-            if let Some(kept) = kept {
-                ledger.held[id] = ledger.held[id] - released[id] - ledger.fctx[id] + kept;
-                ledger.fctx[id] = kept;
-            }
-        }
-        drop(ledger);
+        batch.finished = true;
+        drop(batch);
         results
     }
 
@@ -389,34 +371,84 @@ impl Invoke {
         state.unwrap_or_else(|| self.core.filters[id].init.clone())
     }
 
-    /// Every filter's private context as it is now.
-    pub(crate) fn fctx_states(&self) -> Vec<Option<Fctx>> {
-        self.states().clone()
+    /// Every filter's private context as it is now, by filter name.
+    pub(crate) fn fctx_states(&self) -> Vec<(Arc<str>, Option<Fctx>)> {
+        let names = self.core.filters.iter().map(|entry| entry.name.clone());
+        names.zip(self.states().iter().cloned()).collect()
     }
 
-    /// Starts from `states`, the private contexts of a paused turn this
+    /// Starts from `carried`, the private contexts of a paused turn this
     /// invoke resumes (charged to their filters). States from a kernel
-    /// with other filters are ignored.
-    pub(crate) fn carry_fctx(&self, states: &[Option<Fctx>]) {
-        if states.len() != self.core.filters.len() {
+    /// with other filters, or the same in another order, are ignored: a
+    /// filter never gets another's.
+    pub(crate) fn carry_fctx(&self, carried: &[(Arc<str>, Option<Fctx>)]) {
+        let filters = &self.core.filters;
+        if carried.len() != filters.len()
+            || !carried
+                .iter()
+                .zip(filters)
+                .all(|((name, _), entry)| *name == entry.name)
+        {
             return;
         }
         let mut ledger = self.ledger();
-        for (id, state) in states.iter().enumerate() {
+        let mut states = self.states();
+        for (id, (_, state)) in carried.iter().enumerate() {
             let weight = state.as_ref().map_or(0, |fctx| fctx.len());
             ledger.held[id] = ledger.held[id] - ledger.fctx[id] + weight;
             ledger.fctx[id] = weight;
+            states[id] = state.clone();
         }
-        drop(ledger);
-        *self.states() = states.to_vec();
     }
 
-    pub(crate) fn set_fctx(&self, branch: Option<&Branch>, id: usize, fctx: Fctx) {
+    fn set_fctx(&self, branch: Option<&Branch>, id: usize, fctx: Fctx) {
         match branch {
             Some(branch) => {
                 branch.writes.lock().unwrap_or_else(PoisonError::into_inner)[id] = Some(fctx)
             }
             None => self.states()[id] = Some(fctx),
+        }
+    }
+}
+
+/// A concurrent tool batch while it runs. When it ends, its calls' FCtx
+/// writes are folded in call order, so the last writer by call index wins;
+/// a batch cancelled midway (a deadline) keeps none of them. Either way
+/// the charges of its calls' writes are given back.
+struct Batch<'a> {
+    invoke: &'a Invoke,
+    branches: &'a [Arc<Branch>],
+    finished: bool,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let filters = self.invoke.core.filters.len();
+        // Per filter: the bytes its calls' writes were charged, and the
+        // weight of the write that wins.
+        let mut released = vec![0; filters];
+        let mut folded = vec![None; filters];
+        let mut states = self.invoke.states();
+        for branch in self.branches {
+            let writes = branch.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            for (id, write) in writes.iter().enumerate() {
+                if let Some(fctx) = write {
+                    released[id] += fctx.len();
+                    if self.finished {
+                        states[id] = Some(fctx.clone());
+                        folded[id] = Some(fctx.len());
+                    }
+                }
+            }
+        }
+        drop(states);
+        let mut ledger = self.invoke.ledger();
+        for (id, kept) in folded.into_iter().enumerate() {
+            ledger.held[id] -= released[id];
+            if let Some(kept) = kept {
+                ledger.held[id] = ledger.held[id] - ledger.fctx[id] + kept;
+                ledger.fctx[id] = kept;
+            }
         }
     }
 }

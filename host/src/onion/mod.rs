@@ -527,8 +527,10 @@ impl<K: ChainKind> Next<K> {
     /// Replaces the calling filter's private context.
     pub fn set_fctx(&self, fctx: impl Into<Fctx>) {
         if let Some(id) = self.layer {
+            // Charged like a guest's write (a native filter has no cap), so
+            // a batch's fold gives back what each of its calls held.
             self.invoke
-                .set_fctx(self.branch.as_deref(), id, fctx.into());
+                .set_fctx_within(self.branch.as_deref(), id, fctx.into(), usize::MAX);
         }
     }
 
@@ -539,7 +541,24 @@ impl<K: ChainKind> Next<K> {
 
     async fn run(self, request: K::Request) -> K::Output {
         let Some(layer) = self.chain.layers.get(self.index) else {
-            return self.chain.terminal.call(request, &self.invoke).await;
+            // A terminal's panic (a custom one, or a host bug) is its own
+            // error, not blamed on the native filter around it.
+            let call = self.chain.terminal.call(request, &self.invoke);
+            return match AssertUnwindSafe(call).catch_unwind().await {
+                Ok(output) => output,
+                Err(panic) => {
+                    let terminal = match K::HOOK {
+                        Hook::AroundChat => "model",
+                        Hook::AroundTool => "tools",
+                        _ => "turn",
+                    };
+                    let error = panicked(terminal, Call::Terminal, &*panic);
+                    K::fail(ChainError {
+                        kind: ErrorKind::Internal,
+                        ..error
+                    })
+                }
+            };
         };
         let next = Next {
             index: self.index + 1,
@@ -564,7 +583,7 @@ impl<K: ChainKind> Next<K> {
     }
 }
 
-/// The error a native filter's panic in `call` becomes.
+/// The error a native filter's (or a terminal's) panic in `call` becomes.
 fn panicked(filter: &str, call: Call, panic: &(dyn std::any::Any + Send)) -> ChainError {
     let said = panic
         .downcast_ref::<&str>()

@@ -72,9 +72,9 @@ pub struct TurnInterrupt {
 pub(crate) struct Resumable {
     pub(crate) state: Arc<dyn Any + Send + Sync>,
     resumed: Arc<AtomicBool>,
-    /// The filters' private contexts when the turn paused, by filter:
-    /// the resumed turn goes on from them.
-    pub(crate) fctx: Arc<Vec<Option<Arc<str>>>>,
+    /// The filters' private contexts when the turn paused, by filter
+    /// (name, state): the resumed turn goes on from them.
+    pub(crate) fctx: Arc<Vec<(Arc<str>, Option<Arc<str>>)>>,
 }
 
 impl Resumable {
