@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, Decision, Message, Role, ToolSpec, TurnRequest, TurnResult};
 use shallot::{
-    Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError, LoopConfig, NoHistory, ToolLoop,
-    open_store,
+    Context, ErrorKind, FilterSpec, Grants, Kernel, Limits, LoadError, LoopConfig, NoHistory,
+    ToolLoop, open_store,
 };
 use shallot_tests::{RedisServer, Reply, ScriptedModel, load, spec};
 
@@ -455,4 +455,33 @@ async fn a_resumed_turn_stores_nothing_twice() {
         "{history:?}"
     );
     assert_eq!(asked(&model.requests()[1].messages), 1);
+}
+
+/// A conversation larger than the filter's host memory cap still loads:
+/// the filter gets its latest messages that fit, whatever form the store
+/// keeps them in (a SQLite row weighs less than the message in the host).
+#[tokio::test]
+async fn a_conversation_over_the_cap_loads_its_latest_messages() {
+    let file = sqlite_file("over-the-cap");
+    let store = open_store(&file).await.unwrap();
+    let c = conversation("over-the-cap");
+    let many: Vec<Message> = (0..12_000)
+        .map(|i| Message::user(format!("{i:0>100}")))
+        .collect();
+    store.append(&c, &many).await.unwrap();
+    let (path, mut spec) = memory_filter(Value::Null, &file);
+    spec.limits = Limits {
+        host_mib: 1,
+        ..Limits::default()
+    };
+    let model = ScriptedModel::answer("ok");
+    let kernel = kernel(vec![(path, spec)], model.clone()).await;
+    let request = ChatRequest::new(vec![Message::user("newest")]);
+    kernel
+        .chat(request, Context::new().with("conversation_id", c.as_str()))
+        .await
+        .unwrap();
+    let seen = &model.requests()[0].messages;
+    assert!(seen.len() > 1000 && seen.len() < 10_000, "{}", seen.len());
+    assert_eq!(seen.last().unwrap().text(), "newest");
 }

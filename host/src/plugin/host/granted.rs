@@ -258,6 +258,15 @@ impl HostState {
     }
 }
 
+impl HostState {
+    /// The most a conversation load hands the filter: half its free host
+    /// memory, so that it can still pass what it loaded on (a request
+    /// carrying the history is held in the host too).
+    fn load_room(&self) -> usize {
+        self.limits.host_bytes().saturating_sub(self.holding()) / 2
+    }
+}
+
 /// Waits for a store operation, outside the filter's own clock.
 async fn outside_own_clock<T>(
     meter: Meter,
@@ -280,21 +289,28 @@ impl memory::Host for HostState {
         };
         let messages = match outside_own_clock(
             self.confinement.meter().clone(),
-            store.load(&conversation, self.limits.host_bytes()),
+            store.load(&conversation, self.load_room()),
         )
         .await
         {
             Ok(messages) => messages,
             Err(e) => return Ok(Err(e)),
         };
-        let weight: usize = messages.iter().map(Weigh::weight).sum();
-        if weight > self.limits.host_bytes() {
-            let message = format!(
-                "the conversation holds {weight} bytes, more than the filter's host memory cap"
-            );
-            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
-        }
-        Ok(Ok(convert::messages(&messages)))
+        // The store measured its own form; what the filter is handed is
+        // held in the host's: the oldest go until that fits too.
+        let room = self.load_room();
+        let mut weight: usize = messages.iter().map(Weigh::weight).sum();
+        let dropped = messages
+            .iter()
+            .take_while(|message| {
+                let over = weight > room;
+                if over {
+                    weight -= message.weight();
+                }
+                over
+            })
+            .count();
+        Ok(Ok(convert::messages(&messages[dropped..])))
     }
 
     async fn append(
