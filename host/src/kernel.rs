@@ -15,14 +15,14 @@ use crate::context::Context;
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Approver, Core, Entry, Fctx, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
+    Approver, Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
     TokenSink, TokenStream, Turn,
 };
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Token, TokenBatch,
-    ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
+    Carried, ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Token,
+    TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// Why a kernel could not be built.
@@ -284,7 +284,9 @@ impl Kernel {
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, options.into(), &[]).await?;
+        let invoke = self
+            .admit(CallKind::Chat, options.into(), &Carried::new())
+            .await?;
         invoke.chat(request).await
     }
 
@@ -312,7 +314,9 @@ impl Kernel {
                 format!("tool '{name}' is not registered"),
             )
         })?;
-        let invoke = self.admit(CallKind::Tool, options.into(), &[]).await?;
+        let invoke = self
+            .admit(CallKind::Tool, options.into(), &Carried::new())
+            .await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
@@ -325,7 +329,10 @@ impl Kernel {
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        match self.admit(CallKind::Turn, options.into(), &[]).await {
+        match self
+            .admit(CallKind::Turn, options.into(), &Carried::new())
+            .await
+        {
             Ok(invoke) => {
                 let result = Next::start(self.core.turn.clone(), invoke.clone())
                     .call(request)
@@ -355,7 +362,7 @@ impl Kernel {
     ) -> Result<TokenStream, ChainError> {
         let options = InvokeOptions::from(context).stream_to(sink);
         let sink = options.sink.clone().expect("just set");
-        let invoke = self.admit(CallKind::Chat, options, &[]).await?;
+        let invoke = self.admit(CallKind::Chat, options, &Carried::new()).await?;
         TokenStream::open(&invoke, sink).await
     }
 
@@ -447,7 +454,7 @@ impl Kernel {
         &self,
         call: CallKind,
         options: InvokeOptions,
-        carried: &[(Arc<str>, Option<Fctx>)],
+        carried: &Carried,
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
         let admission = plugin::admit(&self.wasm, call, streamed).await?;

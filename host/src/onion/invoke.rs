@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{Core, Fctx, Next, TokenSink};
 use crate::context::Context;
-use crate::types::ChainError;
+use crate::types::{Carried, ChainError};
 use crate::types::{
     ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, ToolSpec,
     Weigh,
@@ -372,7 +372,7 @@ impl Invoke {
     }
 
     /// Every filter's private context as it is now, by filter name.
-    pub(crate) fn fctx_states(&self) -> Vec<(Arc<str>, Option<Fctx>)> {
+    pub(crate) fn fctx_states(&self) -> Carried {
         let names = self.core.filters.iter().map(|entry| entry.name.clone());
         names.zip(self.states().iter().cloned()).collect()
     }
@@ -381,7 +381,7 @@ impl Invoke {
     /// invoke resumes (charged to their filters). States from a kernel
     /// with other filters, or the same in another order, are ignored: a
     /// filter never gets another's.
-    pub(crate) fn carry_fctx(&self, carried: &[(Arc<str>, Option<Fctx>)]) {
+    pub(crate) fn carry_fctx(&self, carried: &Carried) {
         let filters = &self.core.filters;
         if carried.len() != filters.len()
             || !carried

@@ -21,7 +21,7 @@ pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};
-pub(crate) use turn::Resumable;
+pub(crate) use turn::{Carried, Resumable};
 pub use turn::{Decision, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
 pub(crate) use weight::Weigh;
 

@@ -65,6 +65,10 @@ pub struct TurnInterrupt {
     pub(crate) paused: Option<Resumable>,
 }
 
+/// The filters' private contexts a paused turn carries: each filter's
+/// name and state, in the kernel's order.
+pub(crate) type Carried = Vec<(Arc<str>, Option<Arc<str>>)>;
+
 /// A paused terminal's own state, carried opaquely by the interrupt, and
 /// whether it was resumed: a pause continues once, however often its
 /// interrupt is cloned (a second approval would run its calls again).
@@ -74,7 +78,7 @@ pub(crate) struct Resumable {
     resumed: Arc<AtomicBool>,
     /// The filters' private contexts when the turn paused, by filter
     /// (name, state): the resumed turn goes on from them.
-    pub(crate) fctx: Arc<Vec<(Arc<str>, Option<Arc<str>>)>>,
+    pub(crate) fctx: Arc<Carried>,
 }
 
 impl Resumable {
