@@ -2,16 +2,37 @@
 //! and writable by every filter and by the terminals (conversation id,
 //! tenant, user id, ...). Distinct from each filter's private FCtx.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
 /// A handle to an invoke's shared context. Clones share the same map, so
 /// the caller keeps a clone to read what filters wrote.
+///
+/// A tool call of the tool loop gets a view of it instead: it reads the
+/// shared context, but what it writes stays in the view until the batch
+/// of calls ends, when the writes of the calls that succeeded are applied
+/// in call order (the seed's writes folded at the barrier): calls of one
+/// batch do not see each other's writes, the last by call index wins, and
+/// a failed call's writes are dropped.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     values: Arc<Mutex<BTreeMap<String, Value>>>,
+    /// For a tool call's view: the shared context and the keys removed.
+    view: Option<Arc<View>>,
+}
+
+#[derive(Debug)]
+struct View {
+    shared: Context,
+    removed: Mutex<BTreeSet<String>>,
+}
+
+impl View {
+    fn removed(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.removed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Context {
@@ -33,41 +54,124 @@ impl Context {
 
     /// The value under `key`.
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.lock().get(key).cloned()
+        if let Some(value) = self.lock().get(key) {
+            return Some(value.clone());
+        }
+        let view = self.view.as_ref()?;
+        if view.removed().contains(key) {
+            return None;
+        }
+        view.shared.get(key)
     }
 
     /// Sets `key` to `value`.
     pub fn set(&self, key: &str, value: impl Into<Value>) {
-        self.lock().insert(key.to_owned(), value.into());
+        self.replace(key, value.into());
     }
 
     /// Removes `key`.
     pub fn remove(&self, key: &str) {
-        self.lock().remove(key);
+        self.take(key);
     }
 
     /// All keys, sorted.
     pub fn keys(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
+        self.snapshot().into_keys().collect()
     }
 
     /// A copy of every entry.
     pub fn snapshot(&self) -> BTreeMap<String, Value> {
-        self.lock().clone()
+        let own = self.lock().clone();
+        let Some(view) = &self.view else {
+            return own;
+        };
+        let mut all = view.shared.snapshot();
+        for key in view.removed().iter() {
+            all.remove(key);
+        }
+        all.extend(own);
+        all
     }
 
     /// Sets `key` and returns the value it had.
     pub(crate) fn replace(&self, key: &str, value: Value) -> Option<Value> {
-        self.lock().insert(key.to_owned(), value)
+        let before = self.get(key);
+        self.lock().insert(key.to_owned(), value);
+        if let Some(view) = &self.view {
+            view.removed().remove(key);
+        }
+        before
     }
 
     /// Removes `key` and returns its value.
     pub(crate) fn take(&self, key: &str) -> Option<Value> {
-        self.lock().remove(key)
+        let before = self.get(key);
+        self.lock().remove(key);
+        if let Some(view) = &self.view {
+            view.removed().insert(key.to_owned());
+        }
+        before
     }
 
     /// The value under `key` as JSON text.
     pub(crate) fn get_json(&self, key: &str) -> Option<String> {
-        self.lock().get(key).map(Value::to_string)
+        self.get(key).map(|value| value.to_string())
+    }
+
+    /// A tool call's view of this context: its reads come from here, its
+    /// writes stay in the view until [`Context::apply`] puts them here.
+    pub(crate) fn view(&self) -> Context {
+        Context {
+            values: Arc::default(),
+            view: Some(Arc::new(View {
+                shared: self.clone(),
+                removed: Mutex::default(),
+            })),
+        }
+    }
+
+    /// Applies what the view `written` wrote: its sets and removals.
+    pub(crate) fn apply(&self, written: &Context) {
+        for (key, value) in written.lock().iter() {
+            self.replace(key, value.clone());
+        }
+        if let Some(view) = &written.view {
+            for key in view.removed().iter() {
+                self.take(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Context;
+
+    #[test]
+    fn a_view_reads_through_and_keeps_its_writes_until_applied() {
+        let shared = Context::new().with("a", 1).with("b", 2);
+        let view = shared.view();
+        view.set("c", 3);
+        view.remove("a");
+        assert_eq!(view.get("a"), None);
+        assert_eq!(view.get("b"), Some(json!(2)));
+        assert_eq!(view.keys(), ["b", "c"]);
+        assert_eq!(
+            shared.keys(),
+            ["a", "b"],
+            "nothing reaches the shared one yet"
+        );
+        shared.set("b", 20);
+        assert_eq!(view.get("b"), Some(json!(20)), "reads go through");
+        view.set("a", 10);
+        assert_eq!(view.get("a"), Some(json!(10)), "set after remove");
+        view.remove("c");
+        shared.apply(&view);
+        assert_eq!(
+            shared.snapshot(),
+            [("a".to_owned(), json!(10)), ("b".to_owned(), json!(20))].into()
+        );
     }
 }

@@ -347,3 +347,73 @@ async fn native_fctx_writes_in_a_concurrent_batch_fold_by_call_index() {
     assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
     assert_eq!(*seen.lock().unwrap(), ["{}", r#"{"n":2}"#]);
 }
+
+/// A turn whose first round calls `write` (k = "one", slow), `read`,
+/// `write` (k = "two", fast) and `fail_write` (writes `gone`, then fails),
+/// and whose second round calls `read`. What the two reads saw, and the
+/// context after the turn.
+async fn tool_writes(config: shallot::LoopConfig) -> (Vec<Option<Value>>, Context) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let read = seen.clone();
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("write".into(), json!({"k": "one", "ms": 50})),
+            ("read".into(), json!({})),
+            ("write".into(), json!({"k": "two", "ms": 0})),
+            ("fail_write".into(), json!({})),
+        ]),
+        Reply::Calls(vec![("read".into(), json!({}))]),
+        Reply::Text("done".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .model(model)
+        .turn_terminal(shallot::ToolLoop::new(config, shallot::NoHistory))
+        .tool(tool("write"), |args: Value, context: Context| async move {
+            tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap())).await;
+            context.set("k", args["k"].clone());
+            Ok(json!("written"))
+        })
+        .tool(tool("read"), move |_, context: Context| {
+            read.lock().unwrap().push(context.get("k"));
+            async { Ok(json!("read")) }
+        })
+        .tool(tool("fail_write"), |_, context: Context| async move {
+            context.set("gone", true);
+            Err(ChainError::new(
+                ErrorKind::InvalidRequest,
+                "failed after writing",
+            ))
+        })
+        .build()
+        .unwrap();
+    let context = Context::new();
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
+        .await;
+    assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+    let seen = seen.lock().unwrap().clone();
+    (seen, context)
+}
+
+/// O33–O35 and O40: tools' writes to the shared context are folded when
+/// their batch ends: a reader in the same batch sees none of them (O33),
+/// the last writer by call index wins, not the last to finish (O34), a
+/// failed tool's writes are dropped (O35), and the next round sees the
+/// fold (O40) — concurrent or one after another (O30, O32).
+#[tokio::test]
+async fn o33_o35_tools_writes_fold_by_call_index_when_their_batch_ends() {
+    for parallel_tools in [true, false] {
+        let config = shallot::LoopConfig {
+            parallel_tools,
+            ..shallot::LoopConfig::default()
+        };
+        let (seen, context) = tool_writes(config).await;
+        assert_eq!(
+            seen,
+            [None, Some(json!("two"))],
+            "parallel: {parallel_tools}"
+        );
+        assert_eq!(context.get("k"), Some(json!("two")));
+        assert_eq!(context.get("gone"), None);
+    }
+}

@@ -281,6 +281,8 @@ impl Invoke {
     /// results in call order. Every call's filters see the private contexts
     /// as they were when the batch started; their writes are folded in at
     /// the end in call order, so the last writer by call index wins.
+    /// The tools' writes to the shared context are folded the same way:
+    /// see [`Context`].
     pub async fn tool_batch(
         self: &Arc<Self>,
         requests: Vec<ToolRequest>,
@@ -290,14 +292,18 @@ impl Invoke {
             .iter()
             .map(|_| Arc::new(Branch::new(base.clone())))
             .collect();
-        let calls = requests
-            .into_iter()
-            .zip(&branches)
-            .map(|(request, branch)| {
-                Next::start(self.core.tool.clone(), self.clone())
-                    .in_branch(branch.clone())
-                    .call(request)
-            });
+        let views: Vec<Context> = requests.iter().map(|_| self.context.view()).collect();
+        let calls =
+            requests
+                .into_iter()
+                .zip(&branches)
+                .zip(&views)
+                .map(|((request, branch), view)| {
+                    let call = Next::start(self.core.tool.clone(), self.clone())
+                        .in_branch(branch.clone())
+                        .call(request);
+                    TOOL_CONTEXT.scope(view.clone(), call)
+                });
         let mut batch = Batch {
             invoke: self,
             branches: &branches,
@@ -306,7 +312,34 @@ impl Invoke {
         let results = futures::future::join_all(calls).await;
         batch.finished = true;
         drop(batch);
+        self.fold_writes(&views, &results);
         results
+    }
+
+    /// Runs tool calls one after another, each seeing the shared context as
+    /// it was before the first (the filters' private contexts go on from
+    /// call to call); the tools' writes are folded as in
+    /// [`Invoke::tool_batch`].
+    pub(crate) async fn tool_series(
+        self: &Arc<Self>,
+        requests: Vec<ToolRequest>,
+    ) -> Vec<Result<ToolResponse, ChainError>> {
+        let views: Vec<Context> = requests.iter().map(|_| self.context.view()).collect();
+        let mut results = Vec::with_capacity(requests.len());
+        for (request, view) in requests.into_iter().zip(&views) {
+            results.push(TOOL_CONTEXT.scope(view.clone(), self.tool(request)).await);
+        }
+        self.fold_writes(&views, &results);
+        results
+    }
+
+    /// Applies the writes of the calls that succeeded, in call order.
+    fn fold_writes<T>(&self, views: &[Context], results: &[Result<T, ChainError>]) {
+        for (view, result) in views.iter().zip(results) {
+            if result.is_ok() {
+                self.context.apply(view);
+            }
+        }
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {
@@ -409,6 +442,19 @@ impl Invoke {
             None => self.states()[id] = Some(fctx),
         }
     }
+}
+
+tokio::task_local! {
+    /// The view of the shared context the tool call being run writes to.
+    static TOOL_CONTEXT: Context;
+}
+
+/// The context a tool handler gets: its call's view in a batch of the
+/// tool loop, else the invoke's shared context.
+pub(crate) fn tool_context(invoke: &Invoke) -> Context {
+    TOOL_CONTEXT
+        .try_with(Context::clone)
+        .unwrap_or_else(|_| invoke.context().clone())
 }
 
 /// A concurrent tool batch while it runs. When it ends, its calls' FCtx

@@ -19,7 +19,7 @@ mod invoke;
 mod token_transform;
 
 pub use approval::{ApprovalRequest, Approver};
-pub(crate) use invoke::{Before, Branch};
+pub(crate) use invoke::{Before, Branch, tool_context};
 pub use invoke::{Invoke, InvokeOptions};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::context::Context;
-use crate::onion::Invoke;
+use crate::onion::{Invoke, tool_context};
 use crate::onion::{Terminal, Tool};
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ToolRequest, ToolResponse, ToolSpec};
@@ -132,7 +132,7 @@ impl Terminal<Tool> for ToolRegistry {
         }
         let mut tries = 0;
         loop {
-            match tool.run(arguments.clone(), invoke.context().clone()).await {
+            match tool.run(arguments.clone(), tool_context(invoke)).await {
                 Ok(output) => return Ok(ToolResponse::json(&output)),
                 Err(e)
                     if tries < tool.spec.retries

@@ -248,11 +248,7 @@ impl ToolLoop {
             || requests.iter().flatten().any(|request| request.tool.serial);
         let runnable: Vec<ToolRequest> = requests.iter().flatten().cloned().collect();
         let mut outputs = if serial || runnable.len() < 2 {
-            let mut outputs = Vec::with_capacity(runnable.len());
-            for request in runnable {
-                outputs.push(invoke.tool(request).await);
-            }
-            outputs
+            invoke.tool_series(runnable).await
         } else {
             invoke.tool_batch(runnable).await
         }
