@@ -467,11 +467,11 @@ impl Kernel {
         ));
         invoke.carry_fctx(carried);
         if call != CallKind::Tool {
-            let prompt = self
+            let prompts = self
                 .core
-                .system_prompt(&invoke, options.system_prompts.join("\n\n"))
+                .system_prompts(&invoke, options.system_prompts)
                 .await?;
-            invoke.set_system_prompt(prompt);
+            invoke.set_system_prompts(prompts);
         }
         Ok(invoke)
     }

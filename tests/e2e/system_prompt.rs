@@ -1,5 +1,6 @@
-//! System prompts: the caller's, shaped by the filters' system-prompt hooks
-//! in filter order, applied innermost and never stored in history.
+//! System prompts: the caller's, one system message each, or shaped by the
+//! filters' system-prompt hooks in filter order into one; applied innermost
+//! and never stored in history.
 
 use serde_json::json;
 use shallot::types::Role;
@@ -25,14 +26,17 @@ async fn system_prompts_are_the_innermost_layer_and_never_stored() {
         .build()
         .unwrap();
     let options = InvokeOptions::from(Context::new().with("conversation_id", "sys"))
-        .system_prompt("You are terse.");
+        .system_prompt("You are terse.")
+        .system_prompt("Answer in digits.");
     let done = done(kernel.turn(go("1+1"), options).await);
     for request in model.requests() {
         assert_eq!(
-            texts(&request.messages)[..2],
-            ["You are terse.", "CONTEXT"],
-            "every round, after the filters"
+            texts(&request.messages)[..3],
+            ["You are terse.", "Answer in digits.", "CONTEXT"],
+            "every round, after the filters, one system message each (§2.3)"
         );
+        let roles: Vec<Role> = request.messages[..2].iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::System, Role::System]);
     }
     assert!(
         done.messages.iter().all(|m| m.role != Role::System),

@@ -77,10 +77,13 @@ impl Terminal<Chat> for ModelTerminal {
         invoke: &Arc<Invoke>,
     ) -> Result<ChatResponse, ChainError> {
         invoke.offer(request.tools.clone());
-        // The system prompt is the innermost layer: after every filter.
-        let prompt = invoke.system_prompt();
-        if !prompt.is_empty() {
-            request.messages_mut().insert(0, Message::system(prompt));
+        // The system prompts are the innermost layer: after every filter.
+        let prompts = invoke.system_prompts();
+        if !prompts.is_empty() {
+            let system = prompts
+                .iter()
+                .map(|prompt| Message::system(prompt.as_str()));
+            request.messages_mut().splice(0..0, system);
         }
         for (key, value) in invoke.model_options() {
             if !request.options.contains_key(key) {

@@ -30,9 +30,11 @@ use crate::types::{
 pub struct InvokeOptions {
     /// The shared context (conversation id, tenant, user, ...).
     pub context: Context,
-    /// System prompts for the model, joined by blank lines and shaped by
-    /// the filters' system-prompt hooks. Applied innermost, just before the
-    /// model: chat filters never see them and history never stores them.
+    /// System prompts for the model: one system message each, first, in
+    /// order; with filters that have the system-prompt hook, joined by
+    /// blank lines and shaped by them into one. Applied innermost, just
+    /// before the model: chat filters never see them and history never
+    /// stores them.
     pub system_prompts: Vec<String>,
     /// Where the model's answers stream to, through the token transforms;
     /// `None` for a call that is not streamed (token transforms do not run).
@@ -96,7 +98,7 @@ pub struct Invoke {
     /// released when it ends.
     reservation: Box<dyn Any + Send + Sync>,
     sink: Option<Arc<dyn TokenSink>>,
-    system_prompt: OnceLock<String>,
+    system_prompts: OnceLock<Vec<String>>,
     model_options: JsonMap,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Resumable, Decision)>>,
@@ -150,7 +152,7 @@ impl Invoke {
             }),
             reservation,
             sink,
-            system_prompt: OnceLock::new(),
+            system_prompts: OnceLock::new(),
             model_options,
             resumed: Mutex::new(None),
             offered: Mutex::new(None),
@@ -350,10 +352,11 @@ impl Invoke {
         self.sink.as_ref()
     }
 
-    /// The system prompt the model gets, after the filters' hooks; empty
-    /// for none.
-    pub fn system_prompt(&self) -> &str {
-        self.system_prompt.get().map_or("", String::as_str)
+    /// The system messages the model gets, first, after the filters'
+    /// hooks: one per prompt of the invoke's options, or the one text
+    /// system-prompt filters made of them; empty for none.
+    pub fn system_prompts(&self) -> &[String] {
+        self.system_prompts.get().map_or(&[], Vec::as_slice)
     }
 
     /// The model options every model call of the invoke gets, under its
@@ -386,8 +389,8 @@ impl Invoke {
         Some(Arc::new(spec.clone()))
     }
 
-    pub(crate) fn set_system_prompt(&self, prompt: String) {
-        let _ = self.system_prompt.set(prompt);
+    pub(crate) fn set_system_prompts(&self, prompts: Vec<String>) {
+        let _ = self.system_prompts.set(prompts);
     }
 
     fn states(&self) -> MutexGuard<'_, Vec<Option<Fctx>>> {

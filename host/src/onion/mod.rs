@@ -395,15 +395,22 @@ impl Core {
         }
     }
 
-    /// Runs the system-prompt pipeline of `invoke`: `prompt` through every
-    /// filter with the hook, in order.
-    pub(crate) async fn system_prompt(
+    /// Runs the system-prompt pipeline of `invoke`: the system messages
+    /// the model gets. Without filters with the hook, one per prompt of
+    /// `prompts`, as given; with them, `prompts` joined by blank lines go
+    /// through each in order, and the text they return is one message.
+    pub(crate) async fn system_prompts(
         &self,
         invoke: &Arc<Invoke>,
-        mut prompt: String,
-    ) -> Result<String, ChainError> {
+        prompts: Vec<String>,
+    ) -> Result<Vec<String>, ChainError> {
+        let shapes = |entry: &Entry| entry.hooks.contains(&Hook::SystemPrompt);
+        if !self.filters.iter().any(shapes) {
+            return Ok(prompts.into_iter().filter(|p| !p.is_empty()).collect());
+        }
+        let mut prompt = prompts.join("\n\n");
         for (id, entry) in self.filters.iter().enumerate() {
-            if !entry.hooks.contains(&Hook::SystemPrompt) {
+            if !shapes(entry) {
                 continue;
             }
             prompt = match &entry.filter {
@@ -411,7 +418,11 @@ impl Core {
                 LayerFilter::Guest(filter) => filter.system_prompt(id, invoke, prompt).await?,
             };
         }
-        Ok(prompt)
+        Ok(if prompt.is_empty() {
+            Vec::new()
+        } else {
+            vec![prompt]
+        })
     }
 }
 
