@@ -328,9 +328,10 @@ async fn o25_a_failing_or_unknown_tool_goes_back_to_the_model_as_a_json_error() 
         .collect();
     assert_eq!(
         errors[0],
-        json!({"error": {"type": "transient", "message": "broken tool"}})
+        json!({"error": {"type": "tool_error", "kind": "transient", "message": "broken tool"}})
     );
-    assert_eq!(errors[1]["error"]["type"], "not-found");
+    assert_eq!(errors[1]["error"]["type"], "tool_error");
+    assert_eq!(errors[1]["error"]["kind"], "not-found");
     assert!(
         done.tool_calls
             .iter()

@@ -507,7 +507,8 @@ async fn p25_malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(told["error"]["type"], "invalid-request");
+    assert_eq!(told["error"]["type"], "tool_error");
+    assert_eq!(told["error"]["kind"], "invalid-request");
 }
 
 /// The error a streamed chat ends with.

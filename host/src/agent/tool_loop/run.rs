@@ -186,8 +186,13 @@ fn model_text(output: &str) -> String {
     }
 }
 
-/// A failed call as the model sees it: a JSON error object.
+/// A failed call as the model sees it: a JSON error object of type
+/// `tool_error` (the seed's normalisation), with the error's kind.
 fn error_text(error: &ChainError) -> String {
-    serde_json::json!({ "error": { "type": error.kind.as_str(), "message": error.message } })
-        .to_string()
+    let error = serde_json::json!({
+        "type": "tool_error",
+        "kind": error.kind.as_str(),
+        "message": error.message,
+    });
+    serde_json::json!({ "error": error }).to_string()
 }
