@@ -314,6 +314,11 @@ async fn an_approval_handler_that_panics_denies_and_the_host_goes_on() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let output = call(&kernel, "list", json!({})).await;
     assert_eq!(output, "\"ran\"", "the kernel still works");
+    // A failed handler gets the timeout action, as in the seed.
+    let panics: Answer = Box::new(|_: &ApprovalRequest| panic!("the handler broke"));
+    let (kernel, runs) = approving(json!({ "on_timeout": "allow" }), true, Some(panics)).await;
+    call(&kernel, "delete", json!({})).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -9,9 +9,10 @@
 //! answer. No rule matching means `default`.
 //!
 //! `ask` needs the host's approval handler, granted by the operator with
-//! `grants = { approval = true }`. Without the grant, without a handler,
-//! or when it does not answer within `timeout_ms` (then `on_timeout`), the
-//! call is denied: approval fails closed.
+//! `grants = { approval = true }`. Without the grant or without a handler
+//! the call is denied: approval fails closed. A handler that does not
+//! answer within `timeout_ms`, or fails, gets `on_timeout` (deny by
+//! default).
 //!
 //! Config: `{"rules": [{"tool": "delete_*", "action": "ask"}, {"tool":
 //! "transfer", "args": "\"amount\":\\s*\\d{5,}", "action": "deny"}],
@@ -145,9 +146,18 @@ impl Filter for Approval {
                     Ok(false) => {
                         return Ok(self.denied(&spec.name, "denied by the approval handler"));
                     }
-                    Err(error) if error.kind == ErrorKind::Timeout => {
+                    // A handler that does not answer, or fails, gets the
+                    // timeout action, as in the seed.
+                    Err(error)
+                        if matches!(error.kind, ErrorKind::Timeout | ErrorKind::Internal) =>
+                    {
                         if self.on_timeout == Action::Deny {
-                            let why = format!("no answer within {} ms", self.timeout_ms);
+                            let why = match error.kind {
+                                ErrorKind::Timeout => {
+                                    format!("no answer within {} ms", self.timeout_ms)
+                                }
+                                _ => "the approval handler failed".to_owned(),
+                            };
                             return Ok(self.denied(&spec.name, &why));
                         }
                         Action::Allow
