@@ -21,7 +21,7 @@ use crate::onion::{
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    Carried, ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Token,
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Resumable, Token,
     TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
 
@@ -226,14 +226,16 @@ impl KernelBuilder {
     }
 }
 
-/// A turn that paused carries its filters' private contexts, so that the
-/// resumed turn goes on from them (a `memory` filter's count of what it
-/// stored, a retry count), as one turn would.
-fn paused_with_fctx(mut result: TurnResult, invoke: &Invoke) -> TurnResult {
+/// A turn that paused carries its filters' private contexts and the
+/// shared context, so that the resumed turn goes on from them (a `memory`
+/// filter's count of what it stored, a retry count, a tool's writes), as
+/// one turn would.
+fn paused_with_state(mut result: TurnResult, invoke: &Invoke) -> TurnResult {
     if let TurnResult::Interrupt(interrupt) = &mut result
         && let Some(paused) = &mut interrupt.paused
     {
         paused.fctx = Arc::new(invoke.fctx_states());
+        paused.context = Arc::new(invoke.context().snapshot());
     }
     result
 }
@@ -284,9 +286,7 @@ impl Kernel {
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self
-            .admit(CallKind::Chat, options.into(), &Carried::new())
-            .await?;
+        let invoke = self.admit(CallKind::Chat, options.into(), None).await?;
         invoke.chat(request).await
     }
 
@@ -314,9 +314,7 @@ impl Kernel {
                 format!("tool '{name}' is not registered"),
             )
         })?;
-        let invoke = self
-            .admit(CallKind::Tool, options.into(), &Carried::new())
-            .await?;
+        let invoke = self.admit(CallKind::Tool, options.into(), None).await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
@@ -329,15 +327,12 @@ impl Kernel {
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        match self
-            .admit(CallKind::Turn, options.into(), &Carried::new())
-            .await
-        {
+        match self.admit(CallKind::Turn, options.into(), None).await {
             Ok(invoke) => {
                 let result = Next::start(self.core.turn.clone(), invoke.clone())
                     .call(request)
                     .await;
-                paused_with_fctx(result, &invoke)
+                paused_with_state(result, &invoke)
             }
             Err(error) => TurnResult::Error(error),
         }
@@ -362,7 +357,7 @@ impl Kernel {
     ) -> Result<TokenStream, ChainError> {
         let options = InvokeOptions::from(context).stream_to(sink);
         let sink = options.sink.clone().expect("just set");
-        let invoke = self.admit(CallKind::Chat, options, &Carried::new()).await?;
+        let invoke = self.admit(CallKind::Chat, options, None).await?;
         TokenStream::open(&invoke, sink).await
     }
 
@@ -398,7 +393,8 @@ impl Kernel {
     /// for approval): its pending calls run, or are denied, and the loop goes
     /// on. The turn chain runs again with `resume = true`; only its first
     /// call of the terminal continues the paused turn, its filters' private
-    /// contexts as they were when it paused. A pause continues once: resuming it again (a clone of `interrupt`) is an
+    /// contexts as they were when it paused, and the keys of the shared
+    /// context then that `options`' context lacks. A pause continues once: resuming it again (a clone of `interrupt`) is an
     /// `invalid-request` error. With a sink in `options`, every model round
     /// streams to it.
     pub async fn resume(
@@ -413,7 +409,7 @@ impl Kernel {
             return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
         };
         let invoke = match self
-            .admit(CallKind::Turn, options.into(), &paused.fctx)
+            .admit(CallKind::Turn, options.into(), Some(&paused))
             .await
         {
             Ok(invoke) => invoke,
@@ -432,7 +428,7 @@ impl Kernel {
         let result = Next::start(self.core.turn.clone(), invoke.clone())
             .call(request)
             .await;
-        paused_with_fctx(result, &invoke)
+        paused_with_state(result, &invoke)
     }
 
     /// [`Kernel::resume`], streaming every model round to `sink`.
@@ -448,13 +444,13 @@ impl Kernel {
     }
 
     /// Starts an invoke: reserves its instances (waiting, for a bounded
-    /// time, while they are taken) and sets up its state, its filters'
-    /// private contexts from `carried` (a paused turn's) when given.
+    /// time, while they are taken) and sets up its state, going on from
+    /// `paused`'s (a paused turn's) when given.
     async fn admit(
         &self,
         call: CallKind,
         options: InvokeOptions,
-        carried: &Carried,
+        paused: Option<&Resumable>,
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
         let admission = plugin::admit(&self.wasm, call, streamed).await?;
@@ -465,7 +461,15 @@ impl Kernel {
             options.model_options,
             Box::new(admission),
         ));
-        invoke.carry_fctx(carried);
+        if let Some(paused) = paused {
+            invoke.carry_fctx(&paused.fctx);
+            let context = invoke.context();
+            for (key, value) in paused.context.iter() {
+                if context.get(key).is_none() {
+                    context.set(key, value.clone());
+                }
+            }
+        }
         if call != CallKind::Tool {
             let prompts = self
                 .core

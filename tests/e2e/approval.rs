@@ -148,6 +148,69 @@ async fn o47_a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
     assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
 }
 
+/// O41: a pause keeps the shared context: a tool that wrote beside the
+/// paused call, and a resume given a fresh context, still lets the next
+/// round's reader see it.
+#[tokio::test]
+async fn o41_a_resumed_turn_sees_what_tools_wrote_before_the_pause() {
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("delete".into(), json!({})),
+            ("write".into(), json!({})),
+        ]),
+        Reply::Calls(vec![("read".into(), json!({}))]),
+        Reply::Text("done".into()),
+    ]);
+    let config = LoopConfig {
+        pause_sensitive: true,
+        ..LoopConfig::default()
+    };
+    let kernel = Kernel::builder()
+        .model(model.clone())
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
+        .tool(
+            ToolSpec::new("delete", "", json!({})).sensitive(),
+            |_, _| async { Ok(json!("deleted")) },
+        )
+        .tool(
+            ToolSpec::new("write", "", json!({})),
+            |_, context: Context| async move {
+                context.set("k", "kept");
+                Ok(json!("written"))
+            },
+        )
+        .tool(
+            ToolSpec::new("read", "", json!({})),
+            |_, context: Context| async move {
+                Ok(json!(format!(
+                    "SAW:{}",
+                    context.get("k").unwrap_or_default()
+                )))
+            },
+        )
+        .build()
+        .unwrap();
+    let TurnResult::Interrupt(paused) = kernel.turn(go("go"), Context::new()).await else {
+        panic!("the turn pauses for delete")
+    };
+    done(
+        kernel
+            .resume(paused, Decision::Approve, Context::new())
+            .await,
+    );
+    let read: Vec<String> = model.requests()[2]
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(Message::text)
+        .collect();
+    assert_eq!(
+        read.last().map(String::as_str),
+        Some("SAW:\"kept\""),
+        "{read:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_denial_reaches_the_model_as_the_tool_result() {
     let model = ScriptedModel::replies(delete_and_list());

@@ -1,4 +1,5 @@
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -79,6 +80,9 @@ pub(crate) struct Resumable {
     /// The filters' private contexts when the turn paused, by filter
     /// (name, state): the resumed turn goes on from them.
     pub(crate) fctx: Arc<Carried>,
+    /// The shared context when the turn paused: what the resumed turn's
+    /// context lacks of it is put back.
+    pub(crate) context: Arc<BTreeMap<String, serde_json::Value>>,
 }
 
 impl Resumable {
@@ -87,6 +91,7 @@ impl Resumable {
             state,
             resumed: Arc::new(AtomicBool::new(false)),
             fctx: Arc::default(),
+            context: Arc::default(),
         }
     }
 
