@@ -23,6 +23,15 @@ pub(crate) fn texts(messages: &[Message]) -> Vec<String> {
     messages.iter().map(Message::text).collect()
 }
 
+/// The texts of the tool results among `messages`.
+pub(crate) fn tool_texts(messages: &[Message]) -> Vec<String> {
+    messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(Message::text)
+        .collect()
+}
+
 pub(crate) fn done(result: TurnResult) -> TurnDone {
     match result {
         TurnResult::Done(done) => done,
@@ -113,14 +122,8 @@ async fn o19_a_batch_runs_concurrently_and_results_keep_call_order() {
         .map(|r| r.call.name.as_str())
         .collect();
     assert_eq!(names, ["a", "b", "c"]);
-    let tool_texts: Vec<String> = done
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool)
-        .map(Message::text)
-        .collect();
     assert_eq!(
-        tool_texts,
+        tool_texts(&done.messages),
         ["a", "b", "c"],
         "a JSON string result reaches the model as its text"
     );

@@ -12,7 +12,7 @@ use shallot::types::{Message, Role, ToolSpec, TurnInterrupt, TurnResult};
 use shallot::{Context, Kernel, LoopConfig, MemoryHistory, ToolLoop};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
-use crate::agent::{done, go, reviser};
+use crate::agent::{done, go, reviser, tool_texts};
 
 /// A kernel that pauses before the sensitive `delete` tool; `delete` and
 /// `list` count their runs.
@@ -198,12 +198,7 @@ async fn o41_a_resumed_turn_sees_what_tools_wrote_before_the_pause() {
             .resume(paused, Decision::Approve, Context::new())
             .await,
     );
-    let read: Vec<String> = model.requests()[2]
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Tool)
-        .map(Message::text)
-        .collect();
+    let read = tool_texts(&model.requests()[2].messages);
     assert_eq!(
         read.last().map(String::as_str),
         Some("SAW:\"kept\""),

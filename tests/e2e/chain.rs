@@ -422,27 +422,9 @@ impl shallot::Filter for Seeded {
 /// filter gives its own seed.
 #[tokio::test]
 async fn a1_a2_a_filters_state_starts_empty_or_from_its_seed() {
-    struct Plain(Arc<std::sync::Mutex<Vec<String>>>);
-    #[async_trait::async_trait]
-    impl shallot::Filter for Plain {
-        fn name(&self) -> &str {
-            "a"
-        }
-        async fn around_chat(
-            &self,
-            request: shallot::types::ChatRequest,
-            next: shallot::Next<shallot::Chat>,
-        ) -> Result<shallot::types::ChatResponse, ChainError> {
-            self.0
-                .lock()
-                .unwrap()
-                .push(next.fctx().unwrap().to_string());
-            next.call(request).await
-        }
-    }
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let kernel = Kernel::builder()
-        .filter(Plain(seen.clone()))
+        .filter(crate::tools::Remembers(seen.clone()))
         .model(ScriptedModel::answer("ok"))
         .build()
         .unwrap();

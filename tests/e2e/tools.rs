@@ -292,7 +292,7 @@ async fn n35_a_panicking_native_around_tool_filter_fails_each_call_not_the_turn(
 
 /// A native filter that keeps each tool call's arguments in its FCtx and
 /// records the FCtx each model call starts from.
-struct Remembers(Arc<std::sync::Mutex<Vec<String>>>);
+pub(crate) struct Remembers(pub(crate) Arc<std::sync::Mutex<Vec<String>>>);
 
 #[async_trait::async_trait]
 impl shallot::Filter for Remembers {
