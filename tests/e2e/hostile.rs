@@ -373,11 +373,14 @@ async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model
 /// tool's spec and run at once, past every limit on a model's answer).
 #[tokio::test]
 async fn tool_calls_a_filter_makes_up_are_bounded_like_the_models() {
-    let (path, spec) = spec(
+    let (path, mut spec) = spec(
         "misbehave",
         "liar",
         json!({ "on": "chat", "do": "fake-calls" }),
     );
+    // Making 10,000 calls takes a while in a debug build on a busy
+    // machine; time is not what this bounds.
+    spec.limits = generous();
     let plugins = load(vec![(path, spec)]).await;
     let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = ran.clone();

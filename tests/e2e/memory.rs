@@ -470,8 +470,12 @@ async fn a_conversation_over_the_cap_loads_its_latest_messages() {
         .collect();
     store.append(&c, &many).await.unwrap();
     let (path, mut spec) = memory_filter(Value::Null, &file);
+    // Thousands of messages through the guest: time is not what this
+    // bounds (a debug build on a busy machine is slow).
     spec.limits = Limits {
         host_mib: 1,
+        cpu_ms: 10_000,
+        wall_ms: 10_000,
         ..Limits::default()
     };
     let model = ScriptedModel::answer("ok");
