@@ -633,6 +633,40 @@ fn a_sighup_while_the_first_set_compiles_reloads_it_after_start() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The soft open-file limit of process `pid`, and its hard limit.
+fn open_files(pid: i32) -> (u64, u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads a limit of a process this test owns into `limit`.
+    let read = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut limit) };
+    assert_eq!(read, 0);
+    (limit.rlim_cur, limit.rlim_max)
+}
+
+/// A gateway started under a low soft open-file limit (a common default:
+/// 1,024) raises it to the hard limit, so it can hold as many connections
+/// as the system lets it.
+#[test]
+fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
+    let gateway = Gateway::launch(&config, &[], &[], |pid| {
+        let (_, hard) = open_files(pid as i32);
+        let low = libc::rlimit {
+            rlim_cur: hard.min(1024) / 2,
+            rlim_max: hard,
+        };
+        // SAFETY: lowers a limit of the child this test just started.
+        let set =
+            unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &low, std::ptr::null_mut()) };
+        assert_eq!(set, 0);
+    });
+    let (soft, hard) = open_files(gateway.child.id() as i32);
+    assert_eq!(soft, hard, "{}", gateway.said());
+    gateway.terminate();
+}
+
 #[test]
 fn serve_is_an_openai_gateway_over_the_demo_filters_and_stops_on_sigterm() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");

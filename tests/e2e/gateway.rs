@@ -596,6 +596,71 @@ async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
     served.stop().await.unwrap();
 }
 
+/// Reads from `stream` until the gateway closes it; what it sent. Fails
+/// the test if it is still open after 10 s.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    let mut read = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut read)).await;
+    assert!(closed.is_ok(), "the connection is still open");
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_no_request_head_or_sits_idle_is_closed() {
+    let config = GatewayConfig {
+        header_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], ScriptedModel::answer("hi")).await, config).await;
+    let address = served.base.trim_start_matches("http://").to_owned();
+
+    // Slowloris: the start of a head, then nothing.
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut slow).await;
+    assert!(!answer.contains("200"), "{answer}");
+
+    // A kept-alive connection: one answer, then closed once idle.
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut idle).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // The gateway serves on.
+    assert_eq!(served.get("/healthz").await.0, 200);
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    let config = GatewayConfig {
+        max_connections: 1,
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], ScriptedModel::answer("hi")).await, config).await;
+    let address = served.base.trim_start_matches("http://").to_owned();
+    let holder = tokio::net::TcpStream::connect(&address).await.unwrap();
+
+    let waiting = tokio::spawn(reqwest::get(format!("{}/metrics", served.base)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a connection past the cap is served"
+    );
+
+    drop(holder);
+    let metrics = waiting.await.unwrap().unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("shallot_gateway_connections 1"),
+        "only the scrape's own connection is open: {metrics}"
+    );
+    served.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn shutting_down_lets_the_requests_in_flight_finish() {
     let model = ScriptedModel::new(|_, _: &ChatRequest| {
@@ -935,6 +1000,9 @@ async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
         r#"shallot_gateway_requests_in_progress 0"#,
         r#"shallot_gateway_requests_waiting 0"#,
         r#"shallot_gateway_filters 1"#,
+        // This scrape's, and those of clients that closed but whose
+        // close the gateway has not yet seen.
+        "\nshallot_gateway_connections ",
         r#"shallot_gateway_reloads_total{outcome="swapped"} 1"#,
         r#"shallot_gateway_reloads_total{outcome="failed"} 1"#,
     ] {

@@ -65,6 +65,17 @@ pub(crate) struct ServeArgs {
     /// event; those waiting for a place get 503 at once).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// Client connections open at once; more wait in the listen backlog
+    /// until one closes. By default half the open-file limit (which serve
+    /// raises to its hard limit), less a reserve: each client connection
+    /// may need one to the upstream too.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: Option<u32>,
+    /// How long a connection may take to send a request's head, or sit
+    /// idle between requests; then it is closed (against clients that open
+    /// connections and send nothing, or a byte at a time).
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_ms: u64,
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -80,6 +91,8 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         queue_timeout: Duration::from_millis(args.queue_timeout_ms),
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        max_connections: max_connections(args.max_connections),
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
     };
     // Installed before the address is printed: a supervisor may signal as
     // soon as it reads it.
@@ -106,6 +119,58 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
     reloading.abort();
     eprintln!("shallot serve: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// File descriptors kept for what is not a connection: plugin files, the
+/// compile cache, logs, the conversation store.
+const RESERVED_FILES: u64 = 128;
+
+/// The cap on client connections: `asked`, or what the open-file limit
+/// allows (each client connection and one upstream connection for it),
+/// after raising that limit to its hard limit.
+fn max_connections(asked: Option<u32>) -> usize {
+    let files = open_file_limit();
+    let allowed = usize::try_from(files.saturating_sub(RESERVED_FILES) / 2)
+        .unwrap_or(usize::MAX)
+        .clamp(1, 1 << 20);
+    match asked {
+        None => {
+            tracing::info!("serving up to {allowed} connections at once (open-file limit {files})");
+            allowed
+        }
+        Some(asked) => {
+            if asked as usize > allowed {
+                tracing::warn!(
+                    "--max-connections {asked} is more than the open-file limit ({files}) leaves room for with an upstream connection each ({allowed}); past that, accepting and connecting upstream fail"
+                );
+            }
+            asked as usize
+        }
+    }
+}
+
+/// Raises this process's soft open-file limit to its hard limit, as far as
+/// the system lets it, and returns the soft limit then in force.
+fn open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the rlimit it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads the rlimit it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        }
+    }
+    limit.rlim_cur
 }
 
 /// Loads the filters and builds the routes the gateway serves (the

@@ -1,6 +1,6 @@
 //! What `GET /metrics` tells Prometheus: requests by model, outcome and
 //! mode, their latency, tokens in and out, requests in progress and
-//! waiting, the filters served, and reloads; and per filter of the set
+//! waiting, client connections open, the filters served, and reloads; and per filter of the set
 //! being served, its calls, own CPU time and own errors by call, tokens
 //! through its transformer, and its instances ready and in use.
 
@@ -192,6 +192,7 @@ pub(super) struct Metrics {
     pub in_progress: Gauge,
     pub waiting: Gauge,
     pub filters: Gauge,
+    pub connections: Gauge,
     reloads: Family<Reload, Counter>,
     /// The filters of the set being served, for the per-filter metrics.
     pub served: Arc<Served>,
@@ -244,6 +245,12 @@ impl Metrics {
             "Filters in the set being served",
             filters.clone(),
         );
+        let connections = Gauge::default();
+        registry.register(
+            "connections",
+            "Client connections open",
+            connections.clone(),
+        );
         let reloads = Family::<Reload, Counter>::default();
         registry.register(
             "reloads",
@@ -262,6 +269,7 @@ impl Metrics {
             in_progress,
             waiting,
             filters,
+            connections,
             reloads,
         }
     }

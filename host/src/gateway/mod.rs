@@ -25,8 +25,10 @@
 //! Bounds ([`GatewayConfig`]): a request body cap (`413`), a cap on
 //! concurrent requests with a bounded queue (`429` when the queue is full,
 //! `503` when a queued request waited too long, both with `Retry-After`),
-//! a per-request deadline (`504`), and on shutdown a bounded drain of the
-//! requests in flight.
+//! a per-request deadline (`504`), a cap on open connections and a
+//! deadline for each request's head (against clients that hold connections
+//! and send nothing), and on shutdown a bounded drain of the requests in
+//! flight.
 
 mod metrics;
 mod wire;
@@ -45,11 +47,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use futures::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::Instrument;
 
@@ -83,6 +87,16 @@ pub struct GatewayConfig {
     /// On shutdown, how long requests in flight get to finish (default
     /// 30 s).
     pub drain_timeout: Duration,
+    /// Client connections open at once (default 10,000). At the cap the
+    /// gateway accepts no more until one closes (new ones wait in the
+    /// listen backlog), so clients that hold connections open cannot take
+    /// the file descriptors its upstream connections need.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's head (default
+    /// 30 s), and stay idle between requests; then it is closed. A client
+    /// that opens connections and sends nothing, or a byte at a time,
+    /// holds them no longer than this.
+    pub header_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -94,6 +108,8 @@ impl Default for GatewayConfig {
             queue_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -315,14 +331,61 @@ impl Gateway {
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
     /// and gives the requests in flight `drain_timeout` to finish; those
     /// still running then end with an error (a stream with an error event
-    /// before `[DONE]`), within a second more.
+    /// before `[DONE]`), within a second more. At most `max_connections`
+    /// are open at once, and each must send a request's head within
+    /// `header_timeout` (also the longest a connection may sit idle).
     pub async fn serve(
         &self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let drain = self.shared.config.drain_timeout;
-        let app = Router::new()
+        let config = &self.shared.config;
+        let app = self.router();
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(config.header_timeout);
+        let graceful = GracefulShutdown::new();
+        let connections = Arc::new(Semaphore::new(config.max_connections));
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = accept(&listener, &connections) => accepted,
+            };
+            let Some((stream, place)) = accepted else {
+                continue;
+            };
+            // Chunks go out as they are written: without it, a small SSE
+            // chunk waits for the client's delayed ACK (40 ms).
+            let _ = stream.set_nodelay(true);
+            let service = TowerToHyperService::new(app.clone());
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            let open = self.shared.metrics.connections.clone();
+            open.inc();
+            tokio::spawn(async move {
+                let _ = connection.await;
+                open.dec();
+                drop(place);
+            });
+        }
+        drop(listener);
+        self.shared.draining.send_replace(true);
+        let drained = graceful.shutdown();
+        tokio::pin!(drained);
+        let drain = config.drain_timeout;
+        if tokio::time::timeout(drain, &mut drained).await.is_err() {
+            tracing::warn!(
+                "requests still in flight after the {drain:?} drain; ending them with an error"
+            );
+            self.shared.cut.send_replace(true);
+            // Their error answers (events) go out, then the server stops.
+            let _ = tokio::time::timeout(CUT_GRACE, &mut drained).await;
+        }
+        Ok(())
+    }
+
+    fn router(&self) -> Router {
+        Router::new()
             .route("/v1/chat/completions", post(completions))
             .route("/v1/models", get(models))
             .route("/v1/models/{*model}", get(model))
@@ -346,34 +409,36 @@ impl Gateway {
                 )
             })
             .layer(DefaultBodyLimit::max(self.shared.config.max_body_bytes))
-            .with_state(self.shared.clone());
-        let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-        // Chunks go out as they are written: without it, a small SSE chunk
-        // waits for the client's delayed ACK (40 ms).
-        let listener = listener.tap_io(|connection| {
-            let _ = connection.set_nodelay(true);
-        });
-        let shared = self.shared.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            shutdown.await;
-            shared.draining.send_replace(true);
-            let _ = stopping.send(());
-        });
-        let server = server.into_future();
-        tokio::pin!(server);
-        tokio::select! {
-            served = &mut server => served,
-            () = async {
-                let _ = stopped.await;
-                tokio::time::sleep(drain).await;
-            } => {
-                tracing::warn!("requests still in flight after the {drain:?} drain; ending them with an error");
-                self.shared.cut.send_replace(true);
-                // Their error answers (events) go out, then the server stops.
-                tokio::time::timeout(CUT_GRACE, &mut server).await.unwrap_or(Ok(()))
-            }
+            .with_state(self.shared.clone())
+    }
+}
+
+/// The next connection, once there is a place for it among the open ones;
+/// `None` when accepting failed (then after a pause, if the failure was the
+/// gateway's, such as running out of file descriptors, not the client's).
+async fn accept(
+    listener: &TcpListener,
+    places: &Arc<Semaphore>,
+) -> Option<(TcpStream, OwnedSemaphorePermit)> {
+    let place = places.clone().acquire_owned().await.ok()?;
+    match listener.accept().await {
+        Ok((stream, _)) => Some((stream, place)),
+        Err(e) if client_gone(&e) => None,
+        Err(e) => {
+            tracing::error!("accepting a connection failed: {e}; trying again in a second");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            None
         }
     }
+}
+
+/// Whether accepting failed because the client went away.
+fn client_gone(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    )
 }
 
 /// How long answers cut at the end of a drain get to send their error.
