@@ -606,9 +606,9 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
 }
 
 #[tokio::test]
-async fn a_connection_that_sends_no_request_head_or_sits_idle_is_closed() {
+async fn a_connection_that_sends_its_request_too_slowly_or_sits_idle_is_closed() {
     let config = GatewayConfig {
-        header_timeout: Duration::from_millis(300),
+        read_timeout: Duration::from_millis(300),
         ..config()
     };
     let served = Served::start(kernel(vec![], ScriptedModel::answer("hi")).await, config).await;
@@ -621,6 +621,17 @@ async fn a_connection_that_sends_no_request_head_or_sits_idle_is_closed() {
         .unwrap();
     let answer = read_until_closed(&mut slow).await;
     assert!(!answer.contains("200"), "{answer}");
+
+    // A whole head, then a body that never ends.
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{\"model\"",
+    )
+    .await
+    .unwrap();
+    let answer = read_until_closed(&mut slow).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 300 ms"), "{answer}");
 
     // A kept-alive connection: one answer, then closed once idle.
     let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();

@@ -71,11 +71,12 @@ pub(crate) struct ServeArgs {
     /// may need one to the upstream too.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: Option<u32>,
-    /// How long a connection may take to send a request's head, or sit
-    /// idle between requests; then it is closed (against clients that open
-    /// connections and send nothing, or a byte at a time).
+    /// How long a client may take to send a request's head, and then its
+    /// body (408 if late), or sit idle between requests; then the
+    /// connection is closed (against clients that open connections and
+    /// send nothing, or a byte at a time).
     #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
-    header_timeout_ms: u64,
+    read_timeout_ms: u64,
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -92,7 +93,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         max_connections: max_connections(args.max_connections),
-        header_timeout: Duration::from_millis(args.header_timeout_ms),
+        read_timeout: Duration::from_millis(args.read_timeout_ms),
     };
     // Installed before the address is printed: a supervisor may signal as
     // soon as it reads it.

@@ -41,8 +41,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -92,11 +91,12 @@ pub struct GatewayConfig {
     /// listen backlog), so clients that hold connections open cannot take
     /// the file descriptors its upstream connections need.
     pub max_connections: usize,
-    /// How long a connection may take to send a request's head (default
-    /// 30 s), and stay idle between requests; then it is closed. A client
-    /// that opens connections and sends nothing, or a byte at a time,
-    /// holds them no longer than this.
-    pub header_timeout: Duration,
+    /// How long a client may take to send a request's head, and then its
+    /// body (default 30 s each; a body late is a `408`), and how long a
+    /// connection may sit idle between requests; then it is closed. A
+    /// client that opens connections and sends nothing, or a byte at a
+    /// time, holds them no longer than this.
+    pub read_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -109,7 +109,7 @@ impl Default for GatewayConfig {
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(30),
             max_connections: 10_000,
-            header_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -333,7 +333,7 @@ impl Gateway {
     /// still running then end with an error (a stream with an error event
     /// before `[DONE]`), within a second more. At most `max_connections`
     /// are open at once, and each must send a request's head within
-    /// `header_timeout` (also the longest a connection may sit idle).
+    /// `read_timeout` (also the longest a connection may sit idle).
     pub async fn serve(
         &self,
         listener: TcpListener,
@@ -343,7 +343,7 @@ impl Gateway {
         let app = self.router();
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
-            .header_read_timeout(config.header_timeout);
+            .header_read_timeout(config.read_timeout);
         let graceful = GracefulShutdown::new();
         let connections = Arc::new(Semaphore::new(config.max_connections));
         tokio::pin!(shutdown);
@@ -566,8 +566,9 @@ async fn exposition(State(gateway): State<Arc<Shared>>) -> Response {
 async fn completions(
     State(gateway): State<Arc<Shared>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Response {
+    let body = read_body(&gateway, request).await;
     let started = Instant::now();
     let mut routed = None;
     let span = tracing::info_span!(
@@ -607,23 +608,12 @@ async fn completions(
 async fn complete(
     gateway: Arc<Shared>,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, ApiError>,
     routed: &mut Option<String>,
 ) -> Result<Response, ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
-    let body = body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!(
-                "the request body is larger than {} bytes",
-                gateway.config.max_body_bytes
-            )
-        } else {
-            rejection.body_text()
-        };
-        ApiError::new(status, "invalid_request_error", None, message)
-    })?;
+    let body = body?;
     let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(format!(
             "the request body is not a chat completion request: {e}"
@@ -677,6 +667,36 @@ async fn complete(
     } else {
         answer.whole(chat).await
     }
+}
+
+/// The request's body, if it arrives whole within the read timeout and
+/// the body cap.
+async fn read_body(gateway: &Shared, request: Request) -> Result<Bytes, ApiError> {
+    let within = gateway.config.read_timeout;
+    let read = tokio::time::timeout(within, Bytes::from_request(request, &())).await;
+    let Ok(read) = read else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!(
+                "the request body did not arrive within {} ms",
+                within.as_millis()
+            ),
+        ));
+    };
+    read.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "the request body is larger than {} bytes",
+                gateway.config.max_body_bytes
+            )
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, "invalid_request_error", None, message)
+    })
 }
 
 impl Shared {
