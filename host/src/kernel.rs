@@ -135,6 +135,26 @@ impl KernelBuilder {
         self
     }
 
+    /// Registers an interrupt tool (the seed's `interrupt_tools`): a
+    /// question the model may put to a human, such as `ask_human`. Calling
+    /// it pauses the turn in the tool loop
+    /// ([`InterruptKind::ToolRequest`](crate::types::InterruptKind), the
+    /// call's arguments being the question), and `Kernel::resume` with
+    /// [`Decision::Reply`](crate::types::Decision) gives the model the
+    /// reply as its result. It has no code: approved, or called outside
+    /// the tool loop, it fails.
+    pub fn interrupt_tool(mut self, spec: ToolSpec) -> Self {
+        let message = format!(
+            "tool '{}' is a question for a human: the tool loop pauses the turn for it, and a reply (Decision::Reply) answers it",
+            spec.name
+        );
+        self.tools.register(spec.interrupt(), move |_, _| {
+            let error = ChainError::new(ErrorKind::InvalidRequest, message.clone());
+            async move { Err(error) }
+        });
+        self
+    }
+
     /// Registers the built-in demo tools (calculator, clock, echo).
     pub fn builtin_tools(mut self) -> Self {
         crate::tool::builtin::register(&mut self.tools);

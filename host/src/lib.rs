@@ -65,7 +65,9 @@ mod store;
 mod tool;
 pub mod types;
 
-pub use agent::{CONVERSATION_ID, History, LoopConfig, MemoryHistory, NoHistory, ToolLoop};
+pub use agent::{
+    CONVERSATION_ID, History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop,
+};
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::Context;

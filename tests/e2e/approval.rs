@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 use shallot::ErrorKind;
 use shallot::types::Decision;
-use shallot::types::{Message, Role, ToolSpec, TurnInterrupt, TurnResult};
-use shallot::{Context, Kernel, LoopConfig, MemoryHistory, ToolLoop};
+use shallot::types::{InterruptKind, Message, Role, ToolCall, ToolSpec, TurnInterrupt, TurnResult};
+use shallot::{Context, Kernel, LoopConfig, MemoryHistory, OnEnvError, ToolLoop};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
 use crate::agent::{done, go, reviser, tool_texts};
@@ -259,4 +259,313 @@ async fn h5_a_turn_filter_may_reenter_after_the_resumed_turn() {
         "the re-entry ran a fresh loop, not the paused turn again"
     );
     assert_eq!(model.calls(), 3);
+}
+
+/// A kernel with the interrupt tool `ask_human`, the sensitive `delete`
+/// and `list`, pausing before sensitive calls; how often `delete` ran.
+fn asking_kernel(model: ScriptedModel) -> (Kernel, Arc<AtomicUsize>) {
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let counter = deleted.clone();
+    let config = LoopConfig {
+        pause_sensitive: true,
+        ..LoopConfig::default()
+    };
+    let kernel = Kernel::builder()
+        .model(model)
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
+        .interrupt_tool(ToolSpec::new(
+            "ask_human",
+            "asks the user a question",
+            json!({"type": "object", "properties": {"question": {"type": "string"}}}),
+        ))
+        .tool(
+            ToolSpec::new("delete", "deletes files", json!({})).sensitive(),
+            move |_, _| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok(json!("deleted"))
+                }
+            },
+        )
+        .tool(
+            ToolSpec::new("list", "lists files", json!({})),
+            |_, _| async { Ok(json!(["a", "b"])) },
+        )
+        .build()
+        .unwrap();
+    (kernel, deleted)
+}
+
+/// O45, O48: calling an interrupt tool pauses the turn (`tool_request`,
+/// the call's arguments the question) after the batch's other calls ran,
+/// and the reply it is resumed with is the tool's result.
+#[tokio::test]
+async fn o45_o48_an_interrupt_tool_pauses_the_turn_and_the_reply_is_its_result() {
+    let ask = (
+        "ask_human".to_owned(),
+        json!({"question": "delete /tmp/x?"}),
+    );
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![ask, ("list".into(), json!({}))]),
+        Reply::Text("Done! Files deleted.".into()),
+    ]);
+    let (kernel, _) = asking_kernel(model.clone());
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
+        panic!("an interrupt tool pauses the turn")
+    };
+    assert_eq!(interrupt.kind, InterruptKind::ToolRequest);
+    assert_eq!(interrupt.kind.as_str(), "tool_request");
+    let pending = interrupt.pending.clone().unwrap();
+    assert_eq!(pending.name, "ask_human");
+    assert!(pending.arguments.contains("delete /tmp/x?"), "{pending:?}");
+    let done = done(
+        kernel
+            .resume(
+                interrupt,
+                Decision::Reply("yes, go ahead".into()),
+                Context::new(),
+            )
+            .await,
+    );
+    assert_eq!(done.response.text(), "Done! Files deleted.");
+    assert_eq!(model.calls(), 2);
+    let sent = model.requests()[1].messages.clone();
+    let results = tool_texts(&sent);
+    assert!(results.contains(&"yes, go ahead".to_owned()), "{results:?}");
+    assert!(
+        results.iter().any(|r| r.contains("\"a\"")),
+        "list ran: {results:?}"
+    );
+}
+
+/// An interrupt tool has no code: approving its call gives the model an
+/// error, never a made-up answer.
+#[tokio::test]
+async fn an_approved_interrupt_tool_call_is_an_error_for_the_model() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("ask_human", json!({"question": "?"})),
+        Reply::Text("ok".into()),
+    ]);
+    let (kernel, _) = asking_kernel(model.clone());
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("hi"), Context::new()).await else {
+        panic!("an interrupt tool pauses the turn")
+    };
+    let done = done(
+        kernel
+            .resume(interrupt, Decision::Approve, Context::new())
+            .await,
+    );
+    let error = done.tool_calls[0].error.as_ref().expect("the call failed");
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(error.message.contains("question for a human"), "{error}");
+}
+
+/// A batch with an interrupt tool and a sensitive call pauses twice: the
+/// question first, then the approval; the sensitive call never runs
+/// before it is approved.
+#[tokio::test]
+async fn an_interrupt_tool_and_a_sensitive_call_in_one_batch_pause_one_after_the_other() {
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("delete".into(), json!({"path": "/tmp/x"})),
+            ("ask_human".into(), json!({"question": "sure?"})),
+        ]),
+        Reply::Text("Done! Files deleted.".into()),
+    ]);
+    let (kernel, deleted) = asking_kernel(model.clone());
+    let TurnResult::Interrupt(first) = kernel.turn(go("clean up"), Context::new()).await else {
+        panic!("the question pauses the turn")
+    };
+    assert_eq!(first.kind, InterruptKind::ToolRequest);
+    let TurnResult::Interrupt(second) = kernel
+        .resume(first, Decision::Reply("yes".into()), Context::new())
+        .await
+    else {
+        panic!("then the sensitive call waits for approval")
+    };
+    assert_eq!(second.kind, InterruptKind::Approval);
+    assert_eq!(second.pending.as_ref().unwrap().name, "delete");
+    assert_eq!(deleted.load(Ordering::SeqCst), 0);
+    let done = done(
+        kernel
+            .resume(second, Decision::Approve, Context::new())
+            .await,
+    );
+    assert_eq!(done.response.text(), "Done! Files deleted.");
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+    assert_eq!(model.calls(), 2, "one model round for the whole batch");
+}
+
+/// A kernel whose `sql` tool the policy holds for `DELETE` and `DROP`
+/// statements; the statements `sql` ran.
+fn policed_kernel(model: ScriptedModel) -> (Kernel, Arc<std::sync::Mutex<Vec<String>>>) {
+    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = ran.clone();
+    let policy = |call: &ToolCall| {
+        let arguments: serde_json::Value = serde_json::from_str(&call.arguments).ok()?;
+        let statement = arguments["q"].as_str()?;
+        let risky = statement.starts_with("DELETE") || statement.starts_with("DROP");
+        risky.then(|| format!("'{statement}' needs a human"))
+    };
+    let kernel = Kernel::builder()
+        .model(model)
+        .turn_terminal(ToolLoop::default().on_tool_call(policy))
+        .tool(
+            ToolSpec::new("sql", "runs SQL", json!({})),
+            move |args, _| {
+                let log = log.clone();
+                async move {
+                    log.lock()
+                        .unwrap()
+                        .push(args["q"].as_str().unwrap().to_owned());
+                    Ok(json!("ok"))
+                }
+            },
+        )
+        .build()
+        .unwrap();
+    (kernel, ran)
+}
+
+/// O46: an `on_tool_call` policy holds a call (`callback`, with its
+/// reason); the batch's safe calls run first, the other calls it holds in
+/// that batch are skipped, and an approval runs the held one.
+#[tokio::test]
+async fn o46_an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds() {
+    let sql = |q: &str| ("sql".to_owned(), json!({ "q": q }));
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            sql("DELETE FROM t"),
+            sql("SELECT 1"),
+            sql("DROP TABLE t"),
+        ]),
+        Reply::Text("Done! Files deleted.".into()),
+    ]);
+    let (kernel, ran) = policed_kernel(model.clone());
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("tidy"), Context::new()).await else {
+        panic!("the policy pauses the turn")
+    };
+    assert_eq!(interrupt.kind, InterruptKind::Callback);
+    assert_eq!(interrupt.reason, "'DELETE FROM t' needs a human");
+    assert_eq!(*ran.lock().unwrap(), ["SELECT 1"], "only the safe call ran");
+    let done = done(
+        kernel
+            .resume(interrupt, Decision::Approve, Context::new())
+            .await,
+    );
+    assert_eq!(done.response.text(), "Done! Files deleted.");
+    assert_eq!(*ran.lock().unwrap(), ["SELECT 1", "DELETE FROM t"]);
+    let skipped = done
+        .tool_calls
+        .iter()
+        .find(|r| r.call.arguments.contains("DROP"))
+        .unwrap();
+    let error = skipped.error.as_ref().expect("skipped, not run");
+    assert!(error.message.contains("skipped"), "{error}");
+}
+
+/// A tool that fails with an `auth` error (its environment: credentials)
+/// on its first `failures` calls, then works; how often it ran.
+fn deploy_tool(
+    builder: shallot::KernelBuilder,
+    failures: usize,
+    kind: ErrorKind,
+) -> (shallot::KernelBuilder, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let builder = builder.tool(
+        ToolSpec::new("deploy", "deploys", json!({})),
+        move |_, _| {
+            let run = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if run < failures {
+                    Err(shallot::ChainError::new(kind, "the deploy token expired"))
+                } else {
+                    Ok(json!("deployed"))
+                }
+            }
+        },
+    );
+    (builder, runs)
+}
+
+fn deploying(
+    model: &ScriptedModel,
+    config: LoopConfig,
+    kind: ErrorKind,
+) -> (Kernel, Arc<AtomicUsize>) {
+    let builder = Kernel::builder()
+        .model(model.clone())
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()));
+    let (builder, runs) = deploy_tool(builder, 1, kind);
+    (builder.build().unwrap(), runs)
+}
+
+/// O42: with `on_env_error: Pause`, a call failing for its environment
+/// pauses the turn (`env_retry`) before the model sees it, and an
+/// approval runs it again.
+#[tokio::test]
+async fn o42_a_tool_failing_for_its_environment_pauses_and_an_approval_retries_it() {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("deploy", json!({})),
+        Reply::Text("done".into()),
+    ]);
+    let config = LoopConfig {
+        on_env_error: OnEnvError::Pause,
+        ..LoopConfig::default()
+    };
+    let (kernel, runs) = deploying(&model, config, ErrorKind::Auth);
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("ship it"), Context::new()).await else {
+        panic!("an environment failure pauses the turn")
+    };
+    assert_eq!(interrupt.kind, InterruptKind::EnvRetry);
+    assert!(
+        interrupt.reason.contains("the deploy token expired"),
+        "{}",
+        interrupt.reason
+    );
+    assert_eq!(model.calls(), 1, "the model has not seen the failure");
+    let done = done(
+        kernel
+            .resume(interrupt, Decision::Approve, Context::new())
+            .await,
+    );
+    assert_eq!(done.response.text(), "done");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(
+        done.tool_calls.iter().all(|r| r.error.is_none()),
+        "{:?}",
+        done.tool_calls
+    );
+}
+
+/// O43: by default, with no human in the loop, an environment failure
+/// goes to the model. O44: a semantic failure goes to the model even
+/// when environment failures pause.
+#[tokio::test]
+async fn o43_o44_other_failures_and_unpaused_ones_go_to_the_model() {
+    let cases = [
+        (OnEnvError::Auto, ErrorKind::Auth),
+        (OnEnvError::Pause, ErrorKind::InvalidRequest),
+    ];
+    for (on_env_error, kind) in cases {
+        let model = ScriptedModel::replies(vec![
+            Reply::call("deploy", json!({})),
+            Reply::Text("handled".into()),
+        ]);
+        let config = LoopConfig {
+            on_env_error,
+            ..LoopConfig::default()
+        };
+        let (kernel, runs) = deploying(&model, config, kind);
+        let done = done(kernel.turn(go("ship it"), Context::new()).await);
+        assert_eq!(done.response.text(), "handled", "{on_env_error:?} {kind:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let results = tool_texts(&model.requests()[1].messages);
+        assert!(
+            results[0].contains("the deploy token expired"),
+            "{results:?}"
+        );
+    }
 }

@@ -272,7 +272,7 @@ async fn to_json(result: &TurnResult, shown: &Shown<'_>) -> Result<Value, ChainE
     Ok(match result {
         TurnResult::Done(done) => json!({ "done": done_json(done, shown).await? }),
         TurnResult::Interrupt(interrupt) => {
-            json!({ "interrupt": { "reason": interrupt.reason, "pending": interrupt.pending } })
+            json!({ "interrupt": { "kind": interrupt.kind.as_str(), "reason": interrupt.reason, "pending": interrupt.pending } })
         }
         TurnResult::Error(error) => json!({ "error": error_json(error) }),
     })

@@ -970,7 +970,8 @@ async fn run(
                 TurnResult::Interrupt(paused) => Err(ChainError::new(
                     ErrorKind::InvalidRequest,
                     format!(
-                        "the turn paused for approval ({}); a gateway cannot approve",
+                        "the turn paused for a human ({}: {}); a gateway cannot answer for one",
+                        paused.kind.as_str(),
                         paused.reason
                     ),
                 )),

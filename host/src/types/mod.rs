@@ -22,7 +22,9 @@ pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};
 pub(crate) use turn::{Carried, Resumable};
-pub use turn::{Decision, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
+pub use turn::{
+    Decision, InterruptKind, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult,
+};
 pub(crate) use weight::Weigh;
 
 /// A JSON object, for options and metadata.

@@ -35,6 +35,13 @@ pub struct ToolSpec {
     /// outputs); the model server decides what schemas it accepts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub strict: bool,
+    /// Host-side: a question for a human, not code. Calling it pauses the
+    /// turn ([`crate::types::InterruptKind::ToolRequest`], the call's
+    /// arguments being the question), and the reply the turn is resumed
+    /// with ([`crate::types::Decision::Reply`]) is its result. Registered
+    /// with `KernelBuilder::interrupt_tool`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupt: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -58,6 +65,7 @@ impl ToolSpec {
             timeout_ms: None,
             retries: 0,
             strict: false,
+            interrupt: false,
         }
     }
 
@@ -77,6 +85,7 @@ impl ToolSpec {
             timeout_ms: earlier.timeout_ms,
             retries: earlier.retries,
             strict: earlier.strict,
+            interrupt: earlier.interrupt,
             ..self
         }
     }
@@ -84,6 +93,13 @@ impl ToolSpec {
     /// Asks the model to follow `parameters` exactly (see [`ToolSpec::strict`]).
     pub fn strict(mut self) -> Self {
         self.strict = true;
+        self
+    }
+
+    /// Makes calling the tool pause the turn for a human's reply (see
+    /// [`ToolSpec::interrupt`]).
+    pub fn interrupt(mut self) -> Self {
+        self.interrupt = true;
         self
     }
 

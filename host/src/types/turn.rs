@@ -61,6 +61,8 @@ pub struct TurnInterrupt {
     pub reason: String,
     /// The tool call waiting for a decision, if any.
     pub pending: Option<ToolCall>,
+    /// What paused it.
+    pub kind: InterruptKind,
     /// Where the terminal stopped, for `resume`; opaque here (the tool
     /// loop knows what it holds).
     pub(crate) paused: Option<Resumable>,
@@ -113,13 +115,46 @@ impl PartialEq for Resumable {
     }
 }
 
+/// What paused a turn (the seed's interrupt types, and approvals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InterruptKind {
+    /// A `sensitive` tool waits for approval (`LoopConfig::pause_sensitive`).
+    #[default]
+    Approval,
+    /// The model called an interrupt tool ([`super::ToolSpec::interrupt`]): a
+    /// question for a human, answered with [`Decision::Reply`].
+    ToolRequest,
+    /// The tool loop's `on_tool_call` policy held the call.
+    Callback,
+    /// The call failed for its environment (an `auth` error: credentials,
+    /// permissions) and the loop pauses on those (`LoopConfig::on_env_error`):
+    /// fix it, then [`Decision::Approve`] runs the call again.
+    EnvRetry,
+}
+
+impl InterruptKind {
+    /// The seed's name for it: `approval`, `tool_request`, `callback` or
+    /// `env_retry`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterruptKind::Approval => "approval",
+            InterruptKind::ToolRequest => "tool_request",
+            InterruptKind::Callback => "callback",
+            InterruptKind::EnvRetry => "env_retry",
+        }
+    }
+}
+
 /// What to do with the tool calls a paused turn waits on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Run them.
+    /// Run them (for an [`InterruptKind::EnvRetry`] pause: again).
     Approve,
-    /// Do not run them; the model gets this reason as their result.
+    /// Do not run them; the model gets this reason as their error.
     Deny(String),
+    /// Do not run them; each gets this text as its result, as if the tool
+    /// had answered it: a human's reply to an interrupt tool.
+    Reply(String),
 }
 
 impl TurnInterrupt {
@@ -128,6 +163,7 @@ impl TurnInterrupt {
         TurnInterrupt {
             reason: reason.into(),
             pending,
+            kind: InterruptKind::default(),
             paused: None,
         }
     }

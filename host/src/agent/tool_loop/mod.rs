@@ -27,8 +27,8 @@ use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
 use crate::types::{ChainError, ErrorKind, Weigh};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, Message, ToolCall, ToolCallRecord, ToolRequest, ToolSpec,
-    TurnRequest, TurnResult,
+    ChatRequest, ChatResponse, Decision, InterruptKind, Message, ToolCall, ToolCallRecord,
+    ToolRequest, ToolSpec, TurnRequest, TurnResult,
 };
 
 /// Limits and behaviour of the tool loop.
@@ -49,6 +49,25 @@ pub struct LoopConfig {
     /// an interrupt naming the call, and `Kernel::resume` continues it with
     /// an approval or a denial (which the model gets as the tool result).
     pub pause_sensitive: bool,
+    /// What a tool call that failed for its environment (an `auth` error:
+    /// credentials, permissions) does to the turn.
+    pub on_env_error: OnEnvError,
+}
+
+/// What a tool call that failed for its environment does to the turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnEnvError {
+    /// As the seed: `Pause` when a human is in the loop (an interrupt tool
+    /// is registered, the loop has an `on_tool_call` policy, or
+    /// `pause_sensitive`), `Proceed` otherwise.
+    #[default]
+    Auto,
+    /// The model gets the error, like any other.
+    Proceed,
+    /// The turn pauses ([`InterruptKind::EnvRetry`]) before the batch's
+    /// results reach the model: fix the environment, then
+    /// [`Decision::Approve`] runs the failed calls again.
+    Pause,
 }
 
 impl Default for LoopConfig {
@@ -58,14 +77,19 @@ impl Default for LoopConfig {
             max_tool_calls: None,
             parallel_tools: true,
             pause_sensitive: false,
+            on_env_error: OnEnvError::Auto,
         }
     }
 }
+
+/// Asked about each tool call before it runs: `Some(reason)` holds it.
+type Policy = dyn Fn(&ToolCall) -> Option<String> + Send + Sync;
 
 /// The tool loop, with the history it keeps conversations in.
 pub struct ToolLoop {
     config: LoopConfig,
     history: Arc<dyn History>,
+    on_tool_call: Option<Arc<Policy>>,
 }
 
 impl Default for ToolLoop {
@@ -80,8 +104,196 @@ impl ToolLoop {
         ToolLoop {
             config,
             history: Arc::new(history),
+            on_tool_call: None,
         }
     }
+
+    /// Asks `policy` about every tool call before it runs (the seed's
+    /// `on_tool_call`): `Some(reason)` holds the call and pauses the turn
+    /// ([`InterruptKind::Callback`], with `reason`) for `Kernel::resume` to
+    /// decide. The batch's other calls run first; of the calls the policy
+    /// holds in one batch the first waits and the others are skipped (the
+    /// model gets an error saying so).
+    pub fn on_tool_call(
+        mut self,
+        policy: impl Fn(&ToolCall) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_tool_call = Some(Arc::new(policy));
+        self
+    }
+
+    /// Whether a call that failed for its environment pauses the turn.
+    fn pauses_on_env_error(&self, tools: &[Arc<ToolSpec>]) -> bool {
+        match self.config.on_env_error {
+            OnEnvError::Pause => true,
+            OnEnvError::Proceed => false,
+            OnEnvError::Auto => {
+                self.config.pause_sensitive
+                    || self.on_tool_call.is_some()
+                    || tools.iter().any(|t| t.interrupt)
+            }
+        }
+    }
+
+    /// Sorts a batch's calls: those that run now, those skipped, the group
+    /// that waits for a decision now (an interrupt tool's calls, else the
+    /// policy's first hold, else the sensitive calls), and those that wait
+    /// for a decision after it.
+    fn triage(&self, tools: &[Arc<ToolSpec>], calls: Vec<ToolCall>) -> Triage {
+        let is = |call: &ToolCall, flag: fn(&ToolSpec) -> bool| {
+            spec_of(tools, &call.name).is_some_and(|t| flag(t))
+        };
+        let (mut free, mut skipped, mut asks, mut sensitive) = (vec![], vec![], vec![], vec![]);
+        let mut flagged: Option<(ToolCall, String)> = None;
+        for call in calls {
+            if is(&call, |t| t.interrupt) {
+                asks.push(call);
+            } else if let Some(reason) = self.on_tool_call.as_ref().and_then(|p| p(&call)) {
+                match flagged {
+                    None => flagged = Some((call, reason)),
+                    Some(_) => skipped.push(call),
+                }
+            } else if self.config.pause_sensitive && is(&call, |t| t.sensitive) {
+                sensitive.push(call);
+            } else {
+                free.push(call);
+            }
+        }
+        let (hold, later) = if !asks.is_empty() {
+            let reason = format!("tool '{}' asks for a reply", asks[0].name);
+            let later = flagged.map(|(call, _)| call).into_iter().chain(sensitive);
+            let hold = Hold {
+                kind: InterruptKind::ToolRequest,
+                reason,
+                calls: asks,
+            };
+            (Some(hold), later.collect())
+        } else if let Some((call, reason)) = flagged {
+            let hold = Hold {
+                kind: InterruptKind::Callback,
+                reason,
+                calls: vec![call],
+            };
+            (Some(hold), sensitive)
+        } else if !sensitive.is_empty() {
+            let hold = Hold {
+                kind: InterruptKind::Approval,
+                reason: format!("tool '{}' needs approval", sensitive[0].name),
+                calls: sensitive,
+            };
+            (Some(hold), Vec::new())
+        } else {
+            (None, Vec::new())
+        };
+        Triage {
+            free,
+            skipped,
+            hold,
+            later,
+        }
+    }
+
+    /// Runs a batch of the model's calls and concludes it: `Some` when the
+    /// turn ends with it (answered, or paused).
+    async fn batch(
+        &self,
+        run: &mut Run<'_>,
+        invoke: &Arc<Invoke>,
+        tools: &[Arc<ToolSpec>],
+        calls: Vec<ToolCall>,
+    ) -> Option<TurnResult> {
+        let triage = self.triage(tools, calls);
+        let outcomes = self.run_tools(invoke, tools, &triage.free).await;
+        let ran = Ran {
+            calls: triage.free,
+            outcomes,
+        };
+        self.conclude(run, tools, ran, triage.skipped, triage.hold, triage.later)
+    }
+
+    /// After calls ran: pauses for those that failed for their environment
+    /// (when the loop does), records the outcomes, and ends the turn when
+    /// they answer it (`return_direct`) or a group waits for a decision.
+    fn conclude(
+        &self,
+        run: &mut Run<'_>,
+        tools: &[Arc<ToolSpec>],
+        ran: Ran,
+        skipped: Vec<ToolCall>,
+        hold: Option<Hold>,
+        later: Vec<ToolCall>,
+    ) -> Option<TurnResult> {
+        let skip = |calls: &[ToolCall]| calls.iter().map(|_| Err(skipped_error())).collect();
+        let failed_env =
+            |o: &Result<String, ChainError>| matches!(o, Err(e) if e.kind == ErrorKind::Auth);
+        if self.pauses_on_env_error(tools) && ran.outcomes.iter().any(failed_env) {
+            let (mut failed, mut done) = (Vec::new(), (Vec::new(), Vec::new()));
+            let mut reason = String::new();
+            for (call, outcome) in ran.calls.into_iter().zip(ran.outcomes) {
+                match outcome {
+                    Err(error) if error.kind == ErrorKind::Auth => {
+                        if failed.is_empty() {
+                            reason = format!(
+                                "tool '{}' failed for its environment: {}",
+                                call.name, error.message
+                            );
+                        }
+                        failed.push(call);
+                    }
+                    outcome => {
+                        done.0.push(call);
+                        done.1.push(outcome);
+                    }
+                }
+            }
+            run.record(done.0, done.1);
+            let outcomes = skip(&skipped);
+            run.record(skipped, outcomes);
+            let later = hold.map(|h| h.calls).into_iter().flatten().chain(later);
+            let hold = Hold {
+                kind: InterruptKind::EnvRetry,
+                reason,
+                calls: failed,
+            };
+            return Some(run.pause(hold, later.collect()));
+        }
+        if hold.is_none() && skipped.is_empty() && later.is_empty() {
+            return run.settle(tools, ran.calls, ran.outcomes);
+        }
+        run.record(ran.calls, ran.outcomes);
+        let outcomes = skip(&skipped);
+        run.record(skipped, outcomes);
+        hold.map(|hold| run.pause(hold, later))
+    }
+}
+
+/// A batch's calls, sorted by [`ToolLoop::triage`].
+struct Triage {
+    free: Vec<ToolCall>,
+    skipped: Vec<ToolCall>,
+    hold: Option<Hold>,
+    later: Vec<ToolCall>,
+}
+
+/// Calls that wait for one decision, and why.
+pub(super) struct Hold {
+    pub(super) kind: InterruptKind,
+    pub(super) reason: String,
+    pub(super) calls: Vec<ToolCall>,
+}
+
+/// Calls that ran, and their outcomes in call order.
+struct Ran {
+    calls: Vec<ToolCall>,
+    outcomes: Vec<Result<String, ChainError>>,
+}
+
+/// A call skipped because the turn paused for another call of its batch.
+fn skipped_error() -> ChainError {
+    ChainError::new(
+        ErrorKind::InvalidRequest,
+        "the call was skipped: the turn paused for another call of its batch",
+    )
 }
 
 /// The context key that names the conversation a turn belongs to.
@@ -101,13 +313,15 @@ fn conversation(invoke: &Invoke) -> Option<String> {
 }
 
 /// Where a paused turn stopped: its messages and calls so far, its model
-/// rounds, and the calls waiting for a decision.
+/// rounds, the calls waiting for a decision, and the calls of the same
+/// batch that wait for one after them.
 #[derive(Debug, PartialEq)]
 pub struct Paused {
     messages: Vec<Message>,
     calls: Vec<ToolCallRecord>,
     rounds: u32,
     pending: Vec<ToolCall>,
+    later: Vec<ToolCall>,
     last: ChatResponse,
 }
 
@@ -134,16 +348,26 @@ impl Terminal<Turn> for ToolLoop {
             None => Run::start(history, invoke, &request),
         };
         if let Some((paused, decision)) = resumed {
+            let pending = paused.pending.clone();
             let outcomes = match decision {
-                Decision::Approve => self.run_tools(invoke, tools, &paused.pending).await,
-                Decision::Deny(reason) => paused
-                    .pending
-                    .iter()
-                    .map(|_| Err(denied(&reason)))
-                    .collect(),
+                Decision::Approve => self.run_tools(invoke, tools, &pending).await,
+                Decision::Deny(reason) => pending.iter().map(|_| Err(denied(&reason))).collect(),
+                Decision::Reply(text) => {
+                    let reply = serde_json::Value::String(text).to_string();
+                    pending.iter().map(|_| Ok(reply.clone())).collect()
+                }
             };
-            if let Some(done) = run.settle(tools, paused.pending.clone(), outcomes) {
-                return done;
+            let ran = Ran {
+                calls: pending,
+                outcomes,
+            };
+            let later = paused.later.clone();
+            let waiting = !later.is_empty();
+            if let Some(end) = self.conclude(&mut run, tools, ran, vec![], None, later.clone()) {
+                return end;
+            }
+            if waiting && let Some(end) = self.batch(&mut run, invoke, tools, later).await {
+                return end;
             }
         }
         for round in run.rounds + 1..=self.config.max_iterations {
@@ -178,18 +402,9 @@ impl Terminal<Turn> for ToolLoop {
             if calls.is_empty() {
                 return run.done(response);
             }
-            let (held, free): (Vec<ToolCall>, Vec<ToolCall>) = calls.into_iter().partition(|c| {
-                self.config.pause_sensitive && spec_of(tools, &c.name).is_some_and(|t| t.sensitive)
-            });
-            let outcomes = self.run_tools(invoke, tools, &free).await;
-            if held.is_empty() {
-                if let Some(done) = run.settle(tools, free, outcomes) {
-                    return done;
-                }
-                continue;
+            if let Some(end) = self.batch(&mut run, invoke, tools, calls).await {
+                return end;
             }
-            run.record(free, outcomes);
-            return run.pause(held);
         }
         let max = self.config.max_iterations;
         run.stop(format!(

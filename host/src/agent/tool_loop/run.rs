@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Paused, conversation, spec_of};
+use super::{Hold, Paused, conversation, spec_of};
 use crate::agent::History;
 use crate::onion::Invoke;
 use crate::types::{ChainError, ErrorKind, Origin};
@@ -138,24 +138,26 @@ impl<'a> Run<'a> {
         Some(TurnResult::Done(self.summary(answer)))
     }
 
-    /// Pauses the turn: `held` wait for a decision.
-    pub(super) fn pause(self, held: Vec<ToolCall>) -> TurnResult {
-        let reason = format!("tool '{}' needs approval", held[0].name);
-        let pending = Some(held[0].clone());
+    /// Pauses the turn: `hold` waits for a decision, then `later` (calls
+    /// of the same batch, sorted again when the turn resumes).
+    pub(super) fn pause(&mut self, hold: Hold, later: Vec<ToolCall>) -> TurnResult {
+        let pending = Some(hold.calls[0].clone());
         let last = self
             .last
             .clone()
             .unwrap_or_else(|| ChatResponse::new(Message::assistant(""), FinishReason::Unknown));
         let paused = Paused {
-            messages: self.messages,
-            calls: self.calls,
+            messages: std::mem::take(&mut self.messages),
+            calls: std::mem::take(&mut self.calls),
             rounds: self.rounds,
-            pending: held,
+            pending: hold.calls,
+            later,
             last,
         };
         TurnResult::Interrupt(TurnInterrupt {
-            reason,
+            reason: hold.reason,
             pending,
+            kind: hold.kind,
             paused: Some(Resumable::new(Arc::new(paused))),
         })
     }
