@@ -2,7 +2,7 @@
 //! and writable by every filter and by the terminals (conversation id,
 //! tenant, user id, ...). Distinct from each filter's private FCtx.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
@@ -15,7 +15,9 @@ use serde_json::Value;
 /// of calls ends, when the writes of the calls that succeeded are applied
 /// in call order (the seed's writes folded at the barrier): calls of one
 /// batch do not see each other's writes, the last by call index wins, and
-/// a failed call's writes are dropped.
+/// a failed call's writes are dropped. A key with a declared reducer
+/// ([`Reducers`], the seed's state slots) combines the calls' writes
+/// instead.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     values: Arc<Mutex<BTreeMap<String, Value>>>,
@@ -119,7 +121,8 @@ impl Context {
     }
 
     /// A tool call's view of this context: its reads come from here, its
-    /// writes stay in the view until [`Context::apply`] puts them here.
+    /// writes stay in the view until [`Context::apply_writes`] puts them
+    /// here.
     pub(crate) fn view(&self) -> Context {
         Context {
             values: Arc::default(),
@@ -130,16 +133,100 @@ impl Context {
         }
     }
 
-    /// Applies what the view `written` wrote: its sets and removals.
-    pub(crate) fn apply(&self, written: &Context) {
-        for (key, value) in written.lock().iter() {
-            self.replace(key, value.clone());
-        }
-        if let Some(view) = &written.view {
-            for key in view.removed().iter() {
-                self.take(key);
+    /// Folds the writes of a batch's calls into this context (the seed's
+    /// `apply_writes`): each `(index, written)` is a call's index in its
+    /// batch and what it wrote (a context of its own, or a view of this
+    /// one, whose removals count as writes too). They are applied by
+    /// index, whatever their order here: the last writer of a key wins,
+    /// unless `reducers` declares one for the key, which then folds every
+    /// write in index order into the key's value (its `init` when the key
+    /// is absent). Returns the keys more than one call wrote without a
+    /// reducer (the seed's conflicts), sorted.
+    pub fn apply_writes<'a>(
+        &self,
+        writes: impl IntoIterator<Item = (usize, &'a Context)>,
+        reducers: &Reducers,
+    ) -> Vec<String> {
+        let mut writes: Vec<(usize, &Context)> = writes.into_iter().collect();
+        writes.sort_by_key(|(index, _)| *index);
+        let mut writers: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, written) in writes {
+            let sets = written.lock().clone();
+            for (key, value) in sets {
+                match reducers.slots.get(&key) {
+                    Some(slot) => {
+                        let acc = self.get(&key).unwrap_or_else(|| slot.init.clone());
+                        self.replace(&key, (slot.reduce)(acc, value));
+                    }
+                    None => {
+                        *writers.entry(key.clone()).or_default() += 1;
+                        self.replace(&key, value);
+                    }
+                }
+            }
+            if let Some(view) = &written.view {
+                let removed = view.removed().clone();
+                for key in removed {
+                    *writers.entry(key.clone()).or_default() += 1;
+                    self.take(&key);
+                }
             }
         }
+        writers
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(key, _)| key)
+            .collect()
+    }
+}
+
+/// How the writes to one key combine.
+type Reduce = dyn Fn(Value, Value) -> Value + Send + Sync;
+
+#[derive(Clone)]
+struct Slot {
+    init: Value,
+    reduce: Arc<Reduce>,
+}
+
+/// Keys of the shared context whose writes from a batch of tool calls
+/// combine rather than replace each other (the seed's declared state
+/// slots): each write is folded into the key's value with the key's
+/// reducer, in call order. Declared on the kernel
+/// (`KernelBuilder::reducer`); used by [`Context::apply_writes`].
+#[derive(Clone, Default)]
+pub struct Reducers {
+    slots: Arc<HashMap<String, Slot>>,
+}
+
+impl Reducers {
+    /// No reducers: every key is last-writer-wins.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares `key`'s reducer: its value starts as `init` when absent,
+    /// and each write `w` makes it `reduce(value, w)`.
+    pub fn with(
+        mut self,
+        key: impl Into<String>,
+        init: Value,
+        reduce: impl Fn(Value, Value) -> Value + Send + Sync + 'static,
+    ) -> Self {
+        let slot = Slot {
+            init,
+            reduce: Arc::new(reduce),
+        };
+        Arc::make_mut(&mut self.slots).insert(key.into(), slot);
+        self
+    }
+}
+
+impl std::fmt::Debug for Reducers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<&String> = self.slots.keys().collect();
+        keys.sort();
+        f.debug_struct("Reducers").field("keys", &keys).finish()
     }
 }
 
@@ -147,7 +234,7 @@ impl Context {
 mod tests {
     use serde_json::json;
 
-    use super::Context;
+    use super::{Context, Reducers};
 
     #[test]
     fn a_view_reads_through_and_keeps_its_writes_until_applied() {
@@ -168,7 +255,8 @@ mod tests {
         view.set("a", 10);
         assert_eq!(view.get("a"), Some(json!(10)), "set after remove");
         view.remove("c");
-        shared.apply(&view);
+        let conflicts = shared.apply_writes([(0, &view)], &Reducers::new());
+        assert!(conflicts.is_empty());
         assert_eq!(
             shared.snapshot(),
             [("a".to_owned(), json!(10)), ("b".to_owned(), json!(20))].into()

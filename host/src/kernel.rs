@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::agent::ToolLoop;
-use crate::context::Context;
+use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
@@ -77,6 +77,7 @@ pub struct KernelBuilder {
     tools: ToolRegistry,
     turn: Option<Arc<dyn Terminal<Turn>>>,
     approver: Option<Arc<dyn Approver>>,
+    reducers: Reducers,
 }
 
 impl KernelBuilder {
@@ -152,6 +153,25 @@ impl KernelBuilder {
             let error = ChainError::new(ErrorKind::InvalidRequest, message.clone());
             async move { Err(error) }
         });
+        self
+    }
+
+    /// Declares a reducer for the shared-context key `key` (the seed's
+    /// state slot): the writes the tool calls of one batch make to it are
+    /// folded into its value in call order, `reduce(value, write)`, from
+    /// `init` when it is absent, instead of the last writer by call index
+    /// winning. A reducer that prepends keeps every call's note, one that
+    /// adds keeps a running total.
+    pub fn reducer(
+        mut self,
+        key: impl Into<String>,
+        init: serde_json::Value,
+        reduce: impl Fn(serde_json::Value, serde_json::Value) -> serde_json::Value
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.reducers = std::mem::take(&mut self.reducers).with(key, init, reduce);
         self
     }
 
@@ -238,6 +258,7 @@ impl KernelBuilder {
         );
         core.approver = self.approver;
         core.response_limits = self.response_limits;
+        core.reducers = self.reducers;
         Ok(Kernel {
             core: Arc::new(core),
             wasm: self.wasm.into(),

@@ -335,12 +335,21 @@ impl Invoke {
         results
     }
 
-    /// Applies the writes of the calls that succeeded, in call order.
+    /// Applies the writes of the calls that succeeded, in call order,
+    /// through the kernel's reducers.
     fn fold_writes<T>(&self, views: &[Context], results: &[Result<T, ChainError>]) {
-        for (view, result) in views.iter().zip(results) {
-            if result.is_ok() {
-                self.context.apply(view);
-            }
+        let succeeded = views
+            .iter()
+            .zip(results)
+            .enumerate()
+            .filter(|(_, (_, result))| result.is_ok())
+            .map(|(index, (view, _))| (index, view));
+        let conflicts = self.context.apply_writes(succeeded, &self.core.reducers);
+        if !conflicts.is_empty() {
+            tracing::debug!(
+                ?conflicts,
+                "tool calls of one batch wrote the same keys; the last by call index won"
+            );
         }
     }
 

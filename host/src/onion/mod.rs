@@ -33,7 +33,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::context::Context;
+use crate::context::{Context, Reducers};
 use crate::types::{
     Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, Origin, ResponseLimits,
     TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnRequest, TurnResult,
@@ -367,6 +367,8 @@ pub(crate) struct Core {
     pub approver: Option<Arc<dyn Approver>>,
     /// Bounds on an answer of the chat chain, the model's or a filter's.
     pub response_limits: ResponseLimits,
+    /// How the tools' writes to shared-context keys combine.
+    pub reducers: Reducers,
 }
 
 impl Core {
@@ -392,6 +394,7 @@ impl Core {
             tools,
             approver: None,
             response_limits: ResponseLimits::default(),
+            reducers: Reducers::default(),
         }
     }
 
