@@ -87,6 +87,7 @@ mod filter;
 mod granted;
 pub mod log;
 pub mod next;
+pub mod retry;
 mod tokens;
 mod types;
 pub mod validate;

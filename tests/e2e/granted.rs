@@ -1,5 +1,5 @@
 //! The filters that need a host service the operator grants (tool-retry's
-//! `timer`, approval's `approval`, trace's `trace`), final-answer's view of
+//! and model-retry's `timer`, approval's `approval`, trace's `trace`), final-answer's view of
 //! how a stream ended, and the abuse of each granted import: without the
 //! grant, past its bound, and with forged or garbage input.
 
@@ -174,6 +174,65 @@ async fn tool_retry_refuses_a_bad_configuration_at_load() {
         let error = refused("tool_retry", "tool-retry", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
+}
+
+/// `model-retry` over a model that fails with each of `failures` in turn
+/// and then answers "ok": what the chat returned, and the model's calls.
+async fn model_retry(
+    config: Value,
+    grants: Grants,
+    failures: &[ErrorKind],
+) -> (Result<shallot::types::ChatResponse, ChainError>, usize) {
+    let filter = granted(spec("model_retry", "model-retry", config), grants);
+    let plugins = load(vec![filter]).await;
+    let mut replies: Vec<Reply> = failures
+        .iter()
+        .enumerate()
+        .map(|(n, kind)| Reply::Fail(ChainError::new(*kind, format!("failure {}", n + 1))))
+        .collect();
+    replies.push(Reply::Text("ok".into()));
+    let model = ScriptedModel::replies(replies);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let answer = kernel.chat(ask("hi"), Context::new()).await;
+    (answer, model.calls())
+}
+
+/// The seed's `model_retry` cases: 429, 429, ok is three calls; a 401 is
+/// one; exhausted after `max_retries` 2 is three calls and the last
+/// failure as it was; the backoff waits through the granted timer, and
+/// without a grant there is no retry.
+#[tokio::test]
+async fn model_retry_calls_the_model_again_for_passing_failures_only() {
+    let at_once = || json!({ "initial_delay_ms": 0 });
+    let none = Grants::default();
+    let transient = ErrorKind::Transient;
+    let (answer, calls) = model_retry(at_once(), none.clone(), &[transient, transient]).await;
+    assert_eq!((answer.unwrap().text(), calls), ("ok".to_owned(), 3));
+
+    let (answer, calls) = model_retry(at_once(), none.clone(), &[ErrorKind::Auth]).await;
+    assert_eq!((answer.unwrap_err().kind, calls), (ErrorKind::Auth, 1));
+
+    let config = json!({ "initial_delay_ms": 0, "max_retries": 2 });
+    let (answer, calls) = model_retry(config, none.clone(), &[ErrorKind::Timeout; 3]).await;
+    let error = answer.unwrap_err();
+    assert_eq!((error.message.as_str(), calls), ("failure 3", 3));
+    shallot_tests::assert_passed_on(&error, "model-retry");
+
+    let waits = json!({ "initial_delay_ms": 20, "jitter": 0 });
+    let (answer, calls) = model_retry(waits.clone(), sleep_grant(100), &[transient]).await;
+    assert_eq!((answer.unwrap().text(), calls), ("ok".to_owned(), 2));
+    let (answer, calls) = model_retry(waits, none, &[transient]).await;
+    assert_eq!(
+        (answer.unwrap_err().message.as_str(), calls),
+        ("failure 1", 1)
+    );
+
+    let error = refused("model_retry", "model-retry", json!({ "retries": 3 })).await;
+    assert!(error.to_string().contains("unknown field"), "{error}");
 }
 
 /// A kernel with `approval` (configured with `config`, granted the import

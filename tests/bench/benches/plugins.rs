@@ -71,6 +71,7 @@ fn cases() -> Vec<Case> {
             Call::Chat,
             json!({ "models": ["backup"] }),
         ),
+        case("model_retry", Call::Chat, Value::Null),
         case("tool_search", Call::Chat, Value::Null),
         Case {
             grants: Grants {
