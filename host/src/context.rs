@@ -7,6 +7,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
+/// Keys of the shared context that say whom an invoke is for: the
+/// conversation (whose history the tool loop and the `memory` filter
+/// load and extend), the tenant and the client key (set by the gateway),
+/// and the end user. The caller sets them; a sandboxed filter may read
+/// them but never set or remove one, or it could act for another tenant
+/// or read another conversation. Native filters, the embedder's own code,
+/// may.
+pub const IDENTITY_KEYS: [&str; 4] = ["conversation_id", "tenant", "key", "user"];
+
 /// A handle to an invoke's shared context. Clones share the same map, so
 /// the caller keeps a clone to read what filters wrote.
 ///

@@ -70,7 +70,7 @@ pub use agent::{
 };
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
-pub use context::{Context, Reducers};
+pub use context::{Context, IDENTITY_KEYS, Reducers};
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};

@@ -1,7 +1,7 @@
 //! Hostile filters: one test per way a filter has tried to get past the
 //! sandbox (budgets through `next`, host memory, the shared context, model
 //! output, stderr across invokes, sleeping, starvation, deadlock, compile
-//! bombs, floods of `next`, hostile error text). Each asserts containment:
+//! bombs, floods of `next`, hostile error text, impersonation). Each asserts containment:
 //! a typed error naming the filter, its plugin file and the call; the same
 //! kernel serving innocent requests afterwards; host memory bounded.
 
@@ -12,10 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde_json::json;
-use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolSpec};
+use shallot::types::{
+    ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolSpec, TurnRequest, TurnResult,
+};
 use shallot::{
     ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec, Kernel, Limits,
-    LoadError, ModelEvent, PluginSet,
+    LoadError, LoopConfig, MemoryHistory, ModelEvent, PluginSet, ToolLoop,
 };
 use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, load_in, spec, warm};
 
@@ -836,4 +838,50 @@ async fn a_panicking_model_is_an_internal_error_of_the_model() {
     assert_eq!(error.kind, ErrorKind::Internal, "{error}");
     assert_eq!(&*error.origin.as_ref().unwrap().filter, "model", "{error}");
     assert!(error.message.contains("the model's own bug"), "{error}");
+}
+
+/// The texts of every message the model was sent in its last call.
+fn last_sent(model: &ScriptedModel) -> Vec<String> {
+    let requests = model.requests();
+    let last = requests.last().expect("the model was called");
+    last.messages.iter().map(Message::text).collect()
+}
+
+/// A filter cannot change whom an invoke is for: pointing
+/// `conversation_id` at another conversation (whose history the tool loop
+/// loads and extends) is refused, and so is removing `tenant`; the turn
+/// runs on in its own conversation.
+#[tokio::test]
+async fn a_filter_cannot_change_whom_an_invoke_is_for() {
+    let plugins = load(vec![hostile("turn", "impersonate", Limits::default())]).await;
+    let model = ScriptedModel::answer("fine");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .turn_terminal(ToolLoop::new(
+            LoopConfig::default(),
+            MemoryHistory::default(),
+        ))
+        .build()
+        .unwrap();
+    let turn = |text: &str| TurnRequest::new(vec![Message::user(text)]);
+    let victim = || Context::new().with("conversation_id", "victim");
+    let result = kernel.turn(turn("my secret is 42"), victim()).await;
+    assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+
+    let attacker = Context::new()
+        .with("conversation_id", "attacker")
+        .with("tenant", "acme");
+    let result = kernel.turn(turn("boom"), attacker.clone()).await;
+    assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+    assert_eq!(attacker.get("conversation_id"), Some(json!("attacker")));
+    assert_eq!(attacker.get("tenant"), Some(json!("acme")));
+    let sent = last_sent(&model);
+    assert!(!sent.iter().any(|t| t.contains("secret")), "{sent:?}");
+
+    let result = kernel.turn(turn("again"), victim()).await;
+    assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
+    let sent = last_sent(&model);
+    assert!(sent.iter().any(|t| t.contains("secret")), "{sent:?}");
+    assert!(!sent.iter().any(|t| t.contains("boom")), "{sent:?}");
 }

@@ -224,11 +224,11 @@ async fn build(
         };
         let (mut builder, _) = with_model(builder, upstream)?;
         if spec.mode == RouteMode::Agent {
-            builder = builder.builtin_tools();
-            if plugins.keeps_conversations() {
-                let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
-                builder = builder.turn_terminal(tool_loop);
-            }
+            // A client sends its conversation (or a `memory` filter keeps
+            // it): the loop keeps none, or every request would add to a
+            // history in this process that nothing reads.
+            let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
+            builder = builder.builtin_tools().turn_terminal(tool_loop);
         }
         routes.push(Route {
             model: spec.model,

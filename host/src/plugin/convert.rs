@@ -101,19 +101,12 @@ pub(crate) fn tool_spec(t: &ToolSpec) -> wit::ToolSpec {
     }
 }
 
-pub(crate) fn from_tool_spec(t: wit::ToolSpec) -> Result<ToolSpec, String> {
-    let parameters: serde_json::Value = serde_json::from_str(&t.parameters)
-        .map_err(|e| format!("tool '{}': parameters are not JSON: {e}", t.name))?;
-    if !parameters.is_object() {
-        return Err(format!(
-            "tool '{}': parameters must be a JSON object",
-            t.name
-        ));
-    }
-    Ok(ToolSpec {
+/// A tool spec from a guest, with its `parameters` already parsed.
+pub(crate) fn from_tool_spec(t: wit::ToolSpec, parameters: crate::types::JsonMap) -> ToolSpec {
+    ToolSpec {
         sensitive: t.sensitive,
-        ..ToolSpec::new(t.name, t.description, parameters)
-    })
+        ..ToolSpec::new(t.name, t.description, serde_json::Value::Object(parameters))
+    }
 }
 
 pub(crate) fn finish_reason(r: FinishReason) -> wit::FinishReason {

@@ -297,7 +297,7 @@ fn skipped_error() -> ChainError {
 }
 
 /// The context key that names the conversation a turn belongs to.
-pub const CONVERSATION_ID: &str = "conversation_id";
+pub const CONVERSATION_ID: &str = crate::context::IDENTITY_KEYS[0];
 
 /// The conversation an invoke belongs to, from its context.
 /// The spec of the registered tool `name`.

@@ -2,8 +2,14 @@
 //! shared one, both charged to the filter that writes them.
 
 use super::{HostState, json_text};
+use crate::context::IDENTITY_KEYS;
 use crate::plugin::bindings::shallot::filter::{context, fctx};
 use crate::sandbox::HostMemoryExceeded;
+
+/// Why a filter may not change identity key `key`.
+fn identity(key: &str) -> String {
+    format!("'{key}' says whom the invoke is for: filters may read it, not change it")
+}
 
 impl fctx::Host for HostState {
     fn get(&mut self) -> wasmtime::Result<String> {
@@ -43,9 +49,12 @@ impl context::Host for HostState {
     }
 
     fn set(&mut self, key: String, value: String) -> wasmtime::Result<Result<(), String>> {
-        let value: serde_json::Value = match serde_json::from_str(&value) {
+        if IDENTITY_KEYS.contains(&key.as_str()) {
+            return Ok(Err(identity(&key)));
+        }
+        let value = match self.parse_json(&value, "context value")? {
             Ok(value) => value,
-            Err(e) => return Ok(Err(format!("context value is not JSON: {e}"))),
+            Err(e) => return Ok(Err(e)),
         };
         let Some(scope) = &self.scope else {
             return Ok(Err("no invoke is in progress".to_owned()));
@@ -65,6 +74,11 @@ impl context::Host for HostState {
     }
 
     fn remove(&mut self, key: String) -> wasmtime::Result<()> {
+        if IDENTITY_KEYS.contains(&key.as_str()) {
+            let filter = &*self.identity.name;
+            tracing::warn!(target: "shallot::filter", filter, "not removed: {}", identity(&key));
+            return Ok(());
+        }
         if let Some(scope) = &self.scope
             && let Some(before) = scope.invoke.write_context(scope.id, &key, None, usize::MAX)
             && !before.absent()

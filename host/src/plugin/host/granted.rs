@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 
-use super::{HostState, json_object};
+use super::HostState;
 use crate::onion::ApprovalRequest;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
@@ -162,7 +162,7 @@ impl approval::Host for HostState {
                 "approval.ask called outside a hook",
             )));
         };
-        let arguments = match json_object(&arguments, "the arguments") {
+        let arguments = match self.json_object(&arguments, "the arguments")? {
             Ok(map) => serde_json::Value::Object(map),
             Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
         };
@@ -215,7 +215,7 @@ impl trace::Host for HostState {
             );
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
-        let mut fields = match json_object(&event, "a trace event") {
+        let mut fields = match self.json_object(&event, "a trace event")? {
             Ok(fields) => fields,
             Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
         };

@@ -31,6 +31,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
@@ -41,8 +43,8 @@ use super::stats::Stats;
 use crate::onion::{Before, Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
-use crate::types::Weigh;
 use crate::types::{Call, ChainError, ErrorKind, Origin};
+use crate::types::{JsonMap, Weigh};
 
 pub(crate) use granted::Granted;
 
@@ -295,15 +297,107 @@ pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostS
     Ok(linker)
 }
 
-/// Parses JSON text that must be an object.
-fn json_object(
-    text: &str,
-    what: &str,
-) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-    match serde_json::from_str(text) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        Ok(_) => Err(format!("{what} must be a JSON object")),
-        Err(e) => Err(format!("{what} is not JSON: {e}")),
+impl HostState {
+    /// Parses JSON text a guest gave, once it is known to fit: a value
+    /// built from text takes many times the text's size (`[0,0,…]`, two
+    /// bytes an element, is 32 bytes an element as a `Value`), so the
+    /// text is first walked without building anything, and a document
+    /// that would take the filter past its cap faults (as keeping it
+    /// would) before the host allocates it. Text that is not JSON is an
+    /// error for the guest.
+    fn parse_json(&self, text: &str, what: &str) -> wasmtime::Result<Result<Value, String>> {
+        let mut nodes = Nodes(0);
+        let mut walk = serde_json::Deserializer::from_str(text);
+        if let Err(e) = (&mut nodes)
+            .deserialize(&mut walk)
+            .and_then(|()| walk.end())
+        {
+            return Ok(Err(format!("{what} is not JSON: {e}")));
+        }
+        self.afford(
+            nodes
+                .0
+                .saturating_mul(NODE_BYTES)
+                .saturating_add(text.len()),
+        )?;
+        Ok(serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}")))
+    }
+
+    /// [`HostState::parse_json`] of text that must be an object.
+    fn json_object(&self, text: &str, what: &str) -> wasmtime::Result<Result<JsonMap, String>> {
+        Ok(match self.parse_json(text, what)? {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err(format!("{what} must be a JSON object")),
+            Err(e) => Err(e),
+        })
+    }
+}
+
+/// What one JSON value may take in the host, at most: a `Value` (32
+/// bytes), or a map entry with its key's `String` and the map's share.
+const NODE_BYTES: usize = 96;
+
+/// Counts the values of a JSON document (map keys included) as it is
+/// read, building none of them.
+struct Nodes(usize);
+
+impl<'de> DeserializeSeed<'de> for &mut Nodes {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut Nodes {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0 += 1;
+        while seq.next_element_seed(&mut *self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.0 += 1;
+        while map.next_key_seed(&mut *self)?.is_some() {
+            map.next_value_seed(&mut *self)?;
+        }
+        Ok(())
     }
 }
 

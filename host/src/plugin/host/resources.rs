@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use wasmtime::component::Resource;
 
-use super::{HostState, json_object, json_text};
+use super::{HostState, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
@@ -136,6 +136,15 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         tools: Vec<wit::ToolSpec>,
     ) -> wasmtime::Result<Result<(), String>> {
+        // Each tool's parameters, parsed once they are known to fit.
+        let mut parsed = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let what = format!("tool '{}': parameters", tool.name);
+            match self.json_object(&tool.parameters, &what)? {
+                Ok(parameters) => parsed.push((tool, parameters)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
         let request = self.table.get_mut(&this)?;
         // By name, once: a guest's long list against a client's long one
         // costs the host linear time, not their product.
@@ -144,20 +153,16 @@ impl wit::HostChatRequest for HostState {
             .iter()
             .map(|tool| (tool.name.as_str(), tool))
             .collect();
-        let tools = match tools
+        let tools = parsed
             .into_iter()
-            .map(|tool| {
-                let tool = convert::from_tool_spec(tool)?;
-                Ok(match earlier.get(tool.name.as_str()) {
+            .map(|(tool, parameters)| {
+                let tool = convert::from_tool_spec(tool, parameters);
+                match earlier.get(tool.name.as_str()) {
                     Some(earlier) => tool.keeping_host_side(earlier),
                     None => tool,
-                })
+                }
             })
-            .collect::<Result<Vec<_>, String>>()
-        {
-            Ok(tools) => tools,
-            Err(e) => return Ok(Err(e)),
-        };
+            .collect();
         request.tools = Arc::new(tools);
         self.recharge(&this)?;
         Ok(Ok(()))
@@ -172,7 +177,7 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         options: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        match json_object(&options, "options") {
+        match self.json_object(&options, "options")? {
             Ok(map) => {
                 self.table.get_mut(&this)?.options = Arc::new(map);
                 self.recharge(&this)?;
@@ -263,7 +268,7 @@ impl wit::HostChatResponse for HostState {
         this: Resource<ChatResponse>,
         metadata: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        match json_object(&metadata, "metadata") {
+        match self.json_object(&metadata, "metadata")? {
             Ok(map) => {
                 self.table.get_mut(&this)?.metadata = map;
                 self.recharge(&this)?;
@@ -301,7 +306,7 @@ impl wit::HostToolRequest for HostState {
         this: Resource<ToolRequest>,
         arguments: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        if let Err(e) = json_object(&arguments, "arguments") {
+        if let Err(e) = self.json_object(&arguments, "arguments")? {
             return Ok(Err(e));
         }
         self.table.get_mut(&this)?.arguments = Arc::from(arguments);

@@ -32,7 +32,10 @@ struct Misbehave {
     /// and returns the first result), fake-calls (answers a chat itself
     /// with 10,000 tool calls), shrink-then-trap (by its tool arguments:
     /// writes a large context value, or overwrites one small and traps),
-    /// hoard-fctx (keeps 400 KiB in its FCtx).
+    /// hoard-fctx (keeps 400 KiB in its FCtx), impersonate (points
+    /// `conversation_id` at "victim" and removes `tenant`, then passes
+    /// through), json-bomb (sets its request's options to 40 MiB of JSON
+    /// with 20 million values).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -117,6 +120,13 @@ impl Misbehave {
             "write-then-trap" => {
                 context::set("written", "by a filter that then trapped");
                 std::process::abort()
+            }
+            "impersonate" => {
+                use shallot_guest::bindings::shallot::filter::context as raw;
+                let refused = raw::set("conversation_id", "\"victim\"").err();
+                raw::remove("tenant");
+                log::warn(&format!("impersonating: {refused:?}"));
+                Ok(())
             }
             // Keeps 400 KiB in its FCtx.
             "hoard-fctx" => {
@@ -209,6 +219,16 @@ impl Misbehave {
                 hoard.pop().expect("one call at least")
             }
             "mimic" => next::chat(request).map_err(|e| FilterError::new(e.kind, e.message)),
+            "json-bomb" => {
+                let mut text = String::with_capacity(40 << 20);
+                text.push_str("{\"a\":[0");
+                while text.len() < (40 << 20) - 8 {
+                    text.push_str(",0");
+                }
+                text.push_str("]}");
+                let _ = request.set_options(&text);
+                next::chat(request)
+            }
             "pass-first" => {
                 let first = next::chat(request);
                 let _second = next::chat(request);

@@ -1,0 +1,60 @@
+//! Host memory a guest could multiply: JSON text it hands the host (a
+//! request's options, a context value, a tool's parameters) takes many
+//! times its size once parsed. Measured by the process's peak resident
+//! memory, so this runs alone in its own test binary.
+
+use serde_json::json;
+use shallot::types::{ChatRequest, Message};
+use shallot::{Context, ErrorKind, Kernel, Limits};
+use shallot_tests::{ScriptedModel, load, spec};
+
+/// The process's resident memory now and at its peak, in MiB.
+fn resident_mib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            / 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// 40 MiB of JSON holding 20 million values would be more than 600 MiB as
+/// the host's values: the host walks it first and faults the filter
+/// before building any, so its peak stays near the text's own size.
+#[tokio::test]
+async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
+    let (path, mut filter) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "chat", "do": "json-bomb" }),
+    );
+    filter.limits = Limits {
+        cpu_ms: 20_000,
+        wall_ms: 40_000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![(path, filter)]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .build()
+        .unwrap();
+    // Reset the peak (Linux: `5` to clear_refs), so it is this call's.
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let (before, _) = resident_mib();
+    let request = ChatRequest::new(vec![Message::user("hi")]);
+    let error = kernel.chat(request, Context::new()).await.unwrap_err();
+    let (_, peak) = resident_mib();
+    assert_eq!(error.kind, ErrorKind::PluginFault, "{error}");
+    assert!(error.message.contains("host memory"), "{error}");
+    assert!(
+        peak - before < 300,
+        "the peak grew by {} MiB for 40 MiB of text",
+        peak - before
+    );
+}
