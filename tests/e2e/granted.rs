@@ -749,3 +749,65 @@ async fn the_conversation_store_cannot_be_flooded_or_hammered_from_one_call() {
     assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
     assert!(error.message.contains("1 to 512 bytes"), "{error}");
 }
+
+/// A token transformer's quotas are its stream's, not each step's: one
+/// that sleeps 10 ms a step under a 50 ms grant is refused at its sixth
+/// step, where each step starting afresh would sleep without end.
+#[tokio::test]
+async fn a_token_transformer_sleeps_its_grant_once_a_stream_not_once_a_step() {
+    let filter = granted(
+        spec("misbehave", "bad", json!({ "on": "step", "do": "nap" })),
+        sleep_grant(50),
+    );
+    let plugins = load(vec![filter]).await;
+    let tokens: Vec<String> = (0..20).map(|i| format!("t{i} ")).collect();
+    let model = ScriptedModel::replies(vec![Reply::Paced(
+        tokens,
+        std::time::Duration::from_millis(10),
+    )]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap();
+    let seen = Collector::default();
+    let error = kernel
+        .chat_stream(ask("hi"), Context::new(), seen.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(seen.tokens().len() < 20, "{:?}", seen.tokens());
+}
+
+/// Questions to the approval handler are capped per call: a filter asking
+/// in a loop is refused after sixteen, and the handler hears no more.
+#[tokio::test]
+async fn approval_questions_are_capped_per_call() {
+    let filter = granted(
+        spec(
+            "misbehave",
+            "bad",
+            json!({ "on": "chat", "do": "ask-flood" }),
+        ),
+        Grants {
+            approval: true,
+            ..Grants::default()
+        },
+    );
+    let plugins = load(vec![filter]).await;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .approver(move |_: &ApprovalRequest| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            true
+        })
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("approval questions"), "{error}");
+    assert_eq!(asked.load(Ordering::SeqCst), 16);
+}

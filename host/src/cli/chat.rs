@@ -3,8 +3,8 @@
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -86,15 +86,10 @@ impl Prompts {
                 if *interactive {
                     eprint!("> ");
                 }
-                let line = tokio::task::spawn_blocking(|| {
-                    let mut line = String::new();
-                    std::io::stdin().read_line(&mut line).map(|n| (n, line))
-                })
-                .await??;
-                match line {
-                    (0, _) => return Ok(None),
-                    (_, line) if line.trim().is_empty() => continue,
-                    (_, line) => return Ok(Some(line.trim_end_matches(['\r', '\n']).to_owned())),
+                match read_line().await? {
+                    None => return Ok(None),
+                    Some(line) if line.trim().is_empty() => continue,
+                    Some(line) => return Ok(Some(line.trim_end_matches(['\r', '\n']).to_owned())),
                 }
             },
         }
@@ -323,12 +318,37 @@ impl Approver for TerminalApprover {
             "\n{} asks to run {}({}): {}. Allow? [y/N] ",
             request.filter, request.tool, request.arguments, request.reason
         );
-        let answer = tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).map(|_| line)
-        })
-        .await;
-        matches!(answer, Ok(Ok(line)) if approves(&line))
+        matches!(read_line().await, Ok(Some(line)) if approves(&line))
+    }
+}
+
+/// The lines of stdin, read by one thread for the whole process: a prompt
+/// and every approval question take the next line from it. A question the
+/// filter stops waiting for reads nothing then, and leaves no thread
+/// blocked on stdin to swallow a later line.
+type Lines = tokio::sync::Mutex<tokio::sync::mpsc::Receiver<std::io::Result<String>>>;
+
+/// The next line of stdin; `None` at its end.
+async fn read_line() -> std::io::Result<Option<String>> {
+    static LINES: OnceLock<Lines> = OnceLock::new();
+    let lines = LINES.get_or_init(|| {
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        std::thread::spawn(move || {
+            loop {
+                let mut line = String::new();
+                let read = std::io::stdin().read_line(&mut line).map(|_| line);
+                let last = !matches!(&read, Ok(line) if !line.is_empty());
+                if sender.blocking_send(read).is_err() || last {
+                    break;
+                }
+            }
+        });
+        tokio::sync::Mutex::new(receiver)
+    });
+    match lines.lock().await.recv().await {
+        Some(Ok(line)) if !line.is_empty() => Ok(Some(line)),
+        Some(Err(e)) => Err(e),
+        _ => Ok(None),
     }
 }
 

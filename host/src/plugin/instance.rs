@@ -159,9 +159,16 @@ impl FilterInstance {
         sandbox::fault(error, &state.confinement, &state.limits, origin)
     }
 
-    /// Starts a call: its scope, its clocks, its captured stderr.
+    /// Starts a call: its scope, its clocks, its captured stderr, its
+    /// quotas.
     fn begin(&mut self, scope: Option<Scope>) {
-        self.store.data_mut().enter(scope);
+        self.begin_with(scope, true);
+    }
+
+    /// Starts a call; a token transformer's step or flush keeps the
+    /// quotas its stream has used (`fresh_quotas` false).
+    fn begin_with(&mut self, scope: Option<Scope>, fresh_quotas: bool) {
+        self.store.data_mut().enter(scope, fresh_quotas);
         let limits = self.store.data().limits;
         sandbox::arm(&mut self.store, &limits);
     }
@@ -222,7 +229,7 @@ impl FilterInstance {
         transformer: ResourceAny,
         feed: Feed,
     ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
-        self.begin(Some(scope));
+        self.begin_with(Some(scope), false);
         let meter = self.meter();
         let api = self.exports.shallot_filter_token_filter();
         let api = api.token_transformer();

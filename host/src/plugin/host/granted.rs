@@ -30,6 +30,8 @@ const TRACE_EVENTS_PER_CALL: u32 = 256;
 const CONVERSATION_ID_CAP: usize = 512;
 /// Conversation-store operations one call may make.
 const STORE_OPS_PER_CALL: u32 = 64;
+/// Questions one call may put to the approval handler.
+const ASKS_PER_CALL: u32 = 16;
 /// The longest a filter may wait for the approval handler, in ms, whatever
 /// it asks for.
 const APPROVAL_WAIT_CAP_MS: u32 = 10 * 60 * 1000;
@@ -162,6 +164,11 @@ impl approval::Host for HostState {
                 "approval.ask called outside a hook",
             )));
         };
+        self.asks += 1;
+        if self.asks > ASKS_PER_CALL {
+            let message = format!("more than {ASKS_PER_CALL} approval questions in one call");
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
         let arguments = match self.json_object(&arguments, "the arguments")? {
             Ok(map) => serde_json::Value::Object(map),
             Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),

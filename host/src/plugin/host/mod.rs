@@ -119,7 +119,8 @@ pub struct HostState {
     held: usize,
     /// Calls through `next` in the current hook call.
     next_calls: u32,
-    /// Log lines written in the current call.
+    /// Log lines written in the current call (in a token transformer's
+    /// steps: in its stream).
     log_lines: u32,
     /// Shared-context keys the current call wrote, each with what it was
     /// before the call's first write of it, to undo if the call faults.
@@ -128,7 +129,8 @@ pub struct HostState {
     journal: HashMap<String, Before>,
     /// What the operator granted beyond the default imports.
     granted: Granted,
-    /// Milliseconds slept through `timer` in the current hook call.
+    /// Milliseconds slept through `timer` in the current hook call (as
+    /// the quotas below: in a token transformer's steps, in its stream).
     slept: u32,
     /// Trace events written in the current call.
     trace_events: u32,
@@ -136,6 +138,8 @@ pub struct HostState {
     /// it appended.
     store_ops: u32,
     stored_bytes: usize,
+    /// Questions put to the approval handler in the current call.
+    asks: u32,
     /// How the model stream ended, while its token transformer flushes.
     pub(crate) stream_end: Option<wit::FinishReason>,
 }
@@ -175,23 +179,31 @@ impl HostState {
             trace_events: 0,
             store_ops: 0,
             stored_bytes: 0,
+            asks: 0,
             stream_end: None,
         }
     }
 
     /// Starts a call within `scope` (none for configure and describe).
-    pub(crate) fn enter(&mut self, scope: Option<Scope>) {
+    /// With `fresh_quotas` its quotas of log lines, sleep, trace events,
+    /// store operations and questions start anew; a token transformer's
+    /// step goes on with what its stream has used, or a stream of many
+    /// steps would have them many times over.
+    pub(crate) fn enter(&mut self, scope: Option<Scope>, fresh_quotas: bool) {
         self.scope = scope;
         self.inner_errors.clear();
         self.passed_on = None;
         self.next_calls = 0;
-        self.log_lines = 0;
         self.journal.clear();
-        self.slept = 0;
-        self.trace_events = 0;
-        self.store_ops = 0;
-        self.stored_bytes = 0;
         self.stream_end = None;
+        if fresh_quotas {
+            self.log_lines = 0;
+            self.slept = 0;
+            self.trace_events = 0;
+            self.store_ops = 0;
+            self.stored_bytes = 0;
+            self.asks = 0;
+        }
     }
 
     /// Ends a call. A call that faulted loses its writes to the shared

@@ -35,7 +35,8 @@ struct Misbehave {
     /// hoard-fctx (keeps 400 KiB in its FCtx), impersonate (points
     /// `conversation_id` at "victim" and removes `tenant`, then passes
     /// through), json-bomb (sets its request's options to 40 MiB of JSON
-    /// with 20 million values).
+    /// with 20 million values), nap (`timer.sleep(10)`), ask-flood (asks
+    /// approval a thousand times, until refused).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -154,6 +155,13 @@ impl Misbehave {
             "oversleep" => loop {
                 timer::sleep(400)?;
             },
+            "nap" => timer::sleep(10),
+            "ask-flood" => {
+                for _ in 0..1000 {
+                    approval::ask("delete", "{}", "again", 10)?;
+                }
+                Ok(())
+            }
             "flood-trace" => {
                 for i in 0..100_000 {
                     trace::write(&serde_json::json!({ "i": i }))?;
