@@ -885,3 +885,22 @@ async fn a_filter_cannot_change_whom_an_invoke_is_for() {
     assert!(sent.iter().any(|t| t.contains("secret")), "{sent:?}");
     assert!(!sent.iter().any(|t| t.contains("boom")), "{sent:?}");
 }
+
+/// An inner filter's answer bigger than an outer filter's whole host
+/// memory cap is an error the outer one gets from `next` (and here passes
+/// on), not a fault blamed on it.
+#[tokio::test]
+async fn an_inner_answer_too_big_for_the_outer_filter_is_an_error_not_its_fault() {
+    let (path, mut outer) = spec("passthrough", "outer", json!(null));
+    outer.limits = Limits {
+        host_mib: 16,
+        ..generous()
+    };
+    let inner = hostile("chat", "big-answer", generous());
+    let plugins = load(vec![(path, outer), inner]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("does not fit"), "{error}");
+    innocent_chat_works(&kernel).await;
+}

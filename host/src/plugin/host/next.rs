@@ -9,7 +9,7 @@ use crate::onion::{Chat, Tool, Turn};
 use crate::plugin::bindings::shallot::filter::{next, types as wit};
 use crate::plugin::convert;
 use crate::plugin::instance::WasmChain;
-use crate::types::{Call, ChainError, ErrorKind};
+use crate::types::{Call, ChainError, ErrorKind, Weigh};
 use crate::types::{ChatRequest, ChatResponse, ToolRequest, ToolResponse, TurnRequest, TurnResult};
 
 impl HostState {
@@ -22,6 +22,29 @@ impl HostState {
             self.inner_errors.push((self.next_calls, error));
         }
         seen
+    }
+
+    /// Hands the guest what `next` returned. An answer bigger than the
+    /// filter's whole host memory cap could never be held by it: the inner
+    /// layers made it so, and the filter gets a `limit-exceeded` error it
+    /// can handle in its place, not a fault that blames it. One that does
+    /// not fit only because of what the filter already holds is the
+    /// filter's fault, as for anything else it keeps.
+    fn hand_over<T: Weigh + Send + 'static>(
+        &mut self,
+        value: T,
+    ) -> wasmtime::Result<Result<Resource<T>, wit::FilterError>> {
+        let weight = value.weight();
+        if weight > self.limits.host_bytes() {
+            let message = format!(
+                "the inner answer ({weight} bytes) does not fit in this filter's host memory cap of {} MiB",
+                self.limits.host_mib
+            );
+            return Ok(Err(
+                self.inner_failed(ChainError::new(ErrorKind::LimitExceeded, message))
+            ));
+        }
+        self.keep(value).map(Ok)
     }
 
     fn misuse(&self, what: &str) -> wit::FilterError {
@@ -86,7 +109,7 @@ impl HostState {
     ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
         Ok(match self.run_next::<Chat>(&request, within).await? {
             None => Err(self.misuse("chat")),
-            Some(Ok(response)) => Ok(self.keep(response)?),
+            Some(Ok(response)) => self.hand_over(response)?,
             Some(Err(error)) => Err(self.inner_failed(error)),
         })
     }
@@ -98,7 +121,7 @@ impl HostState {
     ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
         Ok(match self.run_next::<Tool>(&request, within).await? {
             None => Err(self.misuse("tool")),
-            Some(Ok(response)) => Ok(self.keep(response)?),
+            Some(Ok(response)) => self.hand_over(response)?,
             Some(Err(error)) => Err(self.inner_failed(error)),
         })
     }
@@ -110,10 +133,14 @@ impl HostState {
     ) -> wasmtime::Result<wit::TurnResult> {
         Ok(match self.run_next::<Turn>(&request, within).await? {
             None => wit::TurnResult::Error(self.misuse("turn")),
-            Some(TurnResult::Done(done)) => wit::TurnResult::Done(self.keep(done)?),
-            Some(TurnResult::Interrupt(interrupt)) => {
-                wit::TurnResult::Interrupt(self.keep(interrupt)?)
-            }
+            Some(TurnResult::Done(done)) => match self.hand_over(done)? {
+                Ok(done) => wit::TurnResult::Done(done),
+                Err(error) => wit::TurnResult::Error(error),
+            },
+            Some(TurnResult::Interrupt(interrupt)) => match self.hand_over(interrupt)? {
+                Ok(interrupt) => wit::TurnResult::Interrupt(interrupt),
+                Err(error) => wit::TurnResult::Error(error),
+            },
             Some(TurnResult::Error(error)) => wit::TurnResult::Error(self.inner_failed(error)),
         })
     }

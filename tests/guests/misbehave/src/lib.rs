@@ -36,7 +36,8 @@ struct Misbehave {
     /// `conversation_id` at "victim" and removes `tenant`, then passes
     /// through), json-bomb (sets its request's options to 40 MiB of JSON
     /// with 20 million values), nap (`timer.sleep(10)`), ask-flood (asks
-    /// approval a thousand times, until refused).
+    /// approval a thousand times, until refused), big-answer (answers a
+    /// chat itself with 24 MiB of text).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -227,6 +228,13 @@ impl Misbehave {
                 hoard.pop().expect("one call at least")
             }
             "mimic" => next::chat(request).map_err(|e| FilterError::new(e.kind, e.message)),
+            "big-answer" => {
+                let text = "x".repeat(24 << 20);
+                Ok(ChatResponse::new(
+                    &Message::assistant(text.as_str()),
+                    FinishReason::Complete,
+                ))
+            }
             "json-bomb" => {
                 let mut text = String::with_capacity(40 << 20);
                 text.push_str("{\"a\":[0");
