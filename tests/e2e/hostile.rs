@@ -904,3 +904,25 @@ async fn an_inner_answer_too_big_for_the_outer_filter_is_an_error_not_its_fault(
     assert!(error.message.contains("does not fit"), "{error}");
     innocent_chat_works(&kernel).await;
 }
+
+/// A system prompt goes into every model call of the invoke: one bigger
+/// than the filter's host memory cap is its fault, before any model call.
+#[tokio::test]
+async fn a_system_prompt_bigger_than_the_host_cap_is_a_fault() {
+    let limits = Limits {
+        host_mib: 16,
+        ..generous()
+    };
+    let plugins = load(vec![hostile("system-prompt", "huge-prompt", limits)]).await;
+    let model = ScriptedModel::answer("fine");
+    let kernel = kernel(&plugins, model.clone());
+    let options = shallot::InvokeOptions::from(Context::new()).system_prompt("boom");
+    let error = kernel.chat(ask("hi"), options).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::PluginFault,
+        "system-prompt",
+        "host memory cap",
+    );
+    assert_eq!(model.calls(), 0);
+}

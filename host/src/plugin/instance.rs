@@ -201,9 +201,16 @@ impl FilterInstance {
         let meter = self.meter();
         let shaped = api.call_system_prompt(&mut self.store, prompt);
         let shaped = sandbox::metered(meter, shaped).await;
-        Ok(self
-            .end(shaped, CALL)?
-            .map_err(|error| self.store.data().attribute(error, CALL)))
+        let shaped = self.end(shaped, CALL)?;
+        // The prompt goes into every model call of the invoke: no bigger
+        // than what the filter may make the host hold.
+        if shaped
+            .as_ref()
+            .is_ok_and(|p| p.len() > self.store.data().limits.host_bytes())
+        {
+            return Err(self.fault(wasmtime::Error::new(HostMemoryExceeded), CALL));
+        }
+        Ok(shaped.map_err(|error| self.store.data().attribute(error, CALL)))
     }
 
     /// Creates a token transformer for one stream of `invoke`, as filter `id`.

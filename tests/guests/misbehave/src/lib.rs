@@ -37,7 +37,8 @@ struct Misbehave {
     /// through), json-bomb (sets its request's options to 40 MiB of JSON
     /// with 20 million values), nap (`timer.sleep(10)`), ask-flood (asks
     /// approval a thousand times, until refused), big-answer (answers a
-    /// chat itself with 24 MiB of text).
+    /// chat itself with 24 MiB of text), huge-prompt (a system prompt of
+    /// 24 MiB).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -321,6 +322,9 @@ impl Filter for Misbehave {
     }
 
     fn system_prompt(&self, prompt: String) -> Result<String, FilterError> {
+        if self.action == "huge-prompt" && self.armed("system-prompt", &prompt) {
+            return Ok("p".repeat(24 << 20));
+        }
         self.strike("system-prompt", &prompt)?;
         Ok(prompt)
     }
