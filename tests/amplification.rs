@@ -6,22 +6,7 @@
 use serde_json::json;
 use shallot::types::{ChatRequest, Message};
 use shallot::{Context, ErrorKind, Kernel, Limits};
-use shallot_tests::{ScriptedModel, load, spec};
-
-/// The process's resident memory now and at its peak, in MiB.
-fn resident_mib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let field = |name: &str| {
-        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            / 1024
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
+use shallot_tests::{ScriptedModel, load, resident_mib, spec};
 
 /// 40 MiB of JSON holding 20 million values would be more than 600 MiB as
 /// the host's values: the host walks it first and faults the filter

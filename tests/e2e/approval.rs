@@ -14,19 +14,19 @@ use shallot_tests::{Reply, ScriptedModel, load, spec};
 
 use crate::agent::{done, go, reviser, tool_texts};
 
-/// A kernel that pauses before the sensitive `delete` tool; `delete` and
-/// `list` count their runs.
-fn approval_kernel(
+/// A kernel builder that pauses before the sensitive `delete` tool, with
+/// `delete` and `list`; how often `delete` ran.
+fn approval_builder(
     plugins: &shallot::PluginSet,
     model: ScriptedModel,
-) -> (Kernel, Arc<AtomicUsize>) {
+) -> (shallot::KernelBuilder, Arc<AtomicUsize>) {
     let deleted = Arc::new(AtomicUsize::new(0));
     let counter = deleted.clone();
     let config = LoopConfig {
         pause_sensitive: true,
         ..LoopConfig::default()
     };
-    let kernel = Kernel::builder()
+    let builder = Kernel::builder()
         .plugins(plugins)
         .model(model)
         .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
@@ -43,10 +43,17 @@ fn approval_kernel(
         .tool(
             ToolSpec::new("list", "lists files", json!({})),
             |_, _| async { Ok(json!(["a", "b"])) },
-        )
-        .build()
-        .unwrap();
-    (kernel, deleted)
+        );
+    (builder, deleted)
+}
+
+/// [`approval_builder`]'s kernel.
+fn approval_kernel(
+    plugins: &shallot::PluginSet,
+    model: ScriptedModel,
+) -> (Kernel, Arc<AtomicUsize>) {
+    let (builder, deleted) = approval_builder(plugins, model);
+    (builder.build().unwrap(), deleted)
 }
 
 fn delete_and_list() -> Vec<Reply> {
@@ -261,40 +268,15 @@ async fn h5_a_turn_filter_may_reenter_after_the_resumed_turn() {
     assert_eq!(model.calls(), 3);
 }
 
-/// A kernel with the interrupt tool `ask_human`, the sensitive `delete`
-/// and `list`, pausing before sensitive calls; how often `delete` ran.
+/// [`approval_kernel`] with the interrupt tool `ask_human` too.
 fn asking_kernel(model: ScriptedModel) -> (Kernel, Arc<AtomicUsize>) {
-    let deleted = Arc::new(AtomicUsize::new(0));
-    let counter = deleted.clone();
-    let config = LoopConfig {
-        pause_sensitive: true,
-        ..LoopConfig::default()
-    };
-    let kernel = Kernel::builder()
-        .model(model)
-        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
-        .interrupt_tool(ToolSpec::new(
-            "ask_human",
-            "asks the user a question",
-            json!({"type": "object", "properties": {"question": {"type": "string"}}}),
-        ))
-        .tool(
-            ToolSpec::new("delete", "deletes files", json!({})).sensitive(),
-            move |_, _| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    Ok(json!("deleted"))
-                }
-            },
-        )
-        .tool(
-            ToolSpec::new("list", "lists files", json!({})),
-            |_, _| async { Ok(json!(["a", "b"])) },
-        )
-        .build()
-        .unwrap();
-    (kernel, deleted)
+    let (builder, deleted) = approval_builder(&shallot::PluginSet::default(), model);
+    let ask = ToolSpec::new(
+        "ask_human",
+        "asks the user a question",
+        json!({"type": "object", "properties": {"question": {"type": "string"}}}),
+    );
+    (builder.interrupt_tool(ask).build().unwrap(), deleted)
 }
 
 /// O45, O48: calling an interrupt tool pauses the turn (`tool_request`,

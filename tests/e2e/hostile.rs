@@ -19,7 +19,9 @@ use shallot::{
     ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec, Kernel, Limits,
     LoadError, LoopConfig, MemoryHistory, ModelEvent, PluginSet, ToolLoop,
 };
-use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, load_in, spec, warm};
+use shallot_tests::{
+    Collector, Reply, ScriptedModel, ask, load, load_in, resident_mib, spec, warm,
+};
 
 fn hostile(on: &str, action: &str, limits: Limits) -> (PathBuf, FilterSpec) {
     let (path, mut spec) = spec(
@@ -40,18 +42,6 @@ fn kernel(plugins: &PluginSet, model: impl ChatModel) -> Kernel {
         })
         .build()
         .unwrap()
-}
-
-/// The process's resident memory, in MiB.
-fn rss_mib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        / 1024
 }
 
 fn assert_contained(error: &ChainError, kind: ErrorKind, call: &str, says: &str) {
@@ -118,7 +108,7 @@ async fn host_memory_is_capped(action: &str, next_calls: u32, model: ScriptedMod
     };
     let plugins = load(vec![hostile("chat", action, limits)]).await;
     let kernel = kernel(&plugins, model);
-    let before = rss_mib();
+    let (before, _) = resident_mib();
     for _ in 0..3 {
         let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
         assert_contained(
@@ -128,7 +118,7 @@ async fn host_memory_is_capped(action: &str, next_calls: u32, model: ScriptedMod
             "exceeded its host memory cap of 16 MiB",
         );
     }
-    assert!(rss_mib() < before + 512, "host memory stays bounded");
+    assert!(resident_mib().0 < before + 512, "host memory stays bounded");
     innocent_chat_works(&kernel).await;
 }
 

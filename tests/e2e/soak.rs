@@ -7,19 +7,7 @@
 
 use serde_json::json;
 use shallot::{Context, Kernel};
-use shallot_tests::{ask, load, warm};
-
-/// The process's resident memory, in MiB.
-fn rss_mib() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<usize>()
-        .unwrap()
-        / 1024
-}
+use shallot_tests::{ask, load, resident_mib, warm};
 
 #[tokio::test]
 #[ignore = "a soak of minutes: run it with scripts/soak"]
@@ -48,7 +36,7 @@ async fn a_million_invokes_through_warm_filters_keep_memory_flat() {
                     panic!("{language}: invoke {i} failed: {e}");
                 });
             if i % step == 0 {
-                samples.push((i, filter.guest_memory() >> 20, rss_mib()));
+                samples.push((i, filter.guest_memory() >> 20, resident_mib().0));
             }
         }
         println!("{language}: (invokes, guest MiB, host RSS MiB) {samples:?}");

@@ -172,3 +172,19 @@ pub fn assert_passed_on(error: &ChainError, filter: &str) {
         error.origin
     );
 }
+
+/// The process's resident memory now and at its peak (since it started,
+/// or since `5` was written to `/proc/self/clear_refs`), in MiB.
+pub fn resident_mib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            / 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
