@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use serde_json::json;
-use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
+use shallot::types::{Message, ToolSpec, TurnResult};
 use shallot::{BuildError, Context, Engine, EngineConfig, Kernel};
 use shallot_tests::{Reply, ScriptedModel, ask, load, load_in, spec, target_dir};
 
@@ -105,10 +105,7 @@ async fn concurrent_tool_calls_through_one_filter_never_share_an_instance() {
         })
         .build()
         .unwrap();
-    let context = Context::new();
-    let result = kernel
-        .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
-        .await;
+    let (result, context) = shallot_tests::turn_go(&kernel).await;
     let TurnResult::Done(done) = result else {
         panic!("{result:?}")
     };

@@ -3,7 +3,7 @@
 //! batch's tool writes fold into it (D5–D10, O30–O32).
 
 use serde_json::{Value, json};
-use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
+use shallot::types::{ToolSpec, TurnResult};
 use shallot::{Context, Kernel, LoopConfig, NoHistory, Reducers, ToolLoop};
 use shallot_tests::{Reply, ScriptedModel, load, spec, strings};
 
@@ -172,10 +172,7 @@ async fn o30_o32_tool_writes_to_a_declared_key_fold_the_same_serial_or_parallel(
             )
             .build()
             .unwrap();
-        let context = Context::new();
-        let result = kernel
-            .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
-            .await;
+        let (result, context) = shallot_tests::turn_go(&kernel).await;
         assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
         assert_eq!(
             context.get("notes"),

@@ -386,10 +386,7 @@ async fn tool_writes(config: shallot::LoopConfig) -> (Vec<Option<Value>>, Contex
         })
         .build()
         .unwrap();
-    let context = Context::new();
-    let result = kernel
-        .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
-        .await;
+    let (result, context) = shallot_tests::turn_go(&kernel).await;
     assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
     let seen = seen.lock().unwrap().clone();
     (seen, context)

@@ -188,3 +188,11 @@ pub fn resident_mib() -> (u64, u64) {
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
+
+/// Runs a turn whose message is "go" in a fresh context: the result, and
+/// the context as the turn left it.
+pub async fn turn_go(kernel: &shallot::Kernel) -> (shallot::types::TurnResult, Context) {
+    let context = Context::new();
+    let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
+    (kernel.turn(request, context.clone()).await, context)
+}
