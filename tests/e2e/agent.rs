@@ -240,9 +240,15 @@ async fn o15_under_the_limits_the_turn_finishes() {
 /// `broken` (return_direct, fails).
 fn direct_kernel(replies: Vec<Reply>) -> (Kernel, ScriptedModel) {
     let model = ScriptedModel::replies(replies);
-    let kernel =
-        Kernel::builder()
-            .model(model.clone())
+    let kernel = direct_tools(Kernel::builder().model(model.clone()))
+        .build()
+        .unwrap();
+    (kernel, model)
+}
+
+/// [`direct_kernel`]'s tools.
+fn direct_tools(builder: KernelBuilder) -> KernelBuilder {
+    builder
             .tool(
                 ToolSpec::new("direct", "", json!({})).return_direct(),
                 |args: Value, _| async move {
@@ -256,9 +262,83 @@ fn direct_kernel(replies: Vec<Reply>) -> (Kernel, ScriptedModel) {
                 ToolSpec::new("broken", "", json!({})).return_direct(),
                 |_, _| async { Err(ChainError::new(ErrorKind::Transient, "broken tool")) },
             )
-            .build()
-            .unwrap();
-    (kernel, model)
+}
+
+/// A turn filter that keeps the metadata of the answers it sees pass.
+#[derive(Default)]
+struct Observer {
+    seen: Arc<std::sync::Mutex<Vec<shallot::types::JsonMap>>>,
+}
+
+#[async_trait::async_trait]
+impl shallot::Filter for Observer {
+    fn name(&self) -> &str {
+        "observer"
+    }
+
+    async fn around_turn(
+        &self,
+        request: TurnRequest,
+        next: shallot::Next<shallot::Turn>,
+    ) -> TurnResult {
+        let result = next.call(request).await;
+        if let TurnResult::Done(done) = &result {
+            self.seen
+                .lock()
+                .unwrap()
+                .push(done.response.metadata.clone());
+        }
+        result
+    }
+}
+
+/// O2/H17: a turn filter sees that a return_direct tool answered the turn.
+#[tokio::test]
+async fn o2_h17_a_turn_filter_sees_a_return_direct_answer_as_such() {
+    let observer = Observer::default();
+    let seen = observer.seen.clone();
+    let model = ScriptedModel::replies(vec![Reply::call("direct", json!({}))]);
+    let kernel = direct_tools(Kernel::builder().model(model).filter(observer))
+        .build()
+        .unwrap();
+    done(kernel.turn(go("x"), Context::new()).await);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].get("return_direct"), Some(&json!(true)));
+}
+
+/// O8–O10: whether a tool is return_direct is on its spec; it defaults to
+/// false, and a tool the kernel does not have has none.
+#[test]
+fn o8_o10_return_direct_is_on_the_tools_spec_and_off_by_default() {
+    let kernel = direct_tools(Kernel::builder()).build().unwrap();
+    let direct = |name: &str| {
+        kernel
+            .tools()
+            .into_iter()
+            .find(|t| t.name == name)
+            .map(|t| t.return_direct)
+    };
+    assert_eq!(direct("direct"), Some(true));
+    assert_eq!(direct("plain"), Some(false));
+    assert_eq!(direct("nonexistent"), None);
+    assert!(!ToolSpec::new("t", "", json!({})).return_direct);
+}
+
+/// O22: a streamed turn's tokens reach the sink in order, and the answer
+/// is their text.
+#[tokio::test]
+async fn o22_a_streamed_turn_delivers_its_tokens_in_order() {
+    let model = ScriptedModel::replies(vec![Reply::tokens(&["Hel", "lo", "!"])]);
+    let kernel = Kernel::builder().model(model).build().unwrap();
+    let sink = Collector::default();
+    let done = done(
+        kernel
+            .turn_stream(go("x"), Context::new(), sink.clone())
+            .await,
+    );
+    assert_eq!(done.response.text(), "Hello!");
+    assert_eq!(sink.tokens(), ["Hel", "lo", "!"]);
 }
 
 #[tokio::test]

@@ -244,20 +244,28 @@ async fn a_denial_reaches_the_model_as_the_tool_result() {
     );
 }
 
+/// H5 as written: the interrupt tool `ask_human` pauses the turn, the
+/// turn filter passes the interrupt through; resumed with a reply, the
+/// continuation's answer is rejected and the filter re-enters, which runs
+/// a fresh loop.
 #[tokio::test]
 async fn h5_a_turn_filter_may_reenter_after_the_resumed_turn() {
     let plugins = load(vec![reviser(1)]).await;
-    let mut replies = delete_and_list();
-    replies[1] = Reply::Text("answer-1".into());
-    replies.push(Reply::Text("good".into()));
-    let model = ScriptedModel::replies(replies);
-    let (kernel, _) = approval_kernel(&plugins, model.clone());
+    let model = ScriptedModel::replies(vec![
+        Reply::call("ask_human", json!({ "question": "which files?" })),
+        Reply::Text("answer-1".into()),
+        Reply::Text("good".into()),
+    ]);
+    let (builder, _) = approval_builder(&plugins, model.clone());
+    let ask = ToolSpec::new("ask_human", "asks the user", json!({}));
+    let kernel = builder.interrupt_tool(ask).build().unwrap();
     let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
         panic!("the filter passes the interrupt through")
     };
+    assert_eq!(interrupt.kind, InterruptKind::ToolRequest);
     let done = done(
         kernel
-            .resume(interrupt, Decision::Approve, Context::new())
+            .resume(interrupt, Decision::Reply("hi".into()), Context::new())
             .await,
     );
     assert_eq!(
@@ -379,20 +387,32 @@ async fn an_interrupt_tool_and_a_sensitive_call_in_one_batch_pause_one_after_the
     assert_eq!(model.calls(), 2, "one model round for the whole batch");
 }
 
+/// What the statements a policed kernel's `sql` tool ran, and how often
+/// its policy was asked.
+struct Policed {
+    ran: Arc<std::sync::Mutex<Vec<String>>>,
+    asked: Arc<AtomicUsize>,
+}
+
 /// A kernel whose `sql` tool the policy holds for `DELETE` and `DROP`
-/// statements; the statements `sql` ran.
-fn policed_kernel(model: ScriptedModel) -> (Kernel, Arc<std::sync::Mutex<Vec<String>>>) {
+/// statements (and panics on `PANIC`), with the interrupt tool
+/// `ask_human`.
+fn policed_kernel(model: ScriptedModel) -> (Kernel, Policed) {
     let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = ran.clone();
-    let policy = |call: &ToolCall| {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let (log, counter) = (ran.clone(), asked.clone());
+    let policy = move |call: &ToolCall| {
+        counter.fetch_add(1, Ordering::SeqCst);
         let arguments: serde_json::Value = serde_json::from_str(&call.arguments).ok()?;
         let statement = arguments["q"].as_str()?;
+        assert!(!statement.starts_with("PANIC"), "a policy that panics");
         let risky = statement.starts_with("DELETE") || statement.starts_with("DROP");
         risky.then(|| format!("'{statement}' needs a human"))
     };
     let kernel = Kernel::builder()
         .model(model)
         .turn_terminal(ToolLoop::default().on_tool_call(policy))
+        .interrupt_tool(ToolSpec::new("ask_human", "asks the user", json!({})))
         .tool(
             ToolSpec::new("sql", "runs SQL", json!({})),
             move |args, _| {
@@ -407,7 +427,7 @@ fn policed_kernel(model: ScriptedModel) -> (Kernel, Arc<std::sync::Mutex<Vec<Str
         )
         .build()
         .unwrap();
-    (kernel, ran)
+    (kernel, Policed { ran, asked })
 }
 
 /// O46: an `on_tool_call` policy holds a call (`callback`, with its
@@ -424,7 +444,7 @@ async fn o46_an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds()
         ]),
         Reply::Text("Done! Files deleted.".into()),
     ]);
-    let (kernel, ran) = policed_kernel(model.clone());
+    let (kernel, Policed { ran, .. }) = policed_kernel(model.clone());
     let TurnResult::Interrupt(interrupt) = kernel.turn(go("tidy"), Context::new()).await else {
         panic!("the policy pauses the turn")
     };
@@ -445,6 +465,38 @@ async fn o46_an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds()
         .unwrap();
     let error = skipped.error.as_ref().expect("skipped, not run");
     assert!(error.message.contains("skipped"), "{error}");
+}
+
+/// The policy is asked about each call once, though a call it holds
+/// behind a question waits through two pauses; and a policy that panics
+/// (O26: a callback's exception is swallowed) lets its call go on.
+#[tokio::test]
+async fn the_policy_is_asked_once_a_call_and_its_panic_is_swallowed() {
+    let sql = |q: &str| ("sql".to_owned(), json!({ "q": q }));
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![("ask_human".into(), json!({})), sql("DELETE FROM t")]),
+        Reply::call("sql", json!({ "q": "PANIC" })),
+        Reply::Text("done".into()),
+    ]);
+    let (kernel, Policed { ran, asked }) = policed_kernel(model);
+    let TurnResult::Interrupt(question) = kernel.turn(go("tidy"), Context::new()).await else {
+        panic!("the question pauses the turn")
+    };
+    let TurnResult::Interrupt(held) = kernel
+        .resume(question, Decision::Reply("yes".into()), Context::new())
+        .await
+    else {
+        panic!("then the policy's hold")
+    };
+    assert_eq!(held.kind, InterruptKind::Callback);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "asked once, not again on resume"
+    );
+    let done = done(kernel.resume(held, Decision::Approve, Context::new()).await);
+    assert_eq!(done.response.text(), "done");
+    assert_eq!(*ran.lock().unwrap(), ["DELETE FROM t", "PANIC"]);
 }
 
 /// A tool that fails with an `auth` error (its environment: credentials)
@@ -550,4 +602,66 @@ async fn o43_o44_other_failures_and_unpaused_ones_go_to_the_model() {
             "{results:?}"
         );
     }
+}
+
+/// Two questions in one batch pause one at a time, each with its own
+/// question shown and its own reply given.
+#[tokio::test]
+async fn two_questions_in_one_batch_are_asked_and_answered_one_at_a_time() {
+    let ask = |q: &str| ("ask_human".to_owned(), json!({ "question": q }));
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![ask("budget?"), ask("deadline?")]),
+        Reply::Text("planned".into()),
+    ]);
+    let (kernel, _) = asking_kernel(model.clone());
+    let mut answers = vec![];
+    let mut result = kernel.turn(go("plan"), Context::new()).await;
+    while let TurnResult::Interrupt(interrupt) = result {
+        let question = interrupt.pending.as_ref().unwrap().arguments.clone();
+        let reply = if question.contains("budget") {
+            "5 EUR"
+        } else {
+            "Friday"
+        };
+        answers.push(reply);
+        result = kernel
+            .resume(interrupt, Decision::Reply(reply.into()), Context::new())
+            .await;
+    }
+    assert_eq!(done(result).response.text(), "planned");
+    assert_eq!(answers, ["5 EUR", "Friday"]);
+    let results = tool_texts(&model.requests()[1].messages);
+    assert_eq!(results, ["5 EUR", "Friday"]);
+}
+
+/// A batch of return_direct calls paused midway is judged whole when it
+/// ends: all of them worked, so their outputs together are the answer.
+#[tokio::test]
+async fn a_return_direct_batch_paused_midway_answers_with_every_output() {
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("status".into(), json!({})),
+            ("deploy".into(), json!({})),
+        ]),
+        Reply::Text("the model was asked".into()),
+    ]);
+    let (builder, _) = approval_builder(&shallot::PluginSet::default(), model.clone());
+    let direct = |name: &str| ToolSpec::new(name, name, json!({})).return_direct();
+    let kernel = builder
+        .tool(direct("status"), |_, _| async { Ok(json!("green")) })
+        .tool(direct("deploy").sensitive(), |_, _| async {
+            Ok(json!("deployed"))
+        })
+        .build()
+        .unwrap();
+    let TurnResult::Interrupt(interrupt) = kernel.turn(go("ship"), Context::new()).await else {
+        panic!("deploy waits for approval")
+    };
+    let done = done(
+        kernel
+            .resume(interrupt, Decision::Approve, Context::new())
+            .await,
+    );
+    assert_eq!(done.response.text(), "green\ndeployed");
+    assert_eq!(model.calls(), 1);
 }

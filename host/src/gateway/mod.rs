@@ -360,12 +360,10 @@ impl Gateway {
             let _ = stream.set_nodelay(true);
             let service = TowerToHyperService::new(app.clone());
             let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-            let open = self.shared.metrics.connections.clone();
-            open.inc();
+            let open = Open::count(&self.shared.metrics.connections);
             tokio::spawn(async move {
                 let _ = connection.await;
-                open.dec();
-                drop(place);
+                drop((open, place));
             });
         }
         drop(listener);
@@ -410,6 +408,22 @@ impl Gateway {
             })
             .layer(DefaultBodyLimit::max(self.shared.config.max_body_bytes))
             .with_state(self.shared.clone())
+    }
+}
+
+/// An open connection, counted while it lives (whatever ends it).
+struct Open(Gauge);
+
+impl Open {
+    fn count(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Open(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -114,13 +114,14 @@ impl FilterInstance {
         let described = plugin.call_describe(&mut self.store);
         let described = sandbox::metered(meter, described).await;
         let d = self.end(described, Call::Describe)?;
-        let init: serde_json::Value = serde_json::from_str(&d.init_fctx).map_err(|e| {
-            ChainError::new(
-                ErrorKind::PluginFault,
-                format!("its init FCtx is not JSON: {e}"),
-            )
-            .at(self.store.data().identity.origin(Call::Describe))
-        })?;
+        let init = match self.store.data().parse_json(&d.init_fctx, "its init FCtx") {
+            Ok(Ok(init)) => init,
+            Ok(Err(message)) => {
+                let origin = self.store.data().identity.origin(Call::Describe);
+                return Err(ChainError::new(ErrorKind::PluginFault, message).at(origin));
+            }
+            Err(e) => return Err(self.fault(e, Call::Describe)),
+        };
         // Each hook once, in the order first named: the list is read on
         // every invoke, and a guest could repeat a hook millions of times.
         let mut hooks = Vec::new();

@@ -109,11 +109,13 @@ impl ToolLoop {
     }
 
     /// Asks `policy` about every tool call before it runs (the seed's
-    /// `on_tool_call`): `Some(reason)` holds the call and pauses the turn
-    /// ([`InterruptKind::Callback`], with `reason`) for `Kernel::resume` to
-    /// decide. The batch's other calls run first; of the calls the policy
-    /// holds in one batch the first waits and the others are skipped (the
-    /// model gets an error saying so).
+    /// `on_tool_call`), once a call: `Some(reason)` holds the call and
+    /// pauses the turn ([`InterruptKind::Callback`], with `reason`) for
+    /// `Kernel::resume` to decide. The batch's other calls run first; of
+    /// the calls the policy holds in one batch the first waits and the
+    /// others are skipped (the model gets an error saying so). A policy
+    /// that panics is logged and the call goes on, as the seed swallows a
+    /// callback's exception.
     pub fn on_tool_call(
         mut self,
         policy: impl Fn(&ToolCall) -> Option<String> + Send + Sync + 'static,
@@ -136,10 +138,10 @@ impl ToolLoop {
     }
 
     /// Sorts a batch's calls: those that run now, those skipped, the group
-    /// that waits for a decision now (an interrupt tool's calls, else the
-    /// policy's first hold, else the sensitive calls), and those that wait
-    /// for a decision after it.
-    fn triage(&self, tools: &[Arc<ToolSpec>], calls: Vec<ToolCall>) -> Triage {
+    /// that waits for a decision now (the first call of an interrupt tool,
+    /// else the policy's first hold, else the sensitive calls), and those
+    /// that wait for a decision after it.
+    fn triage(&self, run: &mut Run<'_>, tools: &[Arc<ToolSpec>], calls: Vec<ToolCall>) -> Triage {
         let is = |call: &ToolCall, flag: fn(&ToolSpec) -> bool| {
             spec_of(tools, &call.name).is_some_and(|t| flag(t))
         };
@@ -148,7 +150,7 @@ impl ToolLoop {
         for call in calls {
             if is(&call, |t| t.interrupt) {
                 asks.push(call);
-            } else if let Some(reason) = self.on_tool_call.as_ref().and_then(|p| p(&call)) {
+            } else if let Some(reason) = self.verdict(run, &call) {
                 match flagged {
                     None => flagged = Some((call, reason)),
                     Some(_) => skipped.push(call),
@@ -160,12 +162,16 @@ impl ToolLoop {
             }
         }
         let (hold, later) = if !asks.is_empty() {
-            let reason = format!("tool '{}' asks for a reply", asks[0].name);
-            let later = flagged.map(|(call, _)| call).into_iter().chain(sensitive);
+            // One question at a time: each gets its own reply.
+            let mut asks = asks.into_iter();
+            let first = asks.next().expect("not empty");
+            let reason = format!("tool '{}' asks for a reply", first.name);
+            let flagged = flagged.map(|(call, _)| call);
+            let later = asks.chain(flagged).chain(sensitive);
             let hold = Hold {
                 kind: InterruptKind::ToolRequest,
                 reason,
-                calls: asks,
+                calls: vec![first],
             };
             (Some(hold), later.collect())
         } else if let Some((call, reason)) = flagged {
@@ -193,6 +199,22 @@ impl ToolLoop {
         }
     }
 
+    /// The policy's verdict on `call`: asked once, kept for the run (a
+    /// call it held is sorted again when the turn resumes).
+    fn verdict(&self, run: &mut Run<'_>, call: &ToolCall) -> Option<String> {
+        let policy = self.on_tool_call.as_ref()?;
+        if let Some((_, verdict)) = run.verdicts.iter().find(|(c, _)| c == call) {
+            return verdict.clone();
+        }
+        let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| policy(call)));
+        let verdict = asked.unwrap_or_else(|_| {
+            tracing::warn!(tool = %call.name, "the on_tool_call policy panicked; the call goes on");
+            None
+        });
+        run.verdicts.push((call.clone(), verdict.clone()));
+        verdict
+    }
+
     /// Runs a batch of the model's calls and concludes it: `Some` when the
     /// turn ends with it (answered, or paused).
     async fn batch(
@@ -202,7 +224,7 @@ impl ToolLoop {
         tools: &[Arc<ToolSpec>],
         calls: Vec<ToolCall>,
     ) -> Option<TurnResult> {
-        let triage = self.triage(tools, calls);
+        let triage = self.triage(run, tools, calls);
         let outcomes = self.run_tools(invoke, tools, &triage.free).await;
         let ran = Ran {
             calls: triage.free,
@@ -246,9 +268,9 @@ impl ToolLoop {
                     }
                 }
             }
-            run.record(done.0, done.1);
+            run.record(tools, done.0, done.1);
             let outcomes = skip(&skipped);
-            run.record(skipped, outcomes);
+            run.record(tools, skipped, outcomes);
             let later = hold.map(|h| h.calls).into_iter().flatten().chain(later);
             let hold = Hold {
                 kind: InterruptKind::EnvRetry,
@@ -257,12 +279,12 @@ impl ToolLoop {
             };
             return Some(run.pause(hold, later.collect()));
         }
-        if hold.is_none() && skipped.is_empty() && later.is_empty() {
-            return run.settle(tools, ran.calls, ran.outcomes);
-        }
-        run.record(ran.calls, ran.outcomes);
+        run.record(tools, ran.calls, ran.outcomes);
         let outcomes = skip(&skipped);
-        run.record(skipped, outcomes);
+        run.record(tools, skipped, outcomes);
+        if hold.is_none() && later.is_empty() {
+            return run.settle();
+        }
         hold.map(|hold| run.pause(hold, later))
     }
 }
@@ -322,6 +344,10 @@ pub struct Paused {
     rounds: u32,
     pending: Vec<ToolCall>,
     later: Vec<ToolCall>,
+    /// The `on_tool_call` policy's verdicts so far.
+    verdicts: Vec<(ToolCall, Option<String>)>,
+    /// The paused batch's outputs so far, while it may answer the turn.
+    direct: Option<Vec<String>>,
     last: ChatResponse,
 }
 
@@ -402,6 +428,7 @@ impl Terminal<Turn> for ToolLoop {
             if calls.is_empty() {
                 return run.done(response);
             }
+            run.begin_batch();
             if let Some(end) = self.batch(&mut run, invoke, tools, calls).await {
                 return end;
             }

@@ -20,6 +20,12 @@ pub(super) struct Run<'a> {
     pub(super) calls: Vec<ToolCallRecord>,
     pub(super) rounds: u32,
     pub(super) last: Option<ChatResponse>,
+    /// The `on_tool_call` policy's verdict on each call it was asked about.
+    pub(super) verdicts: Vec<(ToolCall, Option<String>)>,
+    /// The outputs of the current batch's calls so far, while each was to
+    /// a `return_direct` tool and worked; `None` once one was not. A batch
+    /// paused midway keeps it, so that it is judged whole.
+    pub(super) direct: Option<Vec<String>>,
 }
 
 impl<'a> Run<'a> {
@@ -42,6 +48,8 @@ impl<'a> Run<'a> {
             calls: Vec::new(),
             rounds: 0,
             last: None,
+            verdicts: Vec::new(),
+            direct: None,
         };
         // A re-entry sends the history it already has: store only what
         // follows it, so nothing is stored twice.
@@ -62,6 +70,8 @@ impl<'a> Run<'a> {
             calls: paused.calls.clone(),
             rounds: paused.rounds,
             last: Some(paused.last.clone()),
+            verdicts: paused.verdicts.clone(),
+            direct: paused.direct.clone(),
         }
     }
 
@@ -87,13 +97,25 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Records a batch's outcomes: the tool messages and call records.
+    /// Starts a batch of the model's calls.
+    pub(super) fn begin_batch(&mut self) {
+        self.direct = Some(Vec::new());
+    }
+
+    /// Records outcomes of the current batch: the tool messages and call
+    /// records.
     pub(super) fn record(
         &mut self,
+        tools: &[Arc<ToolSpec>],
         calls: Vec<ToolCall>,
         outcomes: Vec<Result<String, ChainError>>,
     ) {
         for (call, outcome) in calls.into_iter().zip(outcomes) {
+            let direct = spec_of(tools, &call.name).is_some_and(|t| t.return_direct);
+            match (&mut self.direct, &outcome) {
+                (Some(answers), Ok(output)) if direct => answers.push(model_text(output)),
+                _ => self.direct = None,
+            }
             let (content, output, error) = match outcome {
                 Ok(output) => (model_text(&output), Some(output), None),
                 Err(error) => (error_text(&error), None, Some(error)),
@@ -107,28 +129,10 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Records a batch and, when every call was to a `return_direct` tool
-    /// and none failed, ends the turn with their outputs as the answer.
-    pub(super) fn settle(
-        &mut self,
-        tools: &[Arc<ToolSpec>],
-        calls: Vec<ToolCall>,
-        outcomes: Vec<Result<String, ChainError>>,
-    ) -> Option<TurnResult> {
-        let direct = !calls.is_empty()
-            && outcomes.iter().all(Result::is_ok)
-            && calls
-                .iter()
-                .all(|c| spec_of(tools, &c.name).is_some_and(|t| t.return_direct));
-        let answers: Vec<String> = outcomes
-            .iter()
-            .flatten()
-            .map(|output| model_text(output))
-            .collect();
-        self.record(calls, outcomes);
-        if !direct {
-            return None;
-        }
+    /// Ends the batch: when every call of it was to a `return_direct`
+    /// tool and none failed, their outputs are the turn's answer.
+    pub(super) fn settle(&mut self) -> Option<TurnResult> {
+        let answers = self.direct.take().filter(|answers| !answers.is_empty())?;
         let mut answer = ChatResponse::new(
             Message::assistant(answers.join("\n")),
             FinishReason::Complete,
@@ -152,6 +156,8 @@ impl<'a> Run<'a> {
             rounds: self.rounds,
             pending: hold.calls,
             later,
+            verdicts: std::mem::take(&mut self.verdicts),
+            direct: self.direct.take(),
             last,
         };
         TurnResult::Interrupt(TurnInterrupt {

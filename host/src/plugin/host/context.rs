@@ -3,7 +3,7 @@
 
 use super::{HostState, json_text};
 use crate::context::IDENTITY_KEYS;
-use crate::plugin::bindings::shallot::filter::{context, fctx};
+use crate::plugin::bindings::shallot::filter::{context, fctx, log};
 use crate::sandbox::HostMemoryExceeded;
 
 /// Why a filter may not change identity key `key`.
@@ -75,9 +75,9 @@ impl context::Host for HostState {
 
     fn remove(&mut self, key: String) -> wasmtime::Result<()> {
         if IDENTITY_KEYS.contains(&key.as_str()) {
-            let filter = &*self.identity.name;
-            tracing::warn!(target: "shallot::filter", filter, "not removed: {}", identity(&key));
-            return Ok(());
+            // As the filter's own log line: capped per call.
+            let said = format!("not removed: {}", identity(&key));
+            return log::Host::log(self, log::Level::Warn, said);
         }
         if let Some(scope) = &self.scope
             && let Some(before) = scope.invoke.write_context(scope.id, &key, None, usize::MAX)

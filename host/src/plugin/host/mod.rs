@@ -317,21 +317,16 @@ impl HostState {
     /// that would take the filter past its cap faults (as keeping it
     /// would) before the host allocates it. Text that is not JSON is an
     /// error for the guest.
-    fn parse_json(&self, text: &str, what: &str) -> wasmtime::Result<Result<Value, String>> {
-        let mut nodes = Nodes(0);
-        let mut walk = serde_json::Deserializer::from_str(text);
-        if let Err(e) = (&mut nodes)
-            .deserialize(&mut walk)
-            .and_then(|()| walk.end())
-        {
-            return Ok(Err(format!("{what} is not JSON: {e}")));
-        }
-        self.afford(
-            nodes
-                .0
-                .saturating_mul(NODE_BYTES)
-                .saturating_add(text.len()),
-        )?;
+    pub(crate) fn parse_json(
+        &self,
+        text: &str,
+        what: &str,
+    ) -> wasmtime::Result<Result<Value, String>> {
+        let weight = match json_weight(text, what) {
+            Ok(weight) => weight,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.afford(weight)?;
         Ok(serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}")))
     }
 
@@ -345,15 +340,35 @@ impl HostState {
     }
 }
 
+/// What JSON `text` would take in the host once parsed, at most, found by
+/// walking it without building anything; an error if it is not JSON.
+fn json_weight(text: &str, what: &str) -> Result<usize, String> {
+    let mut weight = Weight(text.len());
+    let mut walk = serde_json::Deserializer::from_str(text);
+    (&mut weight)
+        .deserialize(&mut walk)
+        .and_then(|()| walk.end())
+        .map_err(|e| format!("{what} is not JSON: {e}"))?;
+    Ok(weight.0)
+}
+
 /// What one JSON value may take in the host, at most: a `Value` (32
 /// bytes), or a map entry with its key's `String` and the map's share.
-const NODE_BYTES: usize = 96;
+const VALUE_BYTES: usize = 96;
+/// What a map takes besides its entries: its first tree node.
+const MAP_BYTES: usize = 640;
 
-/// Counts the values of a JSON document (map keys included) as it is
-/// read, building none of them.
-struct Nodes(usize);
+/// Adds up what the values of a JSON document would take, as it reads
+/// them, building none.
+struct Weight(usize);
 
-impl<'de> DeserializeSeed<'de> for &mut Nodes {
+impl Weight {
+    fn add(&mut self, bytes: usize) {
+        self.0 = self.0.saturating_add(bytes);
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &mut Weight {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -361,7 +376,7 @@ impl<'de> DeserializeSeed<'de> for &mut Nodes {
     }
 }
 
-impl<'de> Visitor<'de> for &mut Nodes {
+impl<'de> Visitor<'de> for &mut Weight {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -369,44 +384,48 @@ impl<'de> Visitor<'de> for &mut Nodes {
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_unit<E>(self) -> Result<(), E> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
         while seq.next_element_seed(&mut *self)?.is_some() {}
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        self.0 += 1;
+        self.add(VALUE_BYTES);
+        let mut first = true;
         while map.next_key_seed(&mut *self)?.is_some() {
+            if std::mem::take(&mut first) {
+                self.add(MAP_BYTES);
+            }
             map.next_value_seed(&mut *self)?;
         }
         Ok(())

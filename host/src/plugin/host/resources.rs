@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use wasmtime::component::Resource;
 
-use super::{HostState, json_text};
+use super::{HostState, json_text, json_weight};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
@@ -136,13 +136,27 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         tools: Vec<wit::ToolSpec>,
     ) -> wasmtime::Result<Result<(), String>> {
-        // Each tool's parameters, parsed once they are known to fit.
+        // The tools' parameters, parsed once they are known to fit
+        // together.
+        let mut weight = 0usize;
+        for tool in &tools {
+            let what = format!("tool '{}': parameters", tool.name);
+            match json_weight(&tool.parameters, &what) {
+                Ok(one) => weight = weight.saturating_add(one),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        self.afford(weight)?;
         let mut parsed = Vec::with_capacity(tools.len());
         for tool in tools {
-            let what = format!("tool '{}': parameters", tool.name);
-            match self.json_object(&tool.parameters, &what)? {
-                Ok(parameters) => parsed.push((tool, parameters)),
-                Err(e) => return Ok(Err(e)),
+            match serde_json::from_str(&tool.parameters) {
+                Ok(serde_json::Value::Object(parameters)) => parsed.push((tool, parameters)),
+                _ => {
+                    let name = &tool.name;
+                    return Ok(Err(format!(
+                        "tool '{name}': parameters must be a JSON object"
+                    )));
+                }
             }
         }
         let request = self.table.get_mut(&this)?;

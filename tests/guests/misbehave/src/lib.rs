@@ -35,7 +35,8 @@ struct Misbehave {
     /// hoard-fctx (keeps 400 KiB in its FCtx), impersonate (points
     /// `conversation_id` at "victim" and removes `tenant`, then passes
     /// through), json-bomb (sets its request's options to 40 MiB of JSON
-    /// with 20 million values), nap (`timer.sleep(10)`), ask-flood (asks
+    /// with 20 million values), tools-bomb (sets 30 tools of 1.3 MiB of
+    /// parameters each), nap (`timer.sleep(10)`), ask-flood (asks
     /// approval a thousand times, until refused), big-answer (answers a
     /// chat itself with 24 MiB of text), huge-prompt (a system prompt of
     /// 24 MiB).
@@ -229,6 +230,25 @@ impl Misbehave {
                 hoard.pop().expect("one call at least")
             }
             "mimic" => next::chat(request).map_err(|e| FilterError::new(e.kind, e.message)),
+            // Thirty tools, each with 1.3 MiB of parameters: each under
+            // the cap as the host's values, together far over it.
+            "tools-bomb" => {
+                let mut parameters = String::with_capacity(1_300_000);
+                parameters.push_str("{\"a\":[0");
+                while parameters.len() < 1_300_000 {
+                    parameters.push_str(",0");
+                }
+                parameters.push_str("]}");
+                let tool = |n: usize| shallot_guest::ToolSpec {
+                    name: format!("t{n}"),
+                    description: String::new(),
+                    parameters: parameters.clone(),
+                    sensitive: false,
+                };
+                let tools: Vec<_> = (0..30).map(tool).collect();
+                let _ = request.set_tools(&tools);
+                next::chat(request)
+            }
             "big-answer" => {
                 let text = "x".repeat(24 << 20);
                 Ok(ChatResponse::new(
