@@ -684,3 +684,35 @@ async fn retry_after_in_milliseconds_or_as_a_date_and_a_408_are_retried() {
     assert_eq!(response.text(), "fine");
     assert_eq!(provider.bodies().len(), 4, "each failure was retried");
 }
+
+/// P1: an empty answer's defaults; P3–P5: whether an answer calls tools,
+/// is complete, or needs a tool call.
+#[test]
+fn p1_p5_an_answers_defaults_and_what_it_asks_for() {
+    use shallot::types::{ChatResponse, ToolCall, Usage};
+    let empty = ChatResponse::default();
+    assert_eq!(empty.message.content, None);
+    assert!(empty.message.tool_calls.is_empty());
+    assert_eq!(empty.finish_reason, FinishReason::Unknown);
+    assert_eq!(empty.usage, Usage::default());
+    assert!(empty.model.is_empty() && empty.metadata.is_empty());
+    assert!(!empty.has_tool_calls() && !empty.is_complete() && !empty.needs_tool_call());
+
+    let done = ChatResponse::new(Message::assistant("hi"), FinishReason::Complete);
+    assert!(done.is_complete() && !done.needs_tool_call());
+    let stopped = ChatResponse::new(Message::assistant(""), FinishReason::ToolUse);
+    assert!(stopped.needs_tool_call() && !stopped.has_tool_calls());
+    let call = ToolCall {
+        id: "1".into(),
+        name: "add".into(),
+        arguments: "{}".into(),
+    };
+    let calling = ChatResponse::new(
+        Message {
+            tool_calls: vec![call],
+            ..Message::assistant("")
+        },
+        FinishReason::Unknown,
+    );
+    assert!(calling.has_tool_calls() && calling.needs_tool_call());
+}

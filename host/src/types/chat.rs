@@ -109,6 +109,35 @@ impl ChatResponse {
     pub fn text(&self) -> String {
         self.message.text()
     }
+
+    /// Whether the answer calls tools.
+    pub fn has_tool_calls(&self) -> bool {
+        !self.message.tool_calls.is_empty()
+    }
+
+    /// Whether the model finished its answer (`FinishReason::Complete`).
+    pub fn is_complete(&self) -> bool {
+        self.finish_reason == FinishReason::Complete
+    }
+
+    /// Whether the answer asks for tools to run: it stopped for them, or
+    /// it calls some.
+    pub fn needs_tool_call(&self) -> bool {
+        self.finish_reason == FinishReason::ToolUse || self.has_tool_calls()
+    }
+}
+
+/// An empty answer (the seed's `new({})`): an assistant message with no
+/// content and no tool calls, an unknown finish reason, no usage, no model,
+/// no metadata.
+impl Default for ChatResponse {
+    fn default() -> Self {
+        let message = Message {
+            content: None,
+            ..Message::assistant("")
+        };
+        ChatResponse::new(message, FinishReason::Unknown)
+    }
 }
 
 /// Bounds on one answer of the chat chain (the model's, or one a filter
