@@ -599,3 +599,56 @@ async fn the_model_gets_the_tool_schema_errors_back() {
         "the model is told what is missing: {sent}"
     );
 }
+
+/// A kernel with `slow` (300 ms, the spec's own timeout if any) over a
+/// loop with `config`; what the turn's one call of it gave.
+async fn slow_call(config: LoopConfig, own: Option<Duration>) -> Result<String, ChainError> {
+    let model = ScriptedModel::replies(vec![
+        Reply::call("slow", json!({})),
+        Reply::Text("done".into()),
+    ]);
+    let mut spec = ToolSpec::new("slow", "takes 300 ms", json!({}));
+    if let Some(own) = own {
+        spec = spec.timeout(own);
+    }
+    let kernel = Kernel::builder()
+        .model(model)
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
+        .tool(spec, |_, _| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(json!("slow-done"))
+        })
+        .build()
+        .unwrap();
+    let done = done(kernel.turn(go("x"), Context::new()).await);
+    let record = done.tool_calls[0].clone();
+    match record.error {
+        Some(error) => Err(error),
+        None => Ok(record.output.unwrap()),
+    }
+}
+
+/// N40–N43: the loop's default tool timeout bounds a tool that sets none;
+/// a tool's own (even `Duration::MAX`, never) wins; with none anywhere a
+/// slow tool finishes; a batch deadline cuts a batch that hangs.
+#[tokio::test]
+async fn n40_n43_the_loops_tool_and_batch_timeouts() {
+    let bounded = LoopConfig {
+        tool_timeout: Some(Duration::from_millis(100)),
+        ..LoopConfig::default()
+    };
+    let error = slow_call(bounded, None).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "N40: {error}");
+    assert!(error.message.contains("100 ms"), "{error}");
+    let never = slow_call(bounded, Some(Duration::MAX)).await;
+    assert_eq!(never.unwrap(), r#""slow-done""#, "N41");
+    let unbounded = slow_call(LoopConfig::default(), None).await;
+    assert_eq!(unbounded.unwrap(), r#""slow-done""#, "N42");
+    let cut = LoopConfig {
+        batch_timeout: Some(Duration::from_millis(100)),
+        ..LoopConfig::default()
+    };
+    let error = slow_call(cut, None).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "N43: {error}");
+    assert!(error.message.contains("batch"), "{error}");
+}

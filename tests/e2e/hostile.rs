@@ -916,3 +916,62 @@ async fn a_system_prompt_bigger_than_the_host_cap_is_a_fault() {
     );
     assert_eq!(model.calls(), 0);
 }
+
+/// A batch cut off at its deadline keeps none of its calls' FCtx writes,
+/// and gives back what they were charged: the next batch's writes fit.
+#[tokio::test]
+async fn a_batch_cut_at_its_deadline_gives_back_its_calls_fctx_charges() {
+    let (path, mut spec) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "tool", "do": "hoard-fctx" }),
+    );
+    spec.limits = Limits {
+        host_mib: 1,
+        ..generous()
+    };
+    let plugins = load(vec![(path, spec)]).await;
+    let calls =
+        |tool: &str| Reply::Calls((0..2).map(|i| (tool.into(), json!({ "i": i }))).collect());
+    let model =
+        ScriptedModel::replies(vec![calls("hang"), calls("echo"), Reply::tokens(&["done"])]);
+    let config = LoopConfig {
+        batch_timeout: Some(Duration::from_millis(300)),
+        ..LoopConfig::default()
+    };
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
+        .tool(ToolSpec::new("echo", "", json!({})), |args, _| async move {
+            Ok(args)
+        })
+        .tool(ToolSpec::new("hang", "", json!({})), |_, _| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(json!("woke"))
+        })
+        .build()
+        .unwrap();
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await;
+    let TurnResult::Done(done) = result else {
+        panic!("the turn goes on past its cut batch: {result:?}")
+    };
+    let errors: Vec<Option<ErrorKind>> = done
+        .tool_calls
+        .iter()
+        .map(|r| r.error.as_ref().map(|e| e.kind))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            Some(ErrorKind::Timeout),
+            Some(ErrorKind::Timeout),
+            None,
+            None
+        ],
+        "{:?}",
+        done.tool_calls
+    );
+}

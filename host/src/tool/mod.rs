@@ -132,7 +132,11 @@ impl Terminal<Tool> for ToolRegistry {
         }
         let mut tries = 0;
         loop {
-            match tool.run(arguments.clone(), tool_context(invoke)).await {
+            let within = request.tool.timeout_ms;
+            match tool
+                .run(arguments.clone(), tool_context(invoke), within)
+                .await
+            {
                 Ok(output) => return Ok(ToolResponse::json(&output)),
                 Err(e)
                     if tries < tool.spec.retries
@@ -148,12 +152,18 @@ impl Terminal<Tool> for ToolRegistry {
 }
 
 impl Registered {
-    /// One call of the handler, bounded by the tool's timeout, with a panic
+    /// One call of the handler, bounded by `timeout_ms` (the tool's, or
+    /// the tool loop's default for tools that set none), with a panic
     /// turned into an error.
-    async fn run(&self, arguments: Value, context: Context) -> Result<Value, ChainError> {
+    async fn run(
+        &self,
+        arguments: Value,
+        context: Context,
+        timeout_ms: Option<u64>,
+    ) -> Result<Value, ChainError> {
         let name = &self.spec.name;
         let call = AssertUnwindSafe((self.handler)(arguments, context)).catch_unwind();
-        let outcome = match self.spec.timeout_ms {
+        let outcome = match timeout_ms {
             Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call)
                 .await
                 .map_err(|_| {

@@ -19,13 +19,14 @@ use self::run::Run;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::history::{History, MemoryHistory};
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
-use crate::types::{ChainError, ErrorKind, Weigh};
+use crate::types::{ChainError, ErrorKind, Origin, Weigh};
 use crate::types::{
     ChatRequest, ChatResponse, Decision, InterruptKind, Message, ToolCall, ToolCallRecord,
     ToolRequest, ToolSpec, TurnRequest, TurnResult,
@@ -52,6 +53,15 @@ pub struct LoopConfig {
     /// What a tool call that failed for its environment (an `auth` error:
     /// credentials, permissions) does to the turn.
     pub on_env_error: OnEnvError,
+    /// The bound on each native tool call whose spec sets none (the seed's
+    /// manager `tool_timeout`): past it the call fails with a `timeout`
+    /// error. A tool's own `timeout_ms` wins, `Duration::MAX` meaning
+    /// never. `None` (the default): nothing stops a slow tool.
+    pub tool_timeout: Option<Duration>,
+    /// The bound on a whole batch of tool calls (the seed's `batch_timeout`):
+    /// past it every call of the batch fails with a `timeout` error and
+    /// none of their writes are kept. `None` by default.
+    pub batch_timeout: Option<Duration>,
 }
 
 /// What a tool call that failed for its environment does to the turn.
@@ -78,6 +88,8 @@ impl Default for LoopConfig {
             parallel_tools: true,
             pause_sensitive: false,
             on_env_error: OnEnvError::Auto,
+            tool_timeout: None,
+            batch_timeout: None,
         }
     }
 }
@@ -122,6 +134,14 @@ impl ToolLoop {
     ) -> Self {
         self.on_tool_call = Some(Arc::new(policy));
         self
+    }
+
+    /// `spec` with the loop's default timeout, if it sets none.
+    fn bounded(&self, spec: Arc<ToolSpec>) -> Arc<ToolSpec> {
+        match (spec.timeout_ms, self.config.tool_timeout) {
+            (None, Some(default)) => Arc::new((*spec).clone().timeout(default)),
+            _ => spec,
+        }
     }
 
     /// Whether a call that failed for its environment pauses the turn.
@@ -472,6 +492,7 @@ impl ToolLoop {
                     spec_of(tools, &call.name)
                         .cloned()
                         .or_else(|| invoke.offered(&call.name))
+                        .map(|spec| self.bounded(spec))
                 });
                 match spec.clone() {
                     Some(tool) => Ok(ToolRequest {
@@ -489,12 +510,28 @@ impl ToolLoop {
         let serial = !self.config.parallel_tools
             || requests.iter().flatten().any(|request| request.tool.serial);
         let runnable: Vec<ToolRequest> = requests.iter().flatten().cloned().collect();
-        let mut outputs = if serial || runnable.len() < 2 {
-            invoke.tool_series(runnable).await
-        } else {
-            invoke.tool_batch(runnable).await
-        }
-        .into_iter();
+        let count = runnable.len();
+        let batch = async {
+            if serial || count < 2 {
+                invoke.tool_series(runnable).await
+            } else {
+                invoke.tool_batch(runnable).await
+            }
+        };
+        let outputs = match self.config.batch_timeout {
+            None => batch.await,
+            Some(limit) => tokio::time::timeout(limit, batch)
+                .await
+                .unwrap_or_else(|_| {
+                    let ms = limit.as_millis();
+                    let message =
+                        format!("the batch of {count} tool calls did not finish within {ms} ms");
+                    let late = ChainError::new(ErrorKind::Timeout, message)
+                        .at(Origin::terminal("tool-loop"));
+                    vec![Err(late); count]
+                }),
+        };
+        let mut outputs = outputs.into_iter();
         requests
             .into_iter()
             .map(|request| match request {
