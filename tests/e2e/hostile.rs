@@ -67,6 +67,14 @@ fn generous() -> Limits {
     }
 }
 
+/// [`generous`] limits with a host memory cap of `mib`.
+fn host_capped(mib: u32) -> Limits {
+    Limits {
+        host_mib: mib,
+        ..generous()
+    }
+}
+
 /// A kernel over filter `bad` doing `action` in around-chat, and the error
 /// of the request that sets it off.
 async fn strike(action: &str, limits: Limits) -> (Kernel, ChainError) {
@@ -148,10 +156,7 @@ async fn the_handles_a_filter_holds_are_capped() {
 
 #[tokio::test]
 async fn the_shared_context_is_bounded_and_a_faulted_calls_writes_are_undone() {
-    let limits = Limits {
-        host_mib: 8,
-        ..generous()
-    };
+    let limits = host_capped(8);
     let plugins = load(vec![hostile("chat", "flood-context", limits)]).await;
     let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
     let context = Context::new().with("tenant", "a");
@@ -882,10 +887,7 @@ async fn a_filter_cannot_change_whom_an_invoke_is_for() {
 #[tokio::test]
 async fn an_inner_answer_too_big_for_the_outer_filter_is_an_error_not_its_fault() {
     let (path, mut outer) = spec("passthrough", "outer", json!(null));
-    outer.limits = Limits {
-        host_mib: 16,
-        ..generous()
-    };
+    outer.limits = host_capped(16);
     let inner = hostile("chat", "big-answer", generous());
     let plugins = load(vec![(path, outer), inner]).await;
     let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
@@ -899,10 +901,7 @@ async fn an_inner_answer_too_big_for_the_outer_filter_is_an_error_not_its_fault(
 /// than the filter's host memory cap is its fault, before any model call.
 #[tokio::test]
 async fn a_system_prompt_bigger_than_the_host_cap_is_a_fault() {
-    let limits = Limits {
-        host_mib: 16,
-        ..generous()
-    };
+    let limits = host_capped(16);
     let plugins = load(vec![hostile("system-prompt", "huge-prompt", limits)]).await;
     let model = ScriptedModel::answer("fine");
     let kernel = kernel(&plugins, model.clone());
@@ -926,10 +925,7 @@ async fn a_batch_cut_at_its_deadline_gives_back_its_calls_fctx_charges() {
         "bad",
         json!({ "on": "tool", "do": "hoard-fctx" }),
     );
-    spec.limits = Limits {
-        host_mib: 1,
-        ..generous()
-    };
+    spec.limits = host_capped(1);
     let plugins = load(vec![(path, spec)]).await;
     let calls =
         |tool: &str| Reply::Calls((0..2).map(|i| (tool.into(), json!({ "i": i }))).collect());
