@@ -53,6 +53,7 @@ use crate::engine::Engine;
 use crate::model::OpenAiConfig;
 use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
 use crate::sandbox::{Grants, Limits};
+use crate::store;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -425,10 +426,7 @@ impl Config {
                 }
                 // A SQLite store is the operator's file, relative to this file.
                 if let Some(memory) = grants.memory.take() {
-                    let is_file = memory != ":memory:"
-                        && !memory.starts_with("redis://")
-                        && !memory.starts_with("rediss://");
-                    grants.memory = Some(if is_file {
+                    grants.memory = Some(if store::Kind::of(&memory) == store::Kind::Sqlite {
                         base.join(expand(&memory).map_err(bad)?)
                             .display()
                             .to_string()

@@ -21,8 +21,8 @@ use crate::onion::{
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Resumable, Token,
-    TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Origin, Resumable,
+    Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// Why a kernel could not be built.
@@ -354,6 +354,7 @@ impl Kernel {
                 ErrorKind::NotFound,
                 format!("tool '{name}' is not registered"),
             )
+            .at(Origin::terminal("tools"))
         })?;
         let invoke = self.admit(CallKind::Tool, options.into(), None).await?;
         invoke
@@ -447,7 +448,8 @@ impl Kernel {
         let Some(paused) = interrupt.paused else {
             let message =
                 "this interrupt has nothing to resume (it did not come from the tool loop)";
-            return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
+            let error = ChainError::new(ErrorKind::InvalidRequest, message);
+            return TurnResult::Error(error.at(Origin::terminal("kernel")));
         };
         let invoke = match self
             .admit(CallKind::Turn, options.into(), Some(&paused))
@@ -459,7 +461,8 @@ impl Kernel {
         // Claimed once admitted: a resume refused for load can be retried.
         if !paused.claim() {
             let message = "this interrupt was already resumed (a pause continues once)";
-            return TurnResult::Error(ChainError::new(ErrorKind::InvalidRequest, message));
+            let error = ChainError::new(ErrorKind::InvalidRequest, message);
+            return TurnResult::Error(error.at(Origin::terminal("kernel")));
         }
         invoke.set_resumed(paused, decision);
         let request = TurnRequest {

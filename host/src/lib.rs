@@ -26,8 +26,10 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: context types sandbox store cache compile engine onion plugin tool model agent kernel config gateway
+//! layers: escape context types sandbox store cache compile engine onion plugin tool model agent kernel config gateway
 //!
+//! - `escape`: text from guests, models and clients made safe for a
+//!   terminal, a log line or a JSON line.
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
 //! - `sandbox`, `cache`, `compile`, `engine`: the wasmtime core (limits,
@@ -55,6 +57,7 @@ mod compile;
 mod config;
 mod context;
 mod engine;
+mod escape;
 mod gateway;
 mod kernel;
 mod model;
@@ -72,6 +75,7 @@ pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::{Context, IDENTITY_KEYS, Reducers};
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
+pub use escape::{json_line, terminal_text};
 pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
@@ -85,6 +89,8 @@ pub use plugin::{
     configure as configure_filter, read as read_plugin,
 };
 pub use sandbox::{Grants, Limits};
-pub use store::{ConversationStore, LOAD_LIMIT, open_store};
+pub use store::{
+    CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, open_store,
+};
 pub use tool::ToolRegistry;
 pub use types::error::{Call, ChainError, ErrorKind, Origin};

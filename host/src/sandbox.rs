@@ -35,6 +35,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 
+use crate::escape::{TEXT_CAP, printable};
 use crate::types::{ChainError, ErrorKind, Origin};
 
 /// Resource limits of one filter. Every call into it is bounded by all of
@@ -133,8 +134,8 @@ pub struct Grants {
     /// is appended to (created if missing). `None`: no tracing.
     pub trace: Option<String>,
     /// The conversation store of the `memory` import: a SQLite file's
-    /// path, a `redis://` URL, or `:memory:` (this process only). `None`:
-    /// no store.
+    /// path, a `redis://` URL, or `:memory:` (this process only;
+    /// `:memory:<name>` for another one). `None`: no store.
     pub memory: Option<String>,
 }
 
@@ -145,8 +146,6 @@ const TABLE_ELEMENTS: usize = 1 << 20;
 /// Handles (host resources, WASI streams and pollables) an instance may
 /// hold at once.
 pub(crate) const HANDLES: usize = 1 << 16;
-/// The longest text from a guest that the host prints or logs.
-pub(crate) const TEXT_CAP: usize = 2048;
 
 /// Store data the sandbox can confine.
 pub(crate) trait Sandboxed: Send + 'static {
@@ -620,14 +619,25 @@ pub(crate) fn fault(
     } else if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
         (ErrorKind::PluginFault, format!("trapped: {trap}"))
     } else {
-        let message = format!("failed: {}", printable(&format!("{error:#}"), TEXT_CAP));
+        let message = format!(
+            "failed: {}",
+            printable(&error.root_cause().to_string(), TEXT_CAP)
+        );
         (ErrorKind::PluginFault, message)
     };
-    let message = match confinement.stderr.text() {
-        Some(said) => format!("{message}; it wrote: {said}"),
-        None => message,
-    };
-    ChainError::new(kind, message).at(origin)
+    // What the guest wrote is the operator's to read, not a client's or
+    // another filter's; where it trapped, only the log's.
+    if let Some(trace) = error.downcast_ref::<wasmtime::WasmBacktrace>() {
+        tracing::debug!(filter = &*origin.filter, "{message}: {trace}");
+    }
+    let detail = confinement
+        .stderr
+        .text()
+        .map(|said| format!("it wrote: {said}"));
+    ChainError {
+        detail,
+        ..ChainError::new(kind, message).at(origin)
+    }
 }
 
 /// The error for a hook call that outlived its `timeout_ms`.
@@ -637,50 +647,4 @@ pub(crate) fn timed_out(limits: &Limits, origin: Origin) -> ChainError {
         format!("did not finish within {} ms", limits.timeout_ms),
     )
     .at(origin)
-}
-
-/// Text from a guest made safe to print: control characters, bidi
-/// overrides and invisible format characters escaped (`\n`, `\u{1b}`),
-/// and cut to `cap` bytes with a note of what was cut.
-pub(crate) fn printable(text: &str, cap: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(cap) + 16);
-    for (at, c) in text.char_indices() {
-        if out.len() >= cap {
-            out.push_str(&format!("… ({} more bytes)", text.len() - at));
-            break;
-        }
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\\' => out.push('\\'),
-            c if c.is_control() || invisible(c) => {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Format characters that reorder or hide text on a terminal.
-fn invisible(c: char) -> bool {
-    matches!(c,
-        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
-        | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
-}
-
-#[cfg(test)]
-mod tests {
-    use super::printable;
-
-    #[test]
-    fn printable_escapes_what_could_fool_a_terminal_and_caps_the_length() {
-        assert_eq!(printable("a\u{1b}[31mb\0c", 100), "a\\u{1b}[31mb\\u{0}c");
-        assert_eq!(printable("x\u{202e}y\nz", 100), "x\\u{202e}y\\nz");
-        assert_eq!(printable("héllo wörld", 100), "héllo wörld");
-        let long = "a".repeat(5000);
-        let cut = printable(&long, 100);
-        assert!(cut.starts_with(&"a".repeat(100)));
-        assert!(cut.ends_with("… (4900 more bytes)"), "{cut}");
-    }
 }

@@ -466,6 +466,12 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
     assert_eq!(status, 500, "{body}");
     assert_eq!(error(&body)["code"], "plugin_fault");
     assert!(says(&body, "crasher"), "names the filter: {body}");
+    for internal in [".wasm", "backtrace", "it wrote"] {
+        assert!(
+            !says(&body, internal),
+            "no plugin file, backtrace or stderr reaches a client ({internal}): {body}"
+        );
+    }
 
     let (status, body) = served.complete(ask("overloaded")).await;
     assert_eq!(status, 502, "{body}");

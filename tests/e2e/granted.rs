@@ -12,14 +12,12 @@ use shallot::types::{ChatRequest, ToolSpec, TurnResult};
 use shallot::{
     ApprovalRequest, ChainError, Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError,
 };
-use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
+use shallot_tests::{
+    Collector, Reply, ScriptedModel, ask, granted, lines, load, spec, trace_file, trace_grant,
+};
 
 use crate::agent::{done, go};
 use crate::builtins::refused;
-
-fn granted((path, spec): (PathBuf, FilterSpec), grants: Grants) -> (PathBuf, FilterSpec) {
-    (path, FilterSpec { grants, ..spec })
-}
 
 /// An approval handler's answer to a question.
 type Answer = Box<dyn Fn(&ApprovalRequest) -> bool + Send + Sync>;
@@ -446,32 +444,6 @@ async fn approval_refuses_a_bad_configuration_at_load() {
         let error = refused("approval", "approval", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
-}
-
-fn trace_file(name: &str) -> PathBuf {
-    let dir = shallot_tests::target_dir()
-        .join("test-scratch")
-        .join("trace");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}.jsonl"));
-    let _ = std::fs::remove_file(&path);
-    path
-}
-
-fn trace_grant(path: &std::path::Path) -> Grants {
-    Grants {
-        trace: Some(path.display().to_string()),
-        clock: true,
-        ..Grants::default()
-    }
-}
-
-fn lines(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("each line is JSON"))
-        .collect()
 }
 
 #[tokio::test]

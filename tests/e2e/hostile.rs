@@ -16,11 +16,12 @@ use shallot::types::{
     ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolSpec, TurnRequest, TurnResult,
 };
 use shallot::{
-    ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec, Kernel, Limits,
-    LoadError, LoopConfig, MemoryHistory, ModelEvent, PluginSet, ToolLoop,
+    ApprovalRequest, ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec,
+    Grants, Kernel, Limits, LoadError, LoopConfig, MemoryHistory, ModelEvent, PluginSet, ToolLoop,
 };
 use shallot_tests::{
-    Collector, Reply, ScriptedModel, ask, load, load_in, resident_mib, spec, warm,
+    Collector, RedisServer, Reply, ScriptedModel, ask, granted, lines, load, load_in, resident_mib,
+    spec, trace_file, trace_grant, warm,
 };
 
 fn hostile(on: &str, action: &str, limits: Limits) -> (PathBuf, FilterSpec) {
@@ -293,7 +294,8 @@ async fn a_log_flood_does_not_stop_the_request() {
 async fn hostile_error_text_is_escaped_and_capped() {
     let (_, error) = strike("evil-error", Limits::default()).await;
     let shown = error.to_string();
-    for bad in ['\u{1b}', '\0', '\u{202e}'] {
+    let line_breaks = ['\u{85}', '\u{2028}', '\u{2029}', '\u{9b}', '\u{200b}'];
+    for bad in ['\u{1b}', '\0', '\u{202e}'].into_iter().chain(line_breaks) {
         assert!(!shown.contains(bad), "{shown:?}");
     }
     assert!(shown.contains("evil\\u{1b}[2J"), "{shown}");
@@ -409,8 +411,9 @@ async fn stderr_is_captured_per_call_and_never_reaches_another_invoke() {
         kernel.chat(ask(&text), Context::new()).await.unwrap();
     }
     let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
-    assert!(error.message.contains("misbehave saw: boom"), "{error}");
-    assert!(!error.message.contains("tenant-a"), "{error}");
+    let shown = error.to_string();
+    assert!(shown.contains("misbehave saw: boom"), "{error}");
+    assert!(!shown.contains("tenant-a"), "{error}");
 }
 
 /// Limits with a short own wall-clock bound, so sleeping tests end fast.
@@ -894,6 +897,14 @@ async fn an_inner_answer_too_big_for_the_outer_filter_is_an_error_not_its_fault(
     let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
     assert!(error.message.contains("does not fit"), "{error}");
+    let origin = error
+        .origin
+        .as_ref()
+        .expect("the error names the filter it is about");
+    assert_eq!(
+        (&*origin.filter, origin.call.as_str()),
+        ("outer", "around-chat")
+    );
     innocent_chat_works(&kernel).await;
 }
 
@@ -970,4 +981,340 @@ async fn a_batch_cut_at_its_deadline_gives_back_its_calls_fctx_charges() {
         "{:?}",
         done.tool_calls
     );
+}
+
+/// `action` of the misbehave guest in around-chat with `grants` and
+/// generous limits, and the error it ends the chat with.
+async fn abuse_granted(action: &str, grants: Grants) -> ChainError {
+    let plugins = load(vec![granted(hostile("chat", action, generous()), grants)]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    kernel.chat(ask("boom"), Context::new()).await.unwrap_err()
+}
+
+fn store_grant(store: &str) -> Grants {
+    Grants {
+        memory: Some(store.to_owned()),
+        ..Grants::default()
+    }
+}
+
+/// The store's encoding of a control character is six bytes: 11 MiB of
+/// them from one call is 66 MiB as stored, past the 64 MiB per-call bound
+/// however small it was as the guest wrote it. (Bounded as written, it
+/// went through: 240 MiB stored under a 64 MiB bound.)
+#[tokio::test]
+async fn what_one_call_stores_is_bounded_as_the_store_keeps_it() {
+    let error = abuse_granted("memory-swell", store_grant(":memory:swell")).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("as stored"), "{error}");
+    let store = shallot::open_store(":memory:swell").await.unwrap();
+    assert!(store.load("swollen", usize::MAX).await.unwrap().is_empty());
+}
+
+/// Size of `messages` as a store keeps them (JSON).
+fn stored(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| serde_json::to_string(m).unwrap().len())
+        .sum()
+}
+
+/// A conversation keeps its latest 16 MiB as stored, in every store: three
+/// calls of 12 MiB each leave the last one. (Unbounded, twenty invokes
+/// left 1.3 GiB in the in-process store, read back whole on every load.)
+#[tokio::test]
+async fn a_conversation_keeps_its_latest_bytes_in_every_store() {
+    let redis = RedisServer::start();
+    let dir = shallot_tests::target_dir().join("test-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("hostile-swelling.db");
+    let _ = std::fs::remove_file(&file);
+    for store in [
+        ":memory:swelling".to_owned(),
+        file.display().to_string(),
+        redis.url(),
+    ] {
+        let plugins = load(vec![granted(
+            hostile("chat", "memory-escapes", generous()),
+            store_grant(&store),
+        )])
+        .await;
+        let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+        for _ in 0..3 {
+            kernel.chat(ask("boom-grow"), Context::new()).await.unwrap();
+        }
+        let kept = shallot::open_store(&store)
+            .await
+            .unwrap()
+            .load("boom-grow", usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(kept.len(), 1, "{store}: the oldest went");
+        assert!(
+            stored(&kept) <= shallot::CONVERSATION_CAP,
+            "{store}: {} bytes",
+            stored(&kept)
+        );
+    }
+}
+
+/// The in-process store is the host's memory: past its cap an append is
+/// refused, whichever conversations it goes to.
+#[tokio::test]
+async fn the_in_process_store_is_bounded_across_conversations() {
+    let plugins = load(vec![granted(
+        hostile("chat", "memory-escapes", generous()),
+        store_grant(":memory:filling"),
+    )])
+    .await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let fit = shallot::IN_PROCESS_CAP / (12 << 20);
+    for i in 0..fit {
+        let asked = kernel.chat(ask(&format!("boom-{i}")), Context::new()).await;
+        asked.unwrap_or_else(|e| panic!("append {i} of {fit} fits: {e}"));
+    }
+    let error = kernel
+        .chat(ask("boom-over"), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("is full"), "{error}");
+    let store = shallot::open_store(":memory:filling").await.unwrap();
+    for i in 0..fit {
+        store.clear(&format!("boom-{i}")).await.unwrap();
+    }
+    kernel
+        .chat(ask("boom-again"), Context::new())
+        .await
+        .unwrap();
+}
+
+/// A trace event's cap is on the line as written: 12,000 control
+/// characters are 72,000 bytes escaped, over the 64 KiB cap. (Checked as
+/// handed over, a 64,999-byte event became a 247,009-byte line.)
+#[tokio::test]
+async fn a_trace_event_is_capped_as_written() {
+    let path = trace_file("escapes");
+    let error = abuse_granted("trace-escapes", trace_grant(&path)).await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("over the cap"), "{error}");
+    assert!(lines(&path).is_empty());
+}
+
+/// What the guest's `FORGED` text is.
+const FORGED: &str =
+    "ok\u{85}{\"filter\":\"approval\",\"approved\":true}\u{2028}x\u{2029}\u{9b}2J\u{202e}\u{200b}";
+
+/// Characters that end a line for some reader, or command a terminal.
+fn forges(text: &str) -> bool {
+    text.chars().any(|c| {
+        c.is_control() && c != '\n'
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202e}' | '\u{200b}')
+    })
+}
+
+/// A trace line carries Unicode line breaks and C1 controls escaped: one
+/// line for any reader, the same JSON for a parser.
+#[tokio::test]
+async fn a_trace_line_forges_no_lines() {
+    let path = trace_file("forged-lines");
+    let plugins = load(vec![granted(
+        hostile("chat", "trace-forged", generous()),
+        trace_grant(&path),
+    )])
+    .await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    kernel.chat(ask("boom"), Context::new()).await.unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!forges(&text), "{text:?}");
+    assert_eq!(text.lines().count(), 1);
+    assert_eq!(lines(&path)[0]["said"], FORGED);
+}
+
+/// The approval handler (a person at a terminal, in `shallot chat`) gets
+/// the tool and the reason with every line break and terminal command
+/// escaped.
+#[tokio::test]
+async fn an_approval_question_reaches_the_handler_escaped() {
+    let plugins = load(vec![granted(
+        hostile("chat", "ask-forged", generous()),
+        Grants {
+            approval: true,
+            ..Grants::default()
+        },
+    )])
+    .await;
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .approver(move |request: &ApprovalRequest| {
+            let question = format!("{} {}", request.tool, request.reason);
+            seen.lock().unwrap().push(question);
+            false
+        })
+        .build()
+        .unwrap();
+    kernel.chat(ask("boom"), Context::new()).await.unwrap();
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 1);
+    assert!(!forges(&asked[0]), "{:?}", asked[0]);
+    assert!(asked[0].contains("safeguard: approved"), "{}", asked[0]);
+}
+
+/// A question's arguments are bounded before the host parses or holds
+/// them (a 50 MB question made the host hold 164 MiB): 8 MiB is refused,
+/// and nobody is asked.
+#[tokio::test]
+async fn an_approval_question_is_bounded_before_the_host_holds_it() {
+    let plugins = load(vec![granted(
+        hostile("chat", "ask-huge", generous()),
+        Grants {
+            approval: true,
+            ..Grants::default()
+        },
+    )])
+    .await;
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .approver(move |_: &ApprovalRequest| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            true
+        })
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("arguments"), "{error}");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+/// `sleep(0)` in a loop costs the host a wake-up each time and no grant:
+/// each sleep counts a millisecond at least and a call sleeps 64 times at
+/// most. (Unbounded, such a loop ran 30 s and 4.9 s of host CPU under a
+/// 100 ms CPU budget and a 1 s wall bound.)
+#[tokio::test]
+async fn a_filter_cannot_spin_on_sleep() {
+    let error = abuse_granted(
+        "spin-sleep",
+        Grants {
+            sleep_ms: 30_000,
+            ..Grants::default()
+        },
+    )
+    .await;
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("64 sleeps"), "{error}");
+}
+
+/// A filter stopped by its own `timeout_ms` (a deadline that drops the
+/// call, rather than a fault inside it) loses its writes to the shared
+/// context too, and what the key held before comes back.
+#[tokio::test]
+async fn a_filter_that_times_out_loses_its_context_writes() {
+    let limits = Limits {
+        timeout_ms: 100,
+        ..Limits::default()
+    };
+    let grants = Grants {
+        sleep_ms: 10_000,
+        ..Grants::default()
+    };
+    let plugins = load(vec![granted(
+        hostile("chat", "write-then-nap", limits),
+        grants,
+    )])
+    .await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let context = Context::new().with("written", "before");
+    let error = kernel.chat(ask("boom"), context.clone()).await.unwrap_err();
+    assert_contained(&error, ErrorKind::Timeout, "around-chat", "did not finish");
+    assert_eq!(context.get("written"), Some(json!("before")));
+}
+
+/// An outer filter told of an inner one's fault learns its name, its call
+/// and what happened: not its plugin file, what it wrote to stderr or its
+/// backtrace. The operator's error keeps those.
+#[tokio::test]
+async fn a_filter_learns_of_an_inner_fault_its_name_and_what_happened_only() {
+    let outer = spec("misbehave", "outer", json!({ "on": "chat", "do": "mimic" }));
+    let plugins = load(vec![outer, hostile("chat", "print", generous())]).await;
+    let outer = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = outer.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_eq!(&*error.origin.as_ref().unwrap().filter, "outer", "{error}");
+    let told = &error.message;
+    assert!(told.contains("filter 'bad' in around-chat"), "{told}");
+    for internal in [".wasm", "it wrote", "misbehave saw", "backtrace"] {
+        assert!(!told.contains(internal), "{internal}: {told}");
+    }
+    let direct = load(vec![hostile("chat", "print", generous())]).await;
+    let direct = kernel(&direct, ScriptedModel::answer("fine"))
+        .chat(ask("boom"), Context::new())
+        .await;
+    let operator = direct.unwrap_err().to_string();
+    assert!(operator.contains("misbehave.wasm"), "{operator}");
+    assert!(
+        operator.contains("it wrote: misbehave saw: boom"),
+        "{operator}"
+    );
+}
+
+/// Each granted import works only in the calls it is for: none while the
+/// instance is made and configured (one plugin set's instance creation
+/// wrote 78 trace lines), no questions or store operations from a token
+/// transformer. Refused with a typed error, and nothing happens.
+#[tokio::test]
+async fn granted_imports_are_refused_outside_the_calls_they_are_for() {
+    let path = trace_file("configure");
+    let all = Grants {
+        sleep_ms: 1000,
+        approval: true,
+        trace: Some(path.display().to_string()),
+        memory: Some(":memory:misplaced".to_owned()),
+        ..Grants::default()
+    };
+    for (action, import) in [
+        ("flood-trace", "trace.write"),
+        ("nap", "timer.sleep"),
+        ("memory-chatter", "memory"),
+        ("ask", "approval.ask"),
+    ] {
+        let at_configure = spec(
+            "misbehave",
+            "bad",
+            json!({ "on": "configure", "do": action }),
+        );
+        let filter = granted(at_configure, all.clone());
+        let refused = PluginSet::from_specs(&shallot_tests::engine(), vec![filter], &mut |_| {})
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{action} in configure is refused"))
+            .to_string();
+        assert!(
+            refused.contains(&format!("{import} may be called only from")),
+            "{action}: {refused}"
+        );
+    }
+    assert!(lines(&path).is_empty(), "nothing was traced");
+    for (action, import) in [("memory-chatter", "memory"), ("ask", "approval.ask")] {
+        let (path, mut filter) = spec("misbehave", "bad", json!({ "on": "step", "do": action }));
+        filter.grants = all.clone();
+        let plugins = load(vec![(path, filter)]).await;
+        let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+        let error = kernel
+            .chat_stream(ask("hi"), Context::new(), Collector::default())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::InvalidRequest, "{action}: {error}");
+        assert!(
+            error
+                .message
+                .contains(&format!("{import} may be called only from")),
+            "{action}: {error}"
+        );
+    }
 }

@@ -65,7 +65,10 @@ async fn a_panic_is_reported_with_the_guests_own_message() {
         .chat(ask("boom"), Context::new())
         .await
         .unwrap_err();
-    assert!(error.message.contains("it wrote: panicked at "), "{error}");
+    assert!(
+        error.to_string().contains("it wrote: panicked at "),
+        "{error}"
+    );
     assert!(
         !error.message.contains("RUST_BACKTRACE"),
         "no advice a sandboxed filter cannot follow: {error}"

@@ -146,7 +146,8 @@ async fn interrupt_and_error_pass_through_turn_filters_untouched() {
                 assert!(pause && interrupt.reason == "needs approval")
             }
             TurnResult::Error(error) => {
-                assert!(!pause && error.message == "loop failed" && error.origin.is_none())
+                let terminal = Some(shallot::Origin::terminal("turn"));
+                assert!(!pause && error.message == "loop failed" && error.origin == terminal)
             }
             TurnResult::Done(_) => panic!("neither pausing nor failing produced a done result"),
         }

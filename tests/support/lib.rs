@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use shallot::FilterSpec;
 use shallot::types::{ChatRequest, Message};
 use shallot::{ChainError, Context, Engine, EngineConfig, Isolation, PluginSet};
+use shallot::{FilterSpec, Grants};
 
 pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};
@@ -195,4 +195,36 @@ pub async fn turn_go(kernel: &shallot::Kernel) -> (shallot::types::TurnResult, C
     let context = Context::new();
     let request = shallot::types::TurnRequest::new(vec![Message::user("go")]);
     (kernel.turn(request, context.clone()).await, context)
+}
+
+/// A filter spec with `grants`.
+pub fn granted((path, spec): (PathBuf, FilterSpec), grants: Grants) -> (PathBuf, FilterSpec) {
+    (path, FilterSpec { grants, ..spec })
+}
+
+/// A fresh trace file `name` under the target directory's scratch space.
+pub fn trace_file(name: &str) -> PathBuf {
+    let dir = target_dir().join("test-scratch").join("trace");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.jsonl"));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Grants tracing to `path` (and the clock, so events carry real times).
+pub fn trace_grant(path: &std::path::Path) -> Grants {
+    Grants {
+        trace: Some(path.display().to_string()),
+        clock: true,
+        ..Grants::default()
+    }
+}
+
+/// The JSON lines of a trace file.
+pub fn lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is JSON"))
+        .collect()
 }

@@ -144,7 +144,7 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
             let seen = printed.clone();
             let sink = move |token: Token<'_>| {
                 seen.store(true, Ordering::Relaxed);
-                print!("{}", token.text);
+                print!("{}", for_stdout(token.text));
                 let _ = std::io::stdout().flush();
             };
             kernel.turn_stream(request, options, sink).await
@@ -159,7 +159,7 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
         };
         if args.json {
             failed |= matches!(result, TurnResult::Error(_));
-            println!("{}", to_json(&result, &shown).await?);
+            println!("{}", shallot::json_line(&to_json(&result, &shown).await?));
             continue;
         }
         match result {
@@ -167,14 +167,16 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
                 // Not streamed, or a filter answered itself (a safeguard
                 // block) and nothing was.
                 if !printed.load(Ordering::Relaxed) {
-                    print!("{}", shown.text(&done.response.text()).await?);
+                    print!("{}", for_stdout(&shown.text(&done.response.text()).await?));
                 }
                 println!();
                 if done.response.finish_reason != FinishReason::Complete {
                     eprintln!("[finish reason: {}]", name(&done.response.finish_reason));
                 }
             }
-            TurnResult::Interrupt(interrupt) => println!("[interrupted: {}]", interrupt.reason),
+            TurnResult::Interrupt(interrupt) => {
+                println!("[interrupted: {}]", for_stdout(&interrupt.reason));
+            }
             TurnResult::Error(error) => return Err(anyhow::anyhow!("{error}")),
         }
     }
@@ -294,11 +296,23 @@ impl Filter for ShowTools {
     ) -> Result<ToolResponse, ChainError> {
         let call = format!("{}({})", request.tool.name, request.arguments);
         let result = next.call(request).await;
-        match &result {
-            Ok(response) => eprintln!("  [tool] {call} -> {}", response.output),
-            Err(error) => eprintln!("  [tool] {call} failed: {}", error.message),
-        }
+        let said = match &result {
+            Ok(response) => format!("  [tool] {call} -> {}", response.output),
+            Err(error) => format!("  [tool] {call} failed: {}", error.message),
+        };
+        eprintln!("{}", shallot::terminal_text(&said));
         result
+    }
+}
+
+/// An answer's text as it goes to stdout: at a terminal, with nothing in
+/// it that could move the cursor or forge a line (a model's or a filter's
+/// words); into a pipe or a file, exactly as it is.
+fn for_stdout(text: &str) -> std::borrow::Cow<'_, str> {
+    if std::io::stdout().is_terminal() {
+        shallot::terminal_text(text).into()
+    } else {
+        text.into()
     }
 }
 
@@ -314,10 +328,13 @@ struct TerminalApprover {
 impl Approver for TerminalApprover {
     async fn approve(&self, request: &ApprovalRequest) -> bool {
         let _one_at_a_time = self.asking.lock().await;
-        eprint!(
-            "\n{} asks to run {}({}): {}. Allow? [y/N] ",
+        // The question is the filter's words: shown so that none of them
+        // can clear the screen, rewrite the prompt or forge a line.
+        let question = format!(
+            "{} asks to run {}({}): {}.",
             request.filter, request.tool, request.arguments, request.reason
         );
+        eprint!("\n{} Allow? [y/N] ", shallot::terminal_text(&question));
         matches!(read_line().await, Ok(Some(line)) if approves(&line))
     }
 }

@@ -297,7 +297,9 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // An error can quote a filter or a model: nothing in it may
+            // move the cursor or forge a line.
+            eprintln!("error: {}", shallot::terminal_text(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

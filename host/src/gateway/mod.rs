@@ -65,7 +65,7 @@ use crate::kernel::Kernel;
 use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, ErrorKind, TokenBatch, TurnRequest, TurnResult,
+    ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TokenBatch, TurnRequest, TurnResult,
 };
 
 /// A gateway's bounds.
@@ -471,6 +471,7 @@ impl Shared {
             ErrorKind::Overloaded,
             "the gateway is shutting down and the answer did not finish in time; retry it",
         )
+        .at(Origin::terminal("gateway"))
     }
 
     fn served(&self) -> Served {
@@ -832,6 +833,7 @@ impl Answer {
                 self.deadline.as_millis()
             ),
         )
+        .at(Origin::terminal("gateway"))
     }
 
     /// The text a client is shown of `response`: through the token
@@ -847,6 +849,14 @@ impl Answer {
         }
     }
 
+    /// The chunks that stream `text`, a piece of at most
+    /// [`wire::TEXT_PIECE`] bytes each, so that no event is bigger than six
+    /// times that, escaped, however much text a token batch or a filter's
+    /// own answer holds.
+    fn text_chunks<'a>(&'a self, text: &'a str) -> impl Iterator<Item = Value> + 'a {
+        wire::pieces(text).map(|piece| self.head.chunk(json!({ "content": piece }), None))
+    }
+
     /// A JSON completion.
     async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
         let answer = async {
@@ -854,7 +864,7 @@ impl Answer {
             let response = run(&self.kernel, self.mode, chat, options).await?;
             self.shared.metrics.usage(&self.head.model, &response.usage);
             let delivered = self.delivered(&response).await?;
-            Ok(self.head.completion(&response, delivered))
+            Ok(self.head.completion(response, delivered))
         };
         let answer = tokio::select! {
             answer = tokio::time::timeout(self.deadline, answer) => {
@@ -863,7 +873,7 @@ impl Answer {
             () = self.shared.cut() => Err(Shared::cut_error()),
         }
         .map_err(|e| ApiError::chain(&e))?;
-        Ok(axum::Json(answer).into_response())
+        Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response())
     }
 
     /// Server-sent chunks. Nothing is sent before the chat's first event,
@@ -988,7 +998,8 @@ async fn run(
                         paused.kind.as_str(),
                         paused.reason
                     ),
-                )),
+                )
+                .at(Origin::terminal("gateway"))),
                 TurnResult::Error(error) => Err(error),
             }
         }
@@ -1035,6 +1046,7 @@ impl Unsent {
                 "the client did not read the stream: more than {MAX_UNSENT_BYTES} bytes of the answer waited for it"
             ),
         )
+        .at(Origin::terminal("gateway"))
     }
 }
 
@@ -1086,7 +1098,7 @@ impl Chunks {
             Some(Streamed::Tokens(text)) => {
                 self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
                 self.delivered = true;
-                vec![self.answer.head.chunk(json!({ "content": text }), None)]
+                self.answer.text_chunks(&text).collect()
             }
             Some(Streamed::Done(done)) => {
                 self.ended = true;
@@ -1100,7 +1112,8 @@ impl Chunks {
             None => {
                 self.ended = true;
                 let error =
-                    ChainError::new(ErrorKind::Internal, "the answer ended without a result");
+                    ChainError::new(ErrorKind::Internal, "the answer ended without a result")
+                        .at(Origin::terminal("gateway"));
                 vec![self.broken(&error), Value::String("[DONE]".to_owned())]
             }
         };
@@ -1122,9 +1135,7 @@ impl Chunks {
         let mut chunks = Vec::new();
         if !self.delivered {
             match self.answer.delivered(response).await {
-                Ok(Some(text)) if !text.is_empty() => {
-                    chunks.push(head.chunk(json!({ "content": text }), None));
-                }
+                Ok(Some(text)) => chunks.extend(self.answer.text_chunks(&text)),
                 Ok(_) => {}
                 Err(error) => return vec![self.broken(&error)],
             }

@@ -2,10 +2,15 @@
 //! in our terms, and our answers, stream chunks and errors as OpenAI's
 //! clients expect them.
 
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::body::Body;
 use axum::http::StatusCode;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -109,6 +114,41 @@ pub(super) fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The most of an answer's text one piece of a JSON body or one stream
+/// event carries, in bytes: escaped, a piece is at most six times this.
+pub(super) const TEXT_PIECE: usize = 16 << 10;
+
+/// The piece of `text` from byte `at`: at most [`TEXT_PIECE`] bytes, cut
+/// on a character boundary; `None` at the end.
+pub(super) fn next_piece(text: &str, at: usize) -> Option<&str> {
+    if at >= text.len() {
+        return None;
+    }
+    let mut end = (at + TEXT_PIECE).min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(&text[at..end])
+}
+
+/// `text` in pieces of at most [`TEXT_PIECE`] bytes.
+pub(super) fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let piece = next_piece(text, at)?;
+        at += piece.len();
+        Some(piece)
+    })
+}
+
+/// A JSON object's text without its closing brace, to write more fields
+/// after it.
+fn open(object: &Value) -> Vec<u8> {
+    let mut text = serde_json::to_vec(object).expect("a JSON value serializes");
+    text.pop();
+    text
+}
+
 /// The head every chunk and answer of one completion shares.
 pub(super) struct Head {
     pub id: String,
@@ -125,23 +165,56 @@ impl Head {
         }
     }
 
-    /// A whole answer, its text as delivered through the token transforms.
-    pub fn completion(&self, response: &ChatResponse, delivered: Option<String>) -> Value {
+    /// A whole answer as the body of a JSON response, its text as
+    /// delivered through the token transforms. The text is written as the
+    /// body is sent, [`TEXT_PIECE`] bytes at a time: escaped at once it
+    /// could take six times its size (every control character is six
+    /// bytes in JSON).
+    pub fn completion(&self, mut response: ChatResponse, delivered: Option<String>) -> Body {
+        response.message.content = None;
         let mut message = wire_message(&response.message);
-        message["content"] = delivered.map_or(Value::Null, Value::String);
-        json!({
+        if let Some(fields) = message.as_object_mut() {
+            fields.remove("content");
+        }
+        let head = json!({
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": null,
-                "finish_reason": wire_finish(response.finish_reason),
-            }],
             "usage": wire_usage(&response.usage),
-        })
+        });
+        let finish = json!(wire_finish(response.finish_reason));
+        // `{<head>,"choices":[{...,"message":{<message>,"content":` TEXT `}}]}`
+        let mut prefix = open(&head);
+        prefix.extend_from_slice(br#","choices":[{"index":0,"logprobs":null,"finish_reason":"#);
+        prefix.extend_from_slice(finish.to_string().as_bytes());
+        prefix.extend_from_slice(br#","message":"#);
+        prefix.extend(open(&message));
+        if message.as_object().is_some_and(|fields| !fields.is_empty()) {
+            prefix.push(b',');
+        }
+        prefix.extend_from_slice(br#""content":"#);
+        let text: BoxStream<'static, Bytes> = match delivered {
+            None => futures::stream::iter([Bytes::from_static(b"null")]).boxed(),
+            Some(text) => {
+                let pieces = futures::stream::unfold((text, 0), |(text, at)| async move {
+                    let piece = next_piece(&text, at)?;
+                    let escaped = serde_json::to_string(piece).expect("a string serializes");
+                    let inner = Bytes::copy_from_slice(&escaped.as_bytes()[1..escaped.len() - 1]);
+                    let at = at + piece.len();
+                    Some((inner, (text, at)))
+                });
+                futures::stream::iter([Bytes::from_static(b"\"")])
+                    .chain(pieces)
+                    .chain(futures::stream::iter([Bytes::from_static(b"\"")]))
+                    .boxed()
+            }
+        };
+        let body = futures::stream::iter([Bytes::from(prefix)])
+            .chain(text)
+            .chain(futures::stream::iter([Bytes::from_static(b"}}]}")]))
+            .map(Ok::<_, Infallible>);
+        Body::from_stream(body)
     }
 
     /// A stream chunk with `delta` and `finish_reason`.
@@ -228,7 +301,8 @@ impl ApiError {
     }
 
     /// A failure of the chain, its status by its kind: the message names
-    /// the filter or terminal it came from. The model server refusing the
+    /// the filter (by name, never its plugin file) or terminal it came
+    /// from. The model server refusing the
     /// gateway's own credentials is the gateway's problem, not the
     /// client's: a `502` that does not repeat the server's words (they can
     /// quote the key).
@@ -264,7 +338,7 @@ impl ApiError {
                 Some("limit_exceeded"),
             ),
             ErrorKind::Overloaded => {
-                let message = error.to_string();
+                let message = error.public();
                 return Self::busy(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message);
             }
             ErrorKind::Transient => (StatusCode::BAD_GATEWAY, "server_error", Some("upstream")),
@@ -276,6 +350,13 @@ impl ApiError {
             ),
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
         };
-        Self::new(status, kind, code, error.to_string())
+        // The client is told the filter by name; the plugin file, what it
+        // wrote and where it trapped go to the log.
+        if status.is_server_error() {
+            tracing::warn!("{error}");
+        } else {
+            tracing::debug!("{error}");
+        }
+        Self::new(status, kind, code, error.public())
     }
 }

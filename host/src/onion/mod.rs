@@ -111,6 +111,10 @@ pub trait ChainKind: Send + Sync + Sized + 'static {
     /// The output for a failure.
     fn fail(error: ChainError) -> Self::Output;
 
+    /// The failure in `output`, if it is one.
+    #[doc(hidden)]
+    fn failure(output: &mut Self::Output) -> Option<&mut ChainError>;
+
     #[doc(hidden)]
     fn around_native<'a>(
         filter: &'a dyn Filter,
@@ -143,6 +147,10 @@ impl ChainKind for Chat {
         Err(error)
     }
 
+    fn failure(output: &mut Self::Output) -> Option<&mut ChainError> {
+        output.as_mut().err()
+    }
+
     fn around_native<'a>(
         f: &'a dyn Filter,
         r: ChatRequest,
@@ -170,6 +178,10 @@ impl ChainKind for Tool {
         Err(error)
     }
 
+    fn failure(output: &mut Self::Output) -> Option<&mut ChainError> {
+        output.as_mut().err()
+    }
+
     fn around_native<'a>(
         f: &'a dyn Filter,
         r: ToolRequest,
@@ -195,6 +207,13 @@ impl ChainKind for Turn {
 
     fn fail(error: ChainError) -> Self::Output {
         TurnResult::Error(error)
+    }
+
+    fn failure(output: &mut Self::Output) -> Option<&mut ChainError> {
+        match output {
+            TurnResult::Error(error) => Some(error),
+            _ => None,
+        }
     }
 
     fn around_native<'a>(
@@ -516,13 +535,32 @@ impl<K: ChainKind> Next<K> {
     pub async fn call_within(&self, request: K::Request, timeout: Duration) -> K::Output {
         match tokio::time::timeout(timeout, self.call(request)).await {
             Ok(output) => output,
-            Err(_) => K::fail(ChainError::new(
-                ErrorKind::Timeout,
-                format!(
-                    "the inner call did not finish within {} ms",
-                    timeout.as_millis()
-                ),
-            )),
+            Err(_) => {
+                let error = ChainError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the inner call did not finish within {} ms",
+                        timeout.as_millis()
+                    ),
+                );
+                // The deadline is the calling filter's.
+                K::fail(match self.caller() {
+                    Some(filter) => error.at(Origin {
+                        filter: filter.into(),
+                        plugin: None,
+                        call: K::HOOK.into(),
+                    }),
+                    None => error,
+                })
+            }
+        }
+    }
+
+    /// The name of the native filter this is the rest of the chain of.
+    fn caller(&self) -> Option<&str> {
+        match &self.chain.layers.get(self.index.checked_sub(1)?)?.filter {
+            LayerFilter::Native(filter) => Some(filter.name()),
+            LayerFilter::Guest(_) => None,
         }
     }
 
@@ -558,14 +596,14 @@ impl<K: ChainKind> Next<K> {
             // A terminal's panic (a custom one, or a host bug) is its own
             // error, not blamed on the native filter around it.
             let call = self.chain.terminal.call(request, &self.invoke);
-            return match AssertUnwindSafe(call).catch_unwind().await {
+            let terminal = match K::HOOK {
+                Hook::AroundChat => "model",
+                Hook::AroundTool => "tools",
+                _ => "turn",
+            };
+            let mut output = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(output) => output,
                 Err(panic) => {
-                    let terminal = match K::HOOK {
-                        Hook::AroundChat => "model",
-                        Hook::AroundTool => "tools",
-                        _ => "turn",
-                    };
                     let error = panicked(terminal, Call::Terminal, &*panic);
                     K::fail(ChainError {
                         kind: ErrorKind::Internal,
@@ -573,6 +611,14 @@ impl<K: ChainKind> Next<K> {
                     })
                 }
             };
+            // Every error names where it came from: a terminal's own,
+            // unless it says which part of it failed.
+            if let Some(error) = K::failure(&mut output)
+                && error.origin.is_none()
+            {
+                error.origin = Some(Origin::terminal(terminal));
+            }
+            return output;
         };
         let next = Next {
             index: self.index + 1,

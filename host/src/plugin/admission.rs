@@ -29,7 +29,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{FilterInstance, WasmFilter};
 use crate::onion::{Hook, Invoke};
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{ChainError, ErrorKind, Origin};
 
 /// What an invoke starts with; decides how many instances it reserves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,7 @@ fn overloaded(what: &str, timeout: Duration) -> ChainError {
             timeout.as_millis()
         ),
     )
+    .at(Origin::terminal("engine"))
 }
 
 /// Waits for `count` permits of `semaphore`, at most `timeout`.
@@ -80,7 +81,10 @@ async fn acquire(
     let count = u32::try_from(count).unwrap_or(u32::MAX);
     match tokio::time::timeout(timeout, semaphore.clone().acquire_many_owned(count)).await {
         Ok(Ok(permit)) => Ok(permit),
-        Ok(Err(closed)) => Err(ChainError::new(ErrorKind::Internal, closed.to_string())),
+        Ok(Err(closed)) => {
+            Err(ChainError::new(ErrorKind::Internal, closed.to_string())
+                .at(Origin::terminal("engine")))
+        }
         Err(_) => Err(overloaded(&what(), timeout)),
     }
 }

@@ -191,9 +191,11 @@ impl From<wit::ErrorKind> for ErrorKind {
 
 /// A chain error as a guest sees it: kind and message, the origin folded
 /// into the message so an outer filter can still tell who failed.
+/// An error as a filter is told it: the origin by name, never another
+/// plugin's file, stderr or backtrace.
 pub(crate) fn filter_error(e: &ChainError) -> wit::FilterError {
     let message = match &e.origin {
-        Some(origin) => format!("{origin}: {}", e.message),
+        Some(origin) => format!("{}: {}", origin.public(), e.message),
         None => e.message.clone(),
     };
     wit::FilterError {

@@ -16,9 +16,10 @@ use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
 use super::host::{Continuation, Granted, HostState, Identity, Scope, internal};
+use crate::escape::{self, TEXT_CAP};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
-use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits, TEXT_CAP};
+use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits};
 use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, FinishReason, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
@@ -88,7 +89,7 @@ impl FilterInstance {
             store,
             exports: Box::new(exports),
         };
-        instance.begin(None);
+        instance.begin(Call::Configure, None);
         let plugin = instance.exports.shallot_filter_plugin();
         let meter = instance.meter();
         let configured = plugin.call_configure(&mut instance.store, &blueprint.config);
@@ -99,7 +100,7 @@ impl FilterInstance {
                 ErrorKind::InvalidRequest,
                 format!(
                     "rejected its configuration: {}",
-                    sandbox::printable(&message, TEXT_CAP)
+                    escape::printable(&message, TEXT_CAP)
                 ),
             )
             .at(blueprint.identity.origin(Call::Configure))),
@@ -108,7 +109,7 @@ impl FilterInstance {
 
     /// The filter's own description of itself.
     pub(crate) async fn describe(&mut self) -> Result<Description, ChainError> {
-        self.begin(None);
+        self.begin(Call::Describe, None);
         let plugin = self.exports.shallot_filter_plugin();
         let meter = self.meter();
         let described = plugin.call_describe(&mut self.store);
@@ -138,8 +139,8 @@ impl FilterInstance {
             }
         }
         Ok(Description {
-            name: sandbox::printable(&d.name, NAME_CAP),
-            version: sandbox::printable(&d.version, NAME_CAP),
+            name: escape::printable(&d.name, NAME_CAP),
+            version: escape::printable(&d.version, NAME_CAP),
             init: Fctx::from(init.to_string()),
             hooks,
         })
@@ -160,16 +161,16 @@ impl FilterInstance {
         sandbox::fault(error, &state.confinement, &state.limits, origin)
     }
 
-    /// Starts a call: its scope, its clocks, its captured stderr, its
+    /// Starts `call`: its scope, its clocks, its captured stderr, its
     /// quotas.
-    fn begin(&mut self, scope: Option<Scope>) {
-        self.begin_with(scope, true);
+    fn begin(&mut self, call: Call, scope: Option<Scope>) {
+        self.begin_with(call, scope, true);
     }
 
-    /// Starts a call; a token transformer's step or flush keeps the
+    /// Starts `call`; a token transformer's step or flush keeps the
     /// quotas its stream has used (`fresh_quotas` false).
-    fn begin_with(&mut self, scope: Option<Scope>, fresh_quotas: bool) {
-        self.store.data_mut().enter(scope, fresh_quotas);
+    fn begin_with(&mut self, call: Call, scope: Option<Scope>, fresh_quotas: bool) {
+        self.store.data_mut().enter(call, scope, fresh_quotas);
         let limits = self.store.data().limits;
         sandbox::arm(&mut self.store, &limits);
     }
@@ -197,7 +198,7 @@ impl FilterInstance {
         prompt: &str,
     ) -> Result<Result<String, ChainError>, ChainError> {
         const CALL: Call = Call::SystemPrompt;
-        self.begin(Some(Scope::outside_chains(invoke, id)));
+        self.begin(CALL, Some(Scope::outside_chains(invoke, id)));
         let api = self.exports.shallot_filter_system_prompt_filter();
         let meter = self.meter();
         let shaped = api.call_system_prompt(&mut self.store, prompt);
@@ -220,7 +221,10 @@ impl FilterInstance {
         invoke: Arc<Invoke>,
         id: usize,
     ) -> Result<ResourceAny, ChainError> {
-        self.begin(Some(Scope::outside_chains(invoke, id)));
+        self.begin(
+            Call::TokenTransform,
+            Some(Scope::outside_chains(invoke, id)),
+        );
         let api = self.exports.shallot_filter_token_filter();
         let meter = self.meter();
         let api = api.token_transformer();
@@ -237,7 +241,11 @@ impl FilterInstance {
         transformer: ResourceAny,
         feed: Feed,
     ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
-        self.begin_with(Some(scope), false);
+        let call = match &feed {
+            Feed::Step(_) => Call::Step,
+            Feed::Flush(_) => Call::Flush,
+        };
+        self.begin_with(call, Some(scope), false);
         let meter = self.meter();
         let api = self.exports.shallot_filter_token_filter();
         let api = api.token_transformer();
@@ -245,16 +253,16 @@ impl FilterInstance {
             Feed::Step(tokens) => tokens.len(),
             Feed::Flush(_) => 0,
         };
-        let (call, result) = match feed {
+        let result = match feed {
             Feed::Step(tokens) => {
                 let batch = convert::token_batch(tokens);
                 let stepped = api.call_step(&mut self.store, transformer, &batch);
-                (Call::Step, sandbox::metered(meter, stepped).await)
+                sandbox::metered(meter, stepped).await
             }
             Feed::Flush(end) => {
                 self.store.data_mut().stream_end = Some(convert::finish_reason(end));
                 let flushed = api.call_flush(&mut self.store, transformer);
-                (Call::Flush, sandbox::metered(meter, flushed).await)
+                sandbox::metered(meter, flushed).await
             }
         };
         match self.end(result, call)? {
@@ -284,7 +292,7 @@ impl FilterInstance {
         &mut self,
         transformer: ResourceAny,
     ) -> Result<(), ChainError> {
-        self.begin(None);
+        self.begin(Call::TokenTransform, None);
         let meter = self.meter();
         let dropped = transformer.resource_drop_async(&mut self.store);
         let dropped = sandbox::metered(meter, dropped).await;
@@ -306,7 +314,7 @@ impl FilterInstance {
             branch,
             next: K::continuation(next),
         };
-        self.begin(Some(scope));
+        self.begin(K::HOOK.into(), Some(scope));
         K::call(self, request).await
     }
 

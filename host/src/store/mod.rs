@@ -5,17 +5,25 @@
 //!   the filter loads;
 //! - `redis://host:port/db` (or `rediss://`): Redis, so that several
 //!   shallot processes, on several machines, share conversations;
-//! - `:memory:`: in this process only (tests, demos).
+//! - `:memory:`: in this process only (tests, demos); `:memory:<name>` is
+//!   another in-process store, shared by the filters that name it.
 //!
 //! Filters granted the same store share one connection. A store that
 //! cannot be opened fails the load; one that fails later (Redis going
 //! away) fails the call with a `transient` error within a bounded time,
 //! and works again once it is back.
+//!
+//! What a store keeps is bounded as it keeps it (each message as its JSON
+//! encoding, which can be several times what a filter handed over): a
+//! conversation keeps its latest [`CONVERSATION_CAP`] bytes (older
+//! messages are dropped as new ones come), and a store holds at most
+//! [`STORE_CAP`] bytes (the in-process one [`IN_PROCESS_CAP`]); an append
+//! that would go past it is refused with `limit-exceeded`.
 
 mod redis;
 mod sqlite;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -25,6 +33,14 @@ use crate::types::{ChainError, ErrorKind, Message, Weigh};
 
 /// The most messages a load returns: the conversation's latest ones.
 pub const LOAD_LIMIT: usize = 10_000;
+/// The most one conversation keeps, in bytes as stored: past it, its
+/// oldest messages are dropped.
+pub const CONVERSATION_CAP: usize = 16 << 20;
+/// The most an SQLite or Redis store holds, in bytes as stored.
+pub const STORE_CAP: usize = 1 << 30;
+/// The most the in-process store (`:memory:`) holds, in bytes as stored
+/// (or as held, where that is more): it is the host's own memory.
+pub const IN_PROCESS_CAP: usize = 256 << 20;
 /// How long one store operation may take before it is a `transient` error.
 pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -37,10 +53,34 @@ pub trait ConversationStore: Send + Sync + 'static {
     /// further, so that a load never reads more than its caller can hold;
     /// empty for one never written.
     async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError>;
-    /// Appends messages to the conversation.
+    /// Appends messages to the conversation, dropping its oldest ones past
+    /// [`CONVERSATION_CAP`]. Messages bigger than that together, or that
+    /// would take the store past its cap, are refused (`limit-exceeded`)
+    /// and nothing is written.
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError>;
     /// Forgets the conversation.
     async fn clear(&self, conversation: &str) -> Result<(), ChainError>;
+}
+
+/// Which kind of store a `grants.memory` spec names.
+#[derive(PartialEq, Eq)]
+pub(crate) enum Kind {
+    InProcess,
+    Redis,
+    /// A file's path.
+    Sqlite,
+}
+
+impl Kind {
+    pub(crate) fn of(spec: &str) -> Self {
+        if spec.starts_with(":memory:") {
+            Kind::InProcess
+        } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+            Kind::Redis
+        } else {
+            Kind::Sqlite
+        }
+    }
 }
 
 /// Opens the store `spec` names, or shares the one already open.
@@ -55,18 +95,59 @@ pub async fn open_store(spec: &str) -> Result<Arc<dyn ConversationStore>, String
     {
         return Ok(store);
     }
-    let store: Arc<dyn ConversationStore> = if spec == ":memory:" {
-        Arc::new(InProcess::default())
-    } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-        Arc::new(redis::Redis::open(spec).await?)
-    } else {
-        Arc::new(sqlite::Sqlite::open(std::path::Path::new(spec)).await?)
+    let store: Arc<dyn ConversationStore> = match Kind::of(spec) {
+        Kind::InProcess => Arc::new(InProcess::default()),
+        Kind::Redis => Arc::new(redis::Redis::open(spec).await?),
+        Kind::Sqlite => Arc::new(sqlite::Sqlite::open(std::path::Path::new(spec)).await?),
     };
     OPEN.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get_or_insert_default()
         .insert(spec.to_owned(), Arc::downgrade(&store));
     Ok(store)
+}
+
+/// The bytes `message` takes as a store keeps it: its JSON encoding.
+pub(crate) fn encoded_size(message: &Message) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, message).expect("a message serializes");
+    count.0
+}
+
+/// The bytes `messages` take as a store keeps them.
+pub(crate) fn stored_size(messages: &[Message]) -> usize {
+    messages.iter().map(encoded_size).sum()
+}
+
+/// Checks an append of `added` bytes fits a conversation at all.
+fn fits_a_conversation(added: usize) -> Result<(), ChainError> {
+    if added > CONVERSATION_CAP {
+        return Err(ChainError::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "appending {added} bytes (as stored) at once, more than a conversation keeps ({CONVERSATION_CAP})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The error for an append that would take a store past its cap.
+fn full(store: &str, cap: usize) -> ChainError {
+    ChainError::new(
+        ErrorKind::LimitExceeded,
+        format!("the conversation store ({store}) is full: it holds at most {cap} bytes"),
+    )
 }
 
 /// A store's failure to answer, as a call sees it.
@@ -77,50 +158,101 @@ pub(crate) fn unavailable(store: &str, error: impl std::fmt::Display) -> ChainEr
     )
 }
 
-/// Conversations kept in this process.
+/// Conversations kept in this process, bounded like any store, in the
+/// bytes each message takes as stored or as held, whichever is more.
 #[derive(Default)]
 struct InProcess {
-    conversations: Mutex<HashMap<String, Vec<Message>>>,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    conversations: HashMap<String, Conversation>,
+    bytes: usize,
+}
+
+/// One conversation's messages, each with its size, oldest first.
+#[derive(Default)]
+struct Conversation {
+    messages: VecDeque<(Message, usize)>,
+    bytes: usize,
+}
+
+fn kept_size(message: &Message) -> usize {
+    encoded_size(message).max(message.weight())
+}
+
+impl InProcess {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[async_trait]
 impl ConversationStore for InProcess {
     async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
-        let conversations = self
-            .conversations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let messages = conversations
-            .get(conversation)
-            .map_or(&[][..], Vec::as_slice);
+        let kept = self.kept();
+        let Some(messages) = kept.conversations.get(conversation) else {
+            return Ok(Vec::new());
+        };
         let mut bytes = 0;
         let fitting = messages
+            .messages
             .iter()
             .rev()
             .take(LOAD_LIMIT)
-            .take_while(|message| {
-                bytes += message.weight();
+            .take_while(|(_, size)| {
+                bytes += size;
                 bytes <= max_bytes
             })
             .count();
-        Ok(messages[messages.len() - fitting..].to_vec())
+        let skip = messages.messages.len() - fitting;
+        Ok(messages
+            .messages
+            .iter()
+            .skip(skip)
+            .map(|(message, _)| message.clone())
+            .collect())
     }
 
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError> {
-        self.conversations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let sized: Vec<(Message, usize)> =
+            messages.iter().map(|m| (m.clone(), kept_size(m))).collect();
+        let added: usize = sized.iter().map(|(_, size)| size).sum();
+        fits_a_conversation(added)?;
+        let mut kept = self.kept();
+        let current = kept.conversations.get(conversation);
+        let (mut dropped, mut freed) = (0, 0);
+        if let Some(current) = current {
+            let mut over = (current.bytes + added).saturating_sub(CONVERSATION_CAP);
+            for (_, size) in &current.messages {
+                if over == 0 {
+                    break;
+                }
+                over = over.saturating_sub(*size);
+                freed += size;
+                dropped += 1;
+            }
+        }
+        if kept.bytes - freed + added > IN_PROCESS_CAP {
+            return Err(full("in-process", IN_PROCESS_CAP));
+        }
+        kept.bytes = kept.bytes - freed + added;
+        let current = kept
+            .conversations
             .entry(conversation.to_owned())
-            .or_default()
-            .extend_from_slice(messages);
+            .or_default();
+        current.messages.drain(..dropped);
+        current.messages.extend(sized);
+        current.bytes = current.bytes - freed + added;
         Ok(())
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
-        self.conversations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(conversation);
+        let mut kept = self.kept();
+        if let Some(gone) = kept.conversations.remove(conversation) {
+            kept.bytes -= gone.bytes;
+        }
         Ok(())
     }
 }

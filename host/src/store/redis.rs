@@ -1,13 +1,18 @@
 //! Conversations in Redis: a list per conversation
-//! (`shallot:conversation:<id>`), one JSON message per element. The
+//! (`shallot:conversation:<id>`), one JSON message per element, its size
+//! as stored beside it (`shallot:conversation-bytes:<id>`) and the store's
+//! (`shallot:conversation-bytes`), all changed together in server-side
+//! scripts, so the bounds hold for every host sharing the server. The
 //! connection manager reconnects after Redis comes back; every operation
 //! is bounded, so Redis going away is a `transient` error, never a hang.
 
 use async_trait::async_trait;
-use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, unavailable};
+use super::{
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, STORE_CAP,
+    fits_a_conversation, full, unavailable,
+};
 use crate::types::{ChainError, Message};
 
 pub(super) struct Redis {
@@ -19,6 +24,15 @@ pub(super) struct Redis {
 fn key(conversation: &str) -> String {
     format!("shallot:conversation:{conversation}")
 }
+
+fn size_key(conversation: &str) -> String {
+    format!("shallot:conversation-bytes:{conversation}")
+}
+
+/// The store's size as stored, over all conversations.
+const STORE_SIZE_KEY: &str = "shallot:conversation-bytes";
+/// What the append script answers when the store is full.
+const FULL: &str = "shallot-store-full";
 
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
@@ -81,6 +95,41 @@ end
 return out
 ";
 
+/// Appends `ARGV[3..]` to the list `KEYS[1]` whose size is `KEYS[2]`, in a
+/// store whose size is `KEYS[3]`: the list's oldest elements go while it
+/// is over `ARGV[1]` bytes; nothing is written if the store would go past
+/// `ARGV[2]`.
+const APPEND_WITHIN: &str = r"
+local conversation_cap, store_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local added = 0
+for i = 3, #ARGV do added = added + #ARGV[i] end
+local size = tonumber(redis.call('GET', KEYS[2]) or '0')
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+local over, freed, dropped = size + added - conversation_cap, 0, 0
+while freed < over do
+  local oldest = redis.call('LINDEX', KEYS[1], dropped)
+  if not oldest then break end
+  freed, dropped = freed + #oldest, dropped + 1
+end
+if total - freed + added > store_cap then return 'shallot-store-full' end
+if dropped > 0 then redis.call('LTRIM', KEYS[1], dropped, -1) end
+for i = 3, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('SET', KEYS[2], math.max(0, size - freed) + added)
+redis.call('INCRBY', KEYS[3], added - freed)
+return 'OK'
+";
+
+/// Deletes the list `KEYS[1]` and its size `KEYS[2]`, taking that from
+/// the store's size `KEYS[3]`.
+const CLEAR: &str = r"
+local size = tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DECRBY', KEYS[3], size)
+return 'OK'
+";
+
 #[async_trait]
 impl ConversationStore for Redis {
     async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
@@ -113,14 +162,36 @@ impl ConversationStore for Redis {
             .iter()
             .map(|m| serde_json::to_string(m).expect("a message serializes"))
             .collect();
+        fits_a_conversation(rows.iter().map(String::len).sum())?;
         let mut connection = self.connection.clone();
-        self.bounded(connection.rpush::<_, _, ()>(key(conversation), rows))
-            .await
+        let mut append = redis::cmd("EVAL");
+        append
+            .arg(APPEND_WITHIN)
+            .arg(3)
+            .arg(key(conversation))
+            .arg(size_key(conversation))
+            .arg(STORE_SIZE_KEY)
+            .arg(CONVERSATION_CAP)
+            .arg(STORE_CAP)
+            .arg(rows);
+        let answer: String = self.bounded(append.query_async(&mut connection)).await?;
+        if answer == FULL {
+            return Err(full(&self.shown, STORE_CAP));
+        }
+        Ok(())
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
         let mut connection = self.connection.clone();
-        self.bounded(connection.del::<_, ()>(key(conversation)))
+        let mut clear = redis::cmd("EVAL");
+        clear
+            .arg(CLEAR)
+            .arg(3)
+            .arg(key(conversation))
+            .arg(size_key(conversation))
+            .arg(STORE_SIZE_KEY);
+        self.bounded(clear.query_async::<String>(&mut connection))
             .await
+            .map(drop)
     }
 }

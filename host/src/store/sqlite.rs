@@ -1,5 +1,8 @@
 //! Conversations in an embedded SQLite file: one row per message, in
-//! order. Calls run on the blocking pool, one at a time per file.
+//! order, and each conversation's size as stored beside them (kept in the
+//! same transactions), so that an append checks its bounds without
+//! reading the conversation. Calls run on the blocking pool, one at a time
+//! per file.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -7,7 +10,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
-use super::{ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, unavailable};
+use super::{
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, STORE_CAP,
+    fits_a_conversation, full, unavailable,
+};
 use crate::types::{ChainError, Message};
 
 pub(super) struct Sqlite {
@@ -33,6 +39,21 @@ impl Sqlite {
                  CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
                      ON shallot_messages (conversation, seq);",
             )?;
+            // A file written before sizes were kept gets them once.
+            let sized = connection.execute_batch(
+                "CREATE TABLE shallot_conversation_sizes (
+                     conversation TEXT PRIMARY KEY,
+                     bytes INTEGER NOT NULL
+                 );
+                 INSERT INTO shallot_conversation_sizes
+                     SELECT conversation, SUM(LENGTH(CAST(message AS BLOB)))
+                     FROM shallot_messages GROUP BY conversation;",
+            );
+            if let Err(e) = sized
+                && !e.to_string().contains("already exists")
+            {
+                return Err(e);
+            }
             Ok(connection)
         })
         .await
@@ -107,29 +128,80 @@ impl ConversationStore for Sqlite {
             .iter()
             .map(|m| serde_json::to_string(m).expect("a message serializes"))
             .collect();
-        self.with(move |db| {
-            let batch = db.transaction()?;
-            {
-                let mut insert = batch.prepare_cached(
-                    "INSERT INTO shallot_messages (conversation, message) VALUES (?1, ?2)",
+        let added: usize = rows.iter().map(String::len).sum();
+        fits_a_conversation(added)?;
+        let full = || full(&self.path, STORE_CAP);
+        let fitted = self
+            .with(move |db| {
+                let batch = db.transaction()?;
+                let current: i64 = batch.query_row(
+                    "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes
+                     WHERE conversation = ?1",
+                    params![conversation],
+                    |row| row.get(0),
                 )?;
-                for row in &rows {
-                    insert.execute(params![conversation, row])?;
+                let total: i64 = batch.query_row(
+                    "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes",
+                    [],
+                    |row| row.get(0),
+                )?;
+                let (current, total) = (current as usize, total as usize);
+                // The oldest messages that must go for the new ones to fit.
+                let over = (current + added).saturating_sub(CONVERSATION_CAP);
+                let (mut freed, mut last) = (0, None);
+                if over > 0 {
+                    let mut oldest = batch.prepare_cached(
+                        "SELECT seq, LENGTH(CAST(message AS BLOB)) FROM shallot_messages
+                         WHERE conversation = ?1 ORDER BY seq",
+                    )?;
+                    let mut found = oldest.query(params![conversation])?;
+                    while freed < over
+                        && let Some(row) = found.next()?
+                    {
+                        last = Some(row.get::<_, i64>(0)?);
+                        freed += row.get::<_, i64>(1)? as usize;
+                    }
                 }
-            }
-            batch.commit()
-        })
-        .await
+                if total - freed.min(total) + added > STORE_CAP {
+                    return Ok(false);
+                }
+                if let Some(last) = last {
+                    batch.execute(
+                        "DELETE FROM shallot_messages WHERE conversation = ?1 AND seq <= ?2",
+                        params![conversation, last],
+                    )?;
+                }
+                {
+                    let mut insert = batch.prepare_cached(
+                        "INSERT INTO shallot_messages (conversation, message) VALUES (?1, ?2)",
+                    )?;
+                    for row in &rows {
+                        insert.execute(params![conversation, row])?;
+                    }
+                }
+                batch.execute(
+                    "INSERT INTO shallot_conversation_sizes (conversation, bytes) VALUES (?1, ?2)
+                     ON CONFLICT (conversation) DO UPDATE SET bytes = ?2",
+                    params![conversation, (current + added - freed.min(current)) as i64],
+                )?;
+                batch.commit()?;
+                Ok(true)
+            })
+            .await?;
+        if fitted { Ok(()) } else { Err(full()) }
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
         let conversation = conversation.to_owned();
         self.with(move |db| {
-            db.execute(
-                "DELETE FROM shallot_messages WHERE conversation = ?1",
-                params![conversation],
-            )
-            .map(drop)
+            let batch = db.transaction()?;
+            for table in ["shallot_messages", "shallot_conversation_sizes"] {
+                batch.execute(
+                    &format!("DELETE FROM {table} WHERE conversation = ?1"),
+                    params![conversation],
+                )?;
+            }
+            batch.commit()
         })
         .await
     }

@@ -146,6 +146,18 @@ impl Origin {
     }
 }
 
+impl Origin {
+    /// Where the error came from as a client or another filter is told
+    /// it: the filter's name and the call (or the terminal), never the
+    /// plugin's file.
+    pub fn public(&self) -> String {
+        if self.call == Call::Terminal {
+            return format!("the {}", self.filter);
+        }
+        format!("filter '{}' in {}", self.filter, self.call)
+    }
+}
+
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.call == Call::Terminal {
@@ -166,8 +178,13 @@ pub struct ChainError {
     pub kind: ErrorKind,
     /// What happened, in words (text from a filter is made printable).
     pub message: String,
-    /// The filter (or terminal) it came from; `None` for the host.
+    /// The filter (or terminal, or host part) it came from.
     pub origin: Option<Origin>,
+    /// For the operator only: what a faulted filter wrote to stderr in the
+    /// call, and the wasm backtrace. In the error's `Display` (the log, the
+    /// CLI), never in what a client or another filter is told
+    /// ([`ChainError::public`]).
+    pub detail: Option<String>,
     /// For a turn that stopped at a limit: what it had done by then (the
     /// tool calls made, the messages so far).
     pub ran: Option<Arc<super::TurnDone>>,
@@ -180,7 +197,23 @@ impl ChainError {
             kind,
             message: message.into(),
             origin: None,
+            detail: None,
             ran: None,
+        }
+    }
+
+    /// The error as a client or another filter is told it: where it came
+    /// from by name and call ([`Origin::public`]), what happened, and its
+    /// kind; no plugin file, stderr or backtrace.
+    pub fn public(&self) -> String {
+        match &self.origin {
+            Some(origin) => format!(
+                "{}: {} ({})",
+                origin.public(),
+                self.message,
+                self.kind.as_str()
+            ),
+            None => format!("{} ({})", self.message, self.kind.as_str()),
         }
     }
 
@@ -192,11 +225,17 @@ impl ChainError {
 }
 
 impl fmt::Display for ChainError {
+    /// The whole error, for the operator: the plugin file, and what the
+    /// filter wrote or where it trapped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.origin {
-            Some(origin) => write!(f, "{origin}: {} ({})", self.message, self.kind.as_str()),
-            None => write!(f, "{} ({})", self.message, self.kind.as_str()),
+        if let Some(origin) = &self.origin {
+            write!(f, "{origin}: ")?;
         }
+        write!(f, "{} ({})", self.message, self.kind.as_str())?;
+        if let Some(detail) = &self.detail {
+            write!(f, "; {detail}")?;
+        }
+        Ok(())
     }
 }
 

@@ -1,8 +1,12 @@
 //! The imports a filter gets only when the operator grants them (`timer`,
-//! `approval`, `trace`, `memory`), and `model-stream`, which needs no grant. Without its
-//! grant a call fails with an `auth` error naming the grant to add; each
-//! is bounded per call, and time spent waiting in `timer` or `approval` is
-//! not the filter's own, as time in `next` is not.
+//! `approval`, `trace`, `memory`), and `model-stream`, which needs no grant.
+//! Without its grant a call fails with an `auth` error naming the grant to
+//! add. Each works only in the calls it is for ([`Service::calls`]:
+//! never while the instance is made, configured or described), and is
+//! bounded per call in count, size and time waited. Time spent waiting in
+//! `timer`, `approval` or the store is not the filter's own, as time in
+//! `next` is not, but it is bounded per call, so a hook call outside
+//! `next` never lasts longer than its `wall_ms` and these waits together.
 
 use std::future::Future;
 use std::io::Write;
@@ -14,13 +18,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::FutureExt;
 
 use super::HostState;
+use crate::escape;
 use crate::onion::ApprovalRequest;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
 use crate::plugin::convert;
-use crate::sandbox::{self, Grants, Meter};
-use crate::store::{ConversationStore, open_store};
-use crate::types::{ChainError, Weigh};
+use crate::sandbox::Grants;
+use crate::store::{self, ConversationStore, open_store};
+use crate::types::{Call, ChainError, Weigh};
 
 /// The largest trace event, in bytes.
 const TRACE_EVENT_CAP: usize = 64 << 10;
@@ -32,9 +37,56 @@ const CONVERSATION_ID_CAP: usize = 512;
 const STORE_OPS_PER_CALL: u32 = 64;
 /// Questions one call may put to the approval handler.
 const ASKS_PER_CALL: u32 = 16;
-/// The longest a filter may wait for the approval handler, in ms, whatever
-/// it asks for.
+/// The longest one call may wait for the approval handler in all, in ms,
+/// whatever it asks for.
 const APPROVAL_WAIT_CAP_MS: u32 = 10 * 60 * 1000;
+/// The largest approval question's arguments (JSON text), in bytes.
+const APPROVAL_ARGUMENTS_CAP: usize = 64 << 10;
+/// Sleeps one call may make, each counting at least a millisecond of the
+/// grant: a loop of `sleep(0)` costs the host a wake-up each time.
+const SLEEPS_PER_CALL: u32 = 64;
+/// The longest one call may wait for the conversation store in all.
+const STORE_WAIT_CAP: Duration = Duration::from_secs(10);
+
+/// A granted import, and the calls it may be used from.
+#[derive(Clone, Copy)]
+enum Service {
+    Timer,
+    Approval,
+    Trace,
+    Memory,
+}
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Service::Timer => "timer.sleep",
+            Service::Approval => "approval.ask",
+            Service::Trace => "trace.write",
+            Service::Memory => "memory",
+        }
+    }
+
+    /// Where it may be called. A backoff belongs in a hook, not in making
+    /// the instance; a question needs a caller waiting on a decision (an
+    /// around hook), not a stream being shaped; the store is for the
+    /// chains, never per token.
+    fn calls(self) -> &'static [Call] {
+        const AROUND: &[Call] = &[Call::AroundChat, Call::AroundTool, Call::AroundTurn];
+        const HOOKS: &[Call] = &[
+            Call::AroundChat,
+            Call::AroundTool,
+            Call::AroundTurn,
+            Call::SystemPrompt,
+            Call::Step,
+            Call::Flush,
+        ];
+        match self {
+            Service::Timer | Service::Trace => HOOKS,
+            Service::Approval | Service::Memory => AROUND,
+        }
+    }
+}
 
 /// What a filter's grants give it at run time: the grants, and the trace
 /// sink opened for it when it was loaded.
@@ -113,6 +165,27 @@ fn not_granted(import: &str, grant: &str) -> wit::FilterError {
     )
 }
 
+impl HostState {
+    /// Refuses `service` in a call it is not for (typed: the filter can
+    /// tell it from a failure of the service).
+    fn out_of_place(&self, service: Service) -> Option<wit::FilterError> {
+        let allowed = service.calls();
+        match self.call {
+            Some(call) if allowed.contains(&call) => None,
+            call => {
+                let here = call.map_or("outside any call", Call::as_str);
+                let places: Vec<&str> = allowed.iter().map(|c| c.as_str()).collect();
+                let message = format!(
+                    "{} may be called only from {}, not from {here}",
+                    service.name(),
+                    places.join(", ")
+                );
+                Some(error(wit::ErrorKind::InvalidRequest, message))
+            }
+        }
+    }
+}
+
 impl model_stream::Host for HostState {
     fn end(&mut self) -> wasmtime::Result<Option<wit::FinishReason>> {
         Ok(self.stream_end)
@@ -124,13 +197,16 @@ impl timer::Host for HostState {
         if self.granted.sleep_ms == 0 {
             return Ok(Err(not_granted("timer", "sleep_ms = 30000")));
         }
-        if self.scope.is_none() {
-            return Ok(Err(error(
-                wit::ErrorKind::InvalidRequest,
-                "timer.sleep called outside a hook",
-            )));
+        if let Some(refused) = self.out_of_place(Service::Timer) {
+            return Ok(Err(refused));
         }
-        let total = self.slept.saturating_add(ms);
+        let quotas = &mut self.quotas;
+        quotas.sleeps += 1;
+        if quotas.sleeps > SLEEPS_PER_CALL {
+            let message = format!("more than {SLEEPS_PER_CALL} sleeps in one call");
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        let total = quotas.slept.saturating_add(ms.max(1));
         if total > self.granted.sleep_ms {
             let message = format!(
                 "sleeping {ms} ms more would take this hook call to {total} ms, past its grant of {} ms",
@@ -138,7 +214,7 @@ impl timer::Host for HostState {
             );
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
-        self.slept = total;
+        quotas.slept = total;
         let meter = self.confinement.meter().clone();
         meter.enter_next();
         tokio::time::sleep(Duration::from_millis(ms.into())).await;
@@ -158,38 +234,52 @@ impl approval::Host for HostState {
         if !self.granted.approval {
             return Ok(Err(not_granted("approval", "approval = true")));
         }
-        let Some(scope) = &self.scope else {
-            return Ok(Err(error(
-                wit::ErrorKind::InvalidRequest,
-                "approval.ask called outside a hook",
-            )));
-        };
-        self.asks += 1;
-        if self.asks > ASKS_PER_CALL {
+        if let Some(refused) = self.out_of_place(Service::Approval) {
+            return Ok(Err(refused));
+        }
+        self.quotas.asks += 1;
+        if self.quotas.asks > ASKS_PER_CALL {
             let message = format!("more than {ASKS_PER_CALL} approval questions in one call");
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        if arguments.len() > APPROVAL_ARGUMENTS_CAP {
+            let message = format!(
+                "an approval question's arguments of {} bytes are over the cap of {APPROVAL_ARGUMENTS_CAP}",
+                arguments.len()
+            );
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
         let arguments = match self.json_object(&arguments, "the arguments")? {
             Ok(map) => serde_json::Value::Object(map),
             Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
         };
+        let Some(scope) = &self.scope else {
+            return Ok(Err(error(
+                wit::ErrorKind::InvalidRequest,
+                "approval.ask called outside a hook",
+            )));
+        };
         let Some(approver) = scope.invoke.core().approver.clone() else {
             return Ok(Ok(false));
         };
         let request = ApprovalRequest {
             filter: self.identity.name.clone(),
-            tool: sandbox::printable(&tool, sandbox::TEXT_CAP),
+            tool: escape::printable(&tool, escape::TEXT_CAP),
             arguments,
-            reason: sandbox::printable(&reason, sandbox::TEXT_CAP),
+            reason: escape::printable(&reason, escape::TEXT_CAP),
             context: scope.invoke.context().clone(),
         };
+        drop((tool, reason));
+        let left = Duration::from_millis(APPROVAL_WAIT_CAP_MS.into())
+            .saturating_sub(self.quotas.approval_wait);
+        let wait = Duration::from_millis(timeout_ms.into()).min(left);
         let meter = self.confinement.meter().clone();
         meter.enter_next();
-        let timeout_ms = timeout_ms.min(APPROVAL_WAIT_CAP_MS);
-        let wait = Duration::from_millis(timeout_ms.into());
+        let started = tokio::time::Instant::now();
         // A handler that panics fails the question, not the host.
         let asked = AssertUnwindSafe(approver.approve(&request)).catch_unwind();
         let answer = tokio::time::timeout(wait, asked).await;
+        self.quotas.approval_wait += started.elapsed();
         meter.leave_next();
         Ok(match answer {
             Ok(Ok(approved)) => Ok(approved),
@@ -198,7 +288,10 @@ impl approval::Host for HostState {
                 "the approval handler failed",
             )),
             Err(_) => {
-                let message = format!("the approval handler did not answer within {timeout_ms} ms");
+                let message = format!(
+                    "the approval handler did not answer within {} ms",
+                    wait.as_millis()
+                );
                 Err(error(wit::ErrorKind::Timeout, message))
             }
         })
@@ -210,17 +303,21 @@ impl trace::Host for HostState {
         let Some(sink) = self.granted.trace.clone() else {
             return Ok(Err(not_granted("trace", "trace = \"stderr\"")));
         };
-        self.trace_events += 1;
-        if self.trace_events > TRACE_EVENTS_PER_CALL {
+        if let Some(refused) = self.out_of_place(Service::Trace) {
+            return Ok(Err(refused));
+        }
+        self.quotas.trace_events += 1;
+        if self.quotas.trace_events > TRACE_EVENTS_PER_CALL {
             let message = format!("more than {TRACE_EVENTS_PER_CALL} trace events in one call");
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
+        let over = |bytes: usize| {
+            let message =
+                format!("a trace event of {bytes} bytes is over the cap of {TRACE_EVENT_CAP}");
+            Ok(Err(error(wit::ErrorKind::LimitExceeded, message)))
+        };
         if event.len() > TRACE_EVENT_CAP {
-            let message = format!(
-                "a trace event of {} bytes is over the cap of {TRACE_EVENT_CAP}",
-                event.len()
-            );
-            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+            return over(event.len());
         }
         let mut fields = match self.json_object(&event, "a trace event")? {
             Ok(fields) => fields,
@@ -231,7 +328,12 @@ impl trace::Host for HostState {
             .map_or(0, |d| d.as_millis() as u64);
         fields.insert("ts".into(), ts.into());
         fields.insert("filter".into(), self.identity.name.to_string().into());
-        let mut line = serde_json::to_vec(&fields).expect("a JSON object serializes");
+        // The cap is on the line as written: escaping can make text from
+        // the guest six times longer.
+        let mut line = escape::json_line(&fields).into_bytes();
+        if line.len() > TRACE_EVENT_CAP {
+            return over(line.len());
+        }
         line.push(b'\n');
         if let Err(e) = sink.write(&line) {
             let message = format!("the trace sink refused the event: {e}");
@@ -251,38 +353,53 @@ impl HostState {
         let Some(store) = self.granted.memory.clone() else {
             return Err(not_granted("memory", "memory = \"conversations.db\""));
         };
+        if let Some(refused) = self.out_of_place(Service::Memory) {
+            return Err(refused);
+        }
         if conversation.is_empty() || conversation.len() > CONVERSATION_ID_CAP {
             let message = format!("a conversation id must be 1 to {CONVERSATION_ID_CAP} bytes");
             return Err(error(wit::ErrorKind::InvalidRequest, message));
         }
-        self.store_ops += 1;
-        if self.store_ops > STORE_OPS_PER_CALL {
+        self.quotas.store_ops += 1;
+        if self.quotas.store_ops > STORE_OPS_PER_CALL {
             let message =
                 format!("more than {STORE_OPS_PER_CALL} conversation-store operations in one call");
             return Err(error(wit::ErrorKind::LimitExceeded, message));
         }
         Ok(store)
     }
-}
 
-impl HostState {
     /// The most a conversation load hands the filter: half its free host
     /// memory, so that it can still pass what it loaded on (a request
     /// carrying the history is held in the host too).
     fn load_room(&self) -> usize {
         self.limits.host_bytes().saturating_sub(self.holding()) / 2
     }
-}
 
-/// Waits for a store operation, outside the filter's own clock.
-async fn outside_own_clock<T>(
-    meter: Meter,
-    operation: impl Future<Output = Result<T, ChainError>>,
-) -> Result<T, wit::FilterError> {
-    meter.enter_next();
-    let result = operation.await;
-    meter.leave_next();
-    result.map_err(|e| convert::filter_error(&e))
+    /// Waits for a store operation, outside the filter's own clock but
+    /// within what is left of the call's store time.
+    async fn on_store<T>(
+        &mut self,
+        operation: impl Future<Output = Result<T, ChainError>>,
+    ) -> Result<T, wit::FilterError> {
+        let left = STORE_WAIT_CAP.saturating_sub(self.quotas.store_wait);
+        let meter = self.confinement.meter().clone();
+        meter.enter_next();
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(left, operation).await;
+        self.quotas.store_wait += started.elapsed();
+        meter.leave_next();
+        match result {
+            Ok(done) => done.map_err(|e| convert::filter_error(&e)),
+            Err(_) => {
+                let message = format!(
+                    "this call waited {} s for the conversation store in all, its most",
+                    STORE_WAIT_CAP.as_secs()
+                );
+                Err(error(wit::ErrorKind::Timeout, message))
+            }
+        }
+    }
 }
 
 impl memory::Host for HostState {
@@ -294,18 +411,13 @@ impl memory::Host for HostState {
             Ok(store) => store,
             Err(e) => return Ok(Err(e)),
         };
-        let messages = match outside_own_clock(
-            self.confinement.meter().clone(),
-            store.load(&conversation, self.load_room()),
-        )
-        .await
-        {
+        let room = self.load_room();
+        let messages = match self.on_store(store.load(&conversation, room)).await {
             Ok(messages) => messages,
             Err(e) => return Ok(Err(e)),
         };
         // The store measured its own form; what the filter is handed is
         // held in the host's: the oldest go until that fits too.
-        let room = self.load_room();
         let mut weight: usize = messages.iter().map(Weigh::weight).sum();
         let dropped = messages
             .iter()
@@ -330,23 +442,19 @@ impl memory::Host for HostState {
             Err(e) => return Ok(Err(e)),
         };
         let messages = convert::from_messages(messages);
-        // What one call writes is bounded like what it makes the host hold,
-        // so a filter cannot flood the store (or the in-process one, the
-        // host's memory) from a loop.
-        let weight: usize = messages.iter().map(Weigh::weight).sum();
-        self.stored_bytes = self.stored_bytes.saturating_add(weight);
-        if self.stored_bytes > self.limits.host_bytes() {
+        // What one call writes is bounded like what it makes the host
+        // hold, as the store keeps it (its encoding can be several times
+        // what the guest handed over), so a loop cannot flood the store.
+        let stored = store::stored_size(&messages);
+        self.quotas.stored_bytes = self.quotas.stored_bytes.saturating_add(stored);
+        if self.quotas.stored_bytes > self.limits.host_bytes() {
             let message = format!(
-                "appending {} bytes in one call, more than the filter's host memory cap",
-                self.stored_bytes
+                "appending {} bytes (as stored) in one call, more than the filter's host memory cap",
+                self.quotas.stored_bytes
             );
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
-        Ok(outside_own_clock(
-            self.confinement.meter().clone(),
-            store.append(&conversation, &messages),
-        )
-        .await)
+        Ok(self.on_store(store.append(&conversation, &messages)).await)
     }
 
     async fn clear(
@@ -357,6 +465,6 @@ impl memory::Host for HostState {
             Ok(store) => store,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(outside_own_clock(self.confinement.meter().clone(), store.clear(&conversation)).await)
+        Ok(self.on_store(store.clear(&conversation)).await)
     }
 }

@@ -2,18 +2,18 @@
 //! printable.
 
 use super::HostState;
+use crate::escape::{self, TEXT_CAP};
 use crate::plugin::bindings::shallot::filter::log;
-use crate::sandbox::{self, TEXT_CAP};
 
 /// Log lines one call may write; later ones are dropped.
 const LOG_LINES_PER_CALL: u32 = 256;
 
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        self.log_lines += 1;
+        self.quotas.log_lines += 1;
         let filter = &*self.identity.name;
-        if self.log_lines > LOG_LINES_PER_CALL {
-            if self.log_lines == LOG_LINES_PER_CALL + 1 {
+        if self.quotas.log_lines > LOG_LINES_PER_CALL {
+            if self.quotas.log_lines == LOG_LINES_PER_CALL + 1 {
                 tracing::warn!(
                     target: "shallot::filter",
                     filter,
@@ -22,7 +22,7 @@ impl log::Host for HostState {
             }
             return Ok(());
         }
-        let message = sandbox::printable(&message, TEXT_CAP);
+        let message = escape::printable(&message, TEXT_CAP);
         match level {
             log::Level::Trace => tracing::trace!(target: "shallot::filter", filter, "{message}"),
             log::Level::Debug => tracing::debug!(target: "shallot::filter", filter, "{message}"),

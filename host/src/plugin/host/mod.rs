@@ -40,9 +40,10 @@ use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::types as wit;
 use super::convert;
 use super::stats::Stats;
+use crate::escape::{self, TEXT_CAP};
 use crate::onion::{Before, Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
-use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed, TEXT_CAP};
+use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
 use crate::types::{Call, ChainError, ErrorKind, Origin};
 use crate::types::{JsonMap, Weigh};
 
@@ -119,29 +120,53 @@ pub struct HostState {
     held: usize,
     /// Calls through `next` in the current hook call.
     next_calls: u32,
-    /// Log lines written in the current call (in a token transformer's
-    /// steps: in its stream).
-    log_lines: u32,
+    /// The call in progress, if any: which imports it may use.
+    call: Option<Call>,
     /// Shared-context keys the current call wrote, each with what it was
-    /// before the call's first write of it, to undo if the call faults.
-    /// A key is kept once however often it is written (a loop of writes
-    /// must not grow it), and removing an absent key is not kept.
+    /// before the call's first write of it, to undo if the call faults or
+    /// is cancelled. A key is kept once however often it is written (a
+    /// loop of writes must not grow it), and removing an absent key is not
+    /// kept.
     journal: HashMap<String, Before>,
     /// What the operator granted beyond the default imports.
     granted: Granted,
-    /// Milliseconds slept through `timer` in the current hook call (as
-    /// the quotas below: in a token transformer's steps, in its stream).
-    slept: u32,
-    /// Trace events written in the current call.
-    trace_events: u32,
-    /// Conversation-store operations in the current call, and the bytes
-    /// it appended.
-    store_ops: u32,
-    stored_bytes: usize,
-    /// Questions put to the approval handler in the current call.
-    asks: u32,
+    /// What the current call used of its per-call quotas (in a token
+    /// transformer's steps: of its stream's).
+    quotas: Quotas,
     /// How the model stream ended, while its token transformer flushes.
     pub(crate) stream_end: Option<wit::FinishReason>,
+}
+
+/// What one call has used of its per-call quotas; reset at once when a
+/// call starts afresh.
+#[derive(Default)]
+pub(crate) struct Quotas {
+    /// Log lines written.
+    log_lines: u32,
+    /// Milliseconds slept through `timer` (each sleep counting at least
+    /// one), and the sleeps.
+    slept: u32,
+    sleeps: u32,
+    /// Trace events written.
+    trace_events: u32,
+    /// Conversation-store operations, the bytes appended as the store
+    /// keeps them, and the time spent waiting for the store.
+    store_ops: u32,
+    stored_bytes: usize,
+    store_wait: std::time::Duration,
+    /// Questions put to the approval handler, and the time spent waiting
+    /// for its answers.
+    asks: u32,
+    approval_wait: std::time::Duration,
+}
+
+impl Drop for HostState {
+    /// A call that never ended (cancelled by a deadline around it, such as
+    /// the filter's own `timeout_ms`, or by the caller going away) loses
+    /// its writes to the shared context, as a faulted one does.
+    fn drop(&mut self) {
+        self.undo();
+    }
 }
 
 impl Sandboxed for HostState {
@@ -172,24 +197,21 @@ impl HostState {
             charges: HashMap::new(),
             held: 0,
             next_calls: 0,
-            log_lines: 0,
+            call: None,
             journal: HashMap::new(),
             granted,
-            slept: 0,
-            trace_events: 0,
-            store_ops: 0,
-            stored_bytes: 0,
-            asks: 0,
+            quotas: Quotas::default(),
             stream_end: None,
         }
     }
 
-    /// Starts a call within `scope` (none for configure and describe).
+    /// Starts `call` within `scope` (none for configure and describe).
     /// With `fresh_quotas` its quotas of log lines, sleep, trace events,
     /// store operations and questions start anew; a token transformer's
     /// step goes on with what its stream has used, or a stream of many
     /// steps would have them many times over.
-    pub(crate) fn enter(&mut self, scope: Option<Scope>, fresh_quotas: bool) {
+    pub(crate) fn enter(&mut self, call: Call, scope: Option<Scope>, fresh_quotas: bool) {
+        self.call = Some(call);
         self.scope = scope;
         self.inner_errors.clear();
         self.passed_on = None;
@@ -197,25 +219,28 @@ impl HostState {
         self.journal.clear();
         self.stream_end = None;
         if fresh_quotas {
-            self.log_lines = 0;
-            self.slept = 0;
-            self.trace_events = 0;
-            self.store_ops = 0;
-            self.stored_bytes = 0;
-            self.asks = 0;
+            self.quotas = Quotas::default();
         }
     }
 
     /// Ends a call. A call that faulted loses its writes to the shared
     /// context: each key it wrote gets back the value it had before.
     pub(crate) fn leave(&mut self, faulted: bool) {
-        if faulted && let Some(scope) = &self.scope {
+        if faulted {
+            self.undo();
+        }
+        self.journal.clear();
+        self.scope = None;
+        self.call = None;
+    }
+
+    /// Puts back what the current call wrote to the shared context.
+    fn undo(&mut self) {
+        if let Some(scope) = &self.scope {
             for (key, before) in self.journal.drain() {
                 scope.invoke.restore_context(&key, before);
             }
         }
-        self.journal.clear();
-        self.scope = None;
     }
 
     /// Host memory this filter holds: its table, and in the current invoke
@@ -284,7 +309,7 @@ impl HostState {
         if let Some((_, inner)) = passed {
             return inner.clone();
         }
-        let message = sandbox::printable(&error.message, TEXT_CAP);
+        let message = escape::printable(&error.message, TEXT_CAP);
         let error = ChainError::new(error.kind.into(), message).at(self.identity.origin(call));
         self.identity.stats.failed(call, error.kind);
         error

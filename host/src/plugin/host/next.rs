@@ -40,9 +40,12 @@ impl HostState {
                 "the inner answer ({weight} bytes) does not fit in this filter's host memory cap of {} MiB",
                 self.limits.host_mib
             );
-            return Ok(Err(
-                self.inner_failed(ChainError::new(ErrorKind::LimitExceeded, message))
-            ));
+            // About this filter (its cap), though not its fault.
+            let mut error = ChainError::new(ErrorKind::LimitExceeded, message);
+            if let Some(call) = self.call {
+                error = error.at(self.identity.origin(call));
+            }
+            return Ok(Err(self.inner_failed(error)));
         }
         self.keep(value).map(Ok)
     }
