@@ -1,19 +1,33 @@
 //! Host memory a guest could multiply: JSON text it hands the host (a
 //! request's options, a context value, a tool's parameters) takes many
-//! times its size once parsed. Measured by the process's peak resident
-//! memory, so this runs alone in its own test binary.
+//! times its size once parsed, and text the gateway sends as JSON takes up
+//! to six times its size once escaped. Measured by the process's peak
+//! resident memory, so this runs alone in its own test binary, one test.
 
 use serde_json::json;
 use shallot::types::{ChatRequest, Message};
-use shallot::{Context, ErrorKind, Kernel, Limits};
+use shallot::{Context, ErrorKind, Gateway, GatewayConfig, Kernel, Limits, Route};
 use shallot_tests::{ScriptedModel, load, resident_mib, spec};
+
+/// Resets the process's peak (Linux: `5` to clear_refs), so that the next
+/// reading is of what follows.
+fn reset_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    resident_mib().0
+}
+
+/// One test, so that the peaks are measured apart.
+#[tokio::test]
+async fn what_a_guest_could_multiply_is_bounded() {
+    json_a_guest_hands_the_host_is_bounded_before_it_is_built().await;
+    an_answer_that_grows_when_escaped_is_streamed_not_held().await;
+}
 
 /// 40 MiB of JSON holding 20 million values would be more than 600 MiB as
 /// the host's values, and so would thirty tools' parameters of 1.3 MiB
 /// each (each under the cap alone): the host walks the text first and
 /// faults the filter before building any, so its peak stays near the
-/// text's own size. One test, so that the two peaks are measured apart.
-#[tokio::test]
+/// text's own size.
 async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
     for action in ["json-bomb", "tools-bomb"] {
         let (path, mut filter) = spec("misbehave", "bad", json!({ "on": "chat", "do": action }));
@@ -28,9 +42,7 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
             .model(ScriptedModel::answer("fine"))
             .build()
             .unwrap();
-        // Reset the peak (Linux: `5` to clear_refs), so it is this call's.
-        std::fs::write("/proc/self/clear_refs", "5").unwrap();
-        let (before, _) = resident_mib();
+        let before = reset_peak();
         let request = ChatRequest::new(vec![Message::user("hi")]);
         let error = kernel.chat(request, Context::new()).await.unwrap_err();
         let (_, peak) = resident_mib();
@@ -42,4 +54,74 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
             peak - before
         );
     }
+}
+
+/// A filter answering 48 MiB of control characters, served as JSON and as
+/// a stream: escaped at once, that answer is 288 MiB (the gateway held
+/// 268 MiB more than the answer for it). The gateway writes the JSON as it
+/// sends it, and cuts stream events into pieces, so its peak stays near
+/// the answer's few copies (the guest's, the host's, the delivered text).
+async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
+    let (path, mut filter) = spec(
+        "misbehave",
+        "bad",
+        json!({ "on": "chat", "do": "escaped-answer" }),
+    );
+    filter.limits = Limits {
+        memory_mib: 256,
+        cpu_ms: 20_000,
+        wall_ms: 40_000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![(path, filter)]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .build()
+        .unwrap();
+    let gateway = Gateway::new(vec![Route::proxy("m", kernel)], GatewayConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/v1/chat/completions",
+        listener.local_addr().unwrap()
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        gateway
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    for stream in [false, true] {
+        let before = reset_peak();
+        let request = json!({
+            "model": "m",
+            "stream": stream,
+            "messages": [{ "role": "user", "content": "hi" }],
+        });
+        let mut response = reqwest::Client::new()
+            .post(&url)
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "stream: {stream}");
+        let mut received = 0usize;
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            received += chunk.len();
+        }
+        let (_, peak) = resident_mib();
+        assert!(
+            received > 6 * (48 << 20),
+            "the whole answer came: {received} bytes"
+        );
+        assert!(
+            peak - before < 400,
+            "stream: {stream}: the peak grew by {} MiB for a 48 MiB answer",
+            peak - before
+        );
+    }
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
 }

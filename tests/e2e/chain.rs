@@ -95,7 +95,7 @@ async fn b7_terminal_error_is_returned_as_an_error() {
         .build()
         .unwrap();
     let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
-    assert_eq!(error, boom);
+    assert_eq!(error, boom.at(shallot::Origin::terminal("model")));
 }
 
 #[tokio::test]

@@ -598,12 +598,20 @@ async fn final_answer_shows_only_the_final_rounds_text_and_history_keeps_all() {
     );
 }
 
-/// The misbehave guest doing `action` in its chat hook, with `grants`.
+/// The misbehave guest doing `action` in its chat hook, with `grants`
+/// (and time enough for the bound under test to trip, not the clock: the
+/// debug host measures megabytes slowly).
 async fn abuse(action: &str, grants: Grants) -> ChainError {
-    let filter = granted(
+    let (path, mut filter) = granted(
         spec("misbehave", "abuser", json!({ "on": "chat", "do": action })),
         grants,
     );
+    filter.limits = shallot::Limits {
+        cpu_ms: 10_000,
+        wall_ms: 20_000,
+        ..shallot::Limits::default()
+    };
+    let filter = (path, filter);
     let plugins = load(vec![filter]).await;
     shallot_tests::answering(&plugins, "ok")
         .chat(ask("hi"), Context::new())

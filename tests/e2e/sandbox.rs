@@ -33,7 +33,7 @@ fn assert_fault(error: &ChainError, call: &str, says: &str) {
     assert_eq!(&*origin.filter, "bad");
     assert_eq!(origin.call, call);
     assert!(origin.plugin.as_ref().unwrap().ends_with("misbehave.wasm"));
-    assert!(error.message.contains(says), "{error}");
+    assert!(error.to_string().contains(says), "{error}");
 }
 
 async fn chat_fault(action: &str, says: &str) {

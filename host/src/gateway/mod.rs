@@ -836,14 +836,14 @@ impl Answer {
         .at(Origin::terminal("gateway"))
     }
 
-    /// The text a client is shown of `response`: through the token
-    /// transforms.
-    async fn delivered(&self, response: &ChatResponse) -> Result<Option<String>, ChainError> {
-        match response.message.content {
+    /// The text a client is shown of `response`, taken out of it (so that
+    /// a long answer is not held twice): through the token transforms.
+    async fn delivered(&self, response: &mut ChatResponse) -> Result<Option<String>, ChainError> {
+        match response.message.take_text() {
             None => Ok(None),
-            Some(_) => Ok(Some(
+            Some(text) => Ok(Some(
                 self.kernel
-                    .delivered_text(&response.text(), self.context.clone())
+                    .delivered_text(&text, self.context.clone())
                     .await?,
             )),
         }
@@ -861,9 +861,9 @@ impl Answer {
     async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
         let answer = async {
             let options = InvokeOptions::from(self.context.clone());
-            let response = run(&self.kernel, self.mode, chat, options).await?;
+            let mut response = run(&self.kernel, self.mode, chat, options).await?;
             self.shared.metrics.usage(&self.head.model, &response.usage);
-            let delivered = self.delivered(&response).await?;
+            let delivered = self.delivered(&mut response).await?;
             Ok(self.head.completion(response, delivered))
         };
         let answer = tokio::select! {
@@ -1103,7 +1103,7 @@ impl Chunks {
             Some(Streamed::Done(done)) => {
                 self.ended = true;
                 let mut chunks = match done {
-                    Ok(response) => self.last(&response).await,
+                    Ok(mut response) => self.last(&mut response).await,
                     Err(error) => vec![self.broken(&error)],
                 };
                 chunks.push(Value::String("[DONE]".to_owned()));
@@ -1130,7 +1130,7 @@ impl Chunks {
 
     /// The chunks after the last token: text a filter answered with (not
     /// streamed), the tool calls, the finish reason, the usage.
-    async fn last(&self, response: &ChatResponse) -> Vec<Value> {
+    async fn last(&self, response: &mut ChatResponse) -> Vec<Value> {
         let head = &self.answer.head;
         let mut chunks = Vec::new();
         if !self.delivered {

@@ -10,7 +10,6 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -166,10 +165,10 @@ impl Head {
     }
 
     /// A whole answer as the body of a JSON response, its text as
-    /// delivered through the token transforms. The text is written as the
-    /// body is sent, [`TEXT_PIECE`] bytes at a time: escaped at once it
-    /// could take six times its size (every control character is six
-    /// bytes in JSON).
+    /// delivered through the token transforms. A text longer than
+    /// [`TEXT_PIECE`] is written as the body is sent, a piece at a time:
+    /// escaped at once it could take six times its size (every control
+    /// character is six bytes in JSON).
     pub fn completion(&self, mut response: ChatResponse, delivered: Option<String>) -> Body {
         response.message.content = None;
         let mut message = wire_message(&response.message);
@@ -194,25 +193,27 @@ impl Head {
             prefix.push(b',');
         }
         prefix.extend_from_slice(br#""content":"#);
-        let text: BoxStream<'static, Bytes> = match delivered {
-            None => futures::stream::iter([Bytes::from_static(b"null")]).boxed(),
-            Some(text) => {
-                let pieces = futures::stream::unfold((text, 0), |(text, at)| async move {
-                    let piece = next_piece(&text, at)?;
-                    let escaped = serde_json::to_string(piece).expect("a string serializes");
-                    let inner = Bytes::copy_from_slice(&escaped.as_bytes()[1..escaped.len() - 1]);
-                    let at = at + piece.len();
-                    Some((inner, (text, at)))
-                });
-                futures::stream::iter([Bytes::from_static(b"\"")])
-                    .chain(pieces)
-                    .chain(futures::stream::iter([Bytes::from_static(b"\"")]))
-                    .boxed()
+        const END: &[u8] = b"}}]}";
+        let text = match delivered {
+            Some(text) if text.len() > TEXT_PIECE => text,
+            short => {
+                let text = serde_json::to_vec(&short).expect("a string serializes");
+                prefix.extend(text);
+                prefix.extend_from_slice(END);
+                return Body::from(prefix);
             }
         };
+        let pieces = futures::stream::unfold((text, 0), |(text, at)| async move {
+            let piece = next_piece(&text, at)?;
+            let escaped = serde_json::to_string(piece).expect("a string serializes");
+            let inner = Bytes::copy_from_slice(&escaped.as_bytes()[1..escaped.len() - 1]);
+            let at = at + piece.len();
+            Some((inner, (text, at)))
+        });
+        prefix.push(b'"');
         let body = futures::stream::iter([Bytes::from(prefix)])
-            .chain(text)
-            .chain(futures::stream::iter([Bytes::from_static(b"}}]}")]))
+            .chain(pieces)
+            .chain(futures::stream::iter([Bytes::from_static(b"\"}}]}")]))
             .map(Ok::<_, Infallible>);
         Body::from_stream(body)
     }

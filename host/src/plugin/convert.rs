@@ -2,7 +2,7 @@
 //! WIT) clones from a borrowed host value; writing (WIT to host) moves.
 
 use super::bindings::shallot::filter::types as wit;
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{
     Content, ContentPart, FinishReason, Message, Role, TokenBatch, ToolCall, ToolCallRecord,
     ToolSpec, Usage,
@@ -191,12 +191,15 @@ impl From<wit::ErrorKind> for ErrorKind {
 
 /// A chain error as a guest sees it: kind and message, the origin folded
 /// into the message so an outer filter can still tell who failed.
-/// An error as a filter is told it: the origin by name, never another
-/// plugin's file, stderr or backtrace.
+/// An error as a filter is told it: an inner filter's by its name and
+/// call, never its plugin's file, stderr or backtrace; a terminal's in its
+/// own words.
 pub(crate) fn filter_error(e: &ChainError) -> wit::FilterError {
     let message = match &e.origin {
-        Some(origin) => format!("{}: {}", origin.public(), e.message),
-        None => e.message.clone(),
+        Some(origin) if origin.call != Call::Terminal => {
+            format!("{}: {}", origin.public(), e.message)
+        }
+        _ => e.message.clone(),
     };
     wit::FilterError {
         kind: error_kind(e.kind),

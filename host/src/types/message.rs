@@ -108,13 +108,27 @@ impl Message {
         match &self.content {
             None => String::new(),
             Some(Content::Text(text)) => text.clone(),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .filter_map(|part| match part {
-                    ContentPart::Text { text } => Some(text.as_str()),
-                    ContentPart::Image { .. } => None,
-                })
-                .collect(),
+            Some(Content::Parts(parts)) => text_of(parts),
         }
     }
+
+    /// Takes the message's text out, leaving it without content; `None`
+    /// when it had none. No copy of a text content is made.
+    pub fn take_text(&mut self) -> Option<String> {
+        Some(match self.content.take()? {
+            Content::Text(text) => text,
+            Content::Parts(parts) => text_of(&parts),
+        })
+    }
+}
+
+/// The text parts of `parts`, joined.
+fn text_of(parts: &[ContentPart]) -> String {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            ContentPart::Text { text } => Some(text.as_str()),
+            ContentPart::Image { .. } => None,
+        })
+        .collect()
 }
