@@ -16,6 +16,24 @@ fn reset_peak() -> u64 {
     resident_mib().0
 }
 
+/// A kernel over the misbehave guest doing `action` in around-chat, with
+/// `memory_mib` of linear memory and time enough for its bound to trip.
+async fn misbehaving(action: &str, memory_mib: u32) -> Kernel {
+    let (path, mut filter) = spec("misbehave", "bad", json!({ "on": "chat", "do": action }));
+    filter.limits = Limits {
+        memory_mib,
+        cpu_ms: 20_000,
+        wall_ms: 40_000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![(path, filter)]).await;
+    Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("fine"))
+        .build()
+        .unwrap()
+}
+
 /// One test, so that the peaks are measured apart.
 #[tokio::test]
 async fn what_a_guest_could_multiply_is_bounded() {
@@ -30,18 +48,7 @@ async fn what_a_guest_could_multiply_is_bounded() {
 /// text's own size.
 async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
     for action in ["json-bomb", "tools-bomb"] {
-        let (path, mut filter) = spec("misbehave", "bad", json!({ "on": "chat", "do": action }));
-        filter.limits = Limits {
-            cpu_ms: 20_000,
-            wall_ms: 40_000,
-            ..Limits::default()
-        };
-        let plugins = load(vec![(path, filter)]).await;
-        let kernel = Kernel::builder()
-            .plugins(&plugins)
-            .model(ScriptedModel::answer("fine"))
-            .build()
-            .unwrap();
+        let kernel = misbehaving(action, 64).await;
         let before = reset_peak();
         let request = ChatRequest::new(vec![Message::user("hi")]);
         let error = kernel.chat(request, Context::new()).await.unwrap_err();
@@ -62,23 +69,7 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
 /// sends it, and cuts stream events into pieces, so its peak stays near
 /// the answer's few copies (the guest's, the host's, the delivered text).
 async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
-    let (path, mut filter) = spec(
-        "misbehave",
-        "bad",
-        json!({ "on": "chat", "do": "escaped-answer" }),
-    );
-    filter.limits = Limits {
-        memory_mib: 256,
-        cpu_ms: 20_000,
-        wall_ms: 40_000,
-        ..Limits::default()
-    };
-    let plugins = load(vec![(path, filter)]).await;
-    let kernel = Kernel::builder()
-        .plugins(&plugins)
-        .model(ScriptedModel::answer("fine"))
-        .build()
-        .unwrap();
+    let kernel = misbehaving("escaped-answer", 256).await;
     let gateway = Gateway::new(vec![Route::proxy("m", kernel)], GatewayConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!(
