@@ -51,8 +51,9 @@ use sha2::{Digest, Sha256};
 
 use crate::engine::Engine;
 use crate::model::OpenAiConfig;
+use crate::plugin::Grants;
 use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
-use crate::sandbox::{Grants, Limits};
+use crate::sandbox::Limits;
 use crate::store;
 
 #[derive(Debug, Deserialize)]

@@ -84,11 +84,11 @@ pub use onion::{
     Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    CallStats, FilterSpec, FilterStats, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS, Plugin,
-    PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state, compile as compile_plugin,
-    configure as configure_filter, read as read_plugin,
+    CallStats, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS,
+    Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
+    compile as compile_plugin, configure as configure_filter, read as read_plugin,
 };
-pub use sandbox::{Grants, Limits};
+pub use sandbox::Limits;
 pub use store::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, open_store,
 };

@@ -11,6 +11,7 @@ use wasmtime::component::ResourceAny;
 use futures::future::BoxFuture;
 use tracing::Instrument;
 
+use super::Grants;
 use super::Plugin;
 use super::admission::Leased;
 use super::host::Scope;
@@ -18,7 +19,7 @@ use super::instance::{Blueprint, Description, Feed, FilterInstance, WasmChain};
 use super::stats::FilterStats;
 use crate::engine::Engine;
 use crate::onion::{Chat, Fctx, Guest, GuestTransform, Hook, Invoke, Next, Tool, Turn};
-use crate::sandbox::{self, Grants, Limits};
+use crate::sandbox::{self, Limits};
 use crate::types::{
     Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, TokenBatch, ToolRequest,
     ToolResponse, TurnRequest, TurnResult,

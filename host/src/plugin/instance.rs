@@ -12,6 +12,7 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::{Resource, ResourceAny};
 
+use super::Grants;
 use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
@@ -19,7 +20,7 @@ use super::host::{Continuation, Granted, HostState, Identity, Scope, internal};
 use crate::escape::{self, TEXT_CAP};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
-use crate::sandbox::{self, Confinement, Grants, HostMemoryExceeded, Limits};
+use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits};
 use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, FinishReason, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
@@ -65,7 +66,7 @@ const NAME_CAP: usize = 128;
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
-        let confinement = Confinement::new(&blueprint.limits, &blueprint.grants);
+        let confinement = Confinement::new(&blueprint.limits, blueprint.grants.clock);
         let state = HostState::new(
             blueprint.identity.clone(),
             blueprint.limits,

@@ -10,6 +10,7 @@ use wasmtime::component::types::ComponentItem;
 
 use crate::compile::CompileError;
 
+use super::Grants;
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
 use super::host::{Granted, HostState, Identity};
@@ -17,7 +18,7 @@ use super::instance::{Blueprint, FilterInstance};
 use super::stats::Stats;
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
-use crate::sandbox::{Grants, Limits};
+use crate::sandbox::Limits;
 use crate::types::ChainError;
 
 /// The WIT package filters are built against.

@@ -12,6 +12,7 @@ mod admission;
 pub(crate) mod bindings;
 mod convert;
 mod filter;
+mod grants;
 pub(crate) mod host;
 mod instance;
 mod loader;
@@ -20,6 +21,7 @@ mod stats;
 
 pub(crate) use admission::{CallKind, admit, need};
 pub use filter::{Isolation, WasmFilter};
+pub use grants::Grants;
 pub(crate) use instance::FilterInstance;
 pub use loader::{
     FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,

@@ -20,10 +20,10 @@ use futures::FutureExt;
 use super::HostState;
 use crate::escape;
 use crate::onion::ApprovalRequest;
+use crate::plugin::Grants;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
 use crate::plugin::convert;
-use crate::sandbox::Grants;
 use crate::store::{self, ConversationStore, open_store};
 use crate::types::{Call, ChainError, Weigh};
 

@@ -472,7 +472,6 @@ pub(crate) fn internal(error: impl std::fmt::Display) -> ChainError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::Grants;
 
     fn state(declares: bool) -> HostState {
         let limits = Limits::default();
@@ -481,7 +480,7 @@ mod tests {
             plugin: Arc::from(Path::new("outer.wasm")),
             stats: Stats::default(),
         });
-        let confinement = Confinement::new(&limits, &Grants::default());
+        let confinement = Confinement::new(&limits, false);
         let mut state = HostState::new(identity, limits, confinement, declares, Granted::default());
         let origin = Identity {
             name: "inner".into(),

@@ -1,0 +1,196 @@
+//! The meter: a call's own CPU and wall time, stopped while the guest is
+//! inside `next` (or a host service's wait), checked every epoch tick.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::fault::{CpuExceeded, WallExceeded};
+use super::limits::Limits;
+
+/// The clocks of the call in progress.
+#[derive(Debug)]
+struct Clock {
+    /// Own running time of the finished segments.
+    cpu: Duration,
+    /// Own wall time of the finished segments outside `next`.
+    wall: Duration,
+    /// Start of the segment the guest is running now (polled, not in next).
+    running: Option<Instant>,
+    /// Start of the segment outside `next`; `None` while in `next`.
+    outside: Option<Instant>,
+    /// When the host made the guest yield (every epoch tick, for
+    /// fairness): time until it is polled again is not the filter's.
+    yielded: Option<Instant>,
+    cpu_budget: Duration,
+    wall_budget: Duration,
+}
+
+impl Clock {
+    fn cpu_at(&self, now: Instant) -> Duration {
+        self.cpu + self.running.map_or(Duration::ZERO, |since| now - since)
+    }
+
+    fn wall_left(&self, now: Instant) -> Option<Duration> {
+        let outside = self.outside?;
+        Some(self.wall_budget.saturating_sub(self.wall + (now - outside)))
+    }
+
+    fn pause(&mut self, now: Instant) {
+        if let Some(since) = self.running.take() {
+            self.cpu += now - since;
+        }
+    }
+}
+
+/// Times the calls into one instance. Shared by the store's epoch
+/// callback, the [`Metered`] future of the call, and the host's `next`.
+#[derive(Debug, Clone)]
+pub(crate) struct Meter(Arc<Mutex<Clock>>);
+
+impl Meter {
+    pub(super) fn new() -> Self {
+        Meter(Arc::new(Mutex::new(Clock {
+            cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            running: None,
+            outside: None,
+            yielded: None,
+            cpu_budget: Duration::ZERO,
+            wall_budget: Duration::ZERO,
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Clock> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts timing a new call under `limits`.
+    pub(super) fn start(&self, limits: &Limits) {
+        *self.lock() = Clock {
+            cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            running: None,
+            outside: Some(Instant::now()),
+            yielded: None,
+            cpu_budget: Duration::from_millis(limits.cpu_ms.into()),
+            wall_budget: Duration::from_millis(limits.wall_ms.into()),
+        };
+    }
+
+    /// The guest's own CPU time in the call so far.
+    pub(crate) fn spent(&self) -> Duration {
+        self.lock().cpu_at(Instant::now())
+    }
+
+    /// The guest calls `next`: its clocks stop while inner layers run.
+    pub(crate) fn enter_next(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        clock.pause(now);
+        if let Some(outside) = clock.outside.take() {
+            clock.wall += now - outside;
+        }
+    }
+
+    /// `next` returned to the guest, which runs on in the same poll.
+    pub(crate) fn leave_next(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        clock.outside = Some(now);
+        clock.running = Some(now);
+    }
+
+    /// The epoch callback's check, at every tick the guest runs through;
+    /// the guest yields after it.
+    pub(super) fn check(&self) -> wasmtime::Result<()> {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        if clock.cpu_at(now) > clock.cpu_budget {
+            return Err(wasmtime::Error::new(CpuExceeded));
+        }
+        if clock.wall_left(now) == Some(Duration::ZERO) {
+            return Err(wasmtime::Error::new(WallExceeded));
+        }
+        clock.yielded = Some(now);
+        Ok(())
+    }
+
+    /// A poll of the call starts: the guest's clocks run again, and the
+    /// time it waited to be polled after a forced yield is not its own.
+    fn resume(&self) {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        if let Some(yielded) = clock.yielded.take()
+            && let Some(outside) = clock.outside
+        {
+            clock.outside = Some(outside + (now - yielded));
+        }
+        if clock.outside.is_some() {
+            clock.running = Some(now);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call into a guest, timed by its instance's [`Meter`]: its own CPU
+    /// time while polled outside `next`, and its own wall time, which ends
+    /// the call with [`WallExceeded`] when it runs out (the guest is
+    /// suspended then, e.g. sleeping, so no epoch tick would catch it).
+    pub(crate) struct Metered<F> {
+        #[pin]
+        call: F,
+        meter: Meter,
+        alarm: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<F, T> Future for Metered<F>
+where
+    F: Future<Output = wasmtime::Result<T>>,
+{
+    type Output = wasmtime::Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        this.meter.resume();
+        let polled = this.call.poll(cx);
+        let now = Instant::now();
+        let left = {
+            let mut clock = this.meter.lock();
+            clock.pause(now);
+            clock.wall_left(now)
+        };
+        if polled.is_ready() {
+            return polled;
+        }
+        // Suspended outside `next`: wake up when the own wall time ends.
+        match left {
+            None => Poll::Pending,
+            Some(left) if left.is_zero() => Poll::Ready(Err(wasmtime::Error::new(WallExceeded))),
+            Some(left) => {
+                let deadline = tokio::time::Instant::from_std(now + left);
+                let alarm = this
+                    .alarm
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                alarm.as_mut().reset(deadline);
+                match alarm.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(wasmtime::Error::new(WallExceeded))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+/// Times `call`, a call into the guest whose store `meter` belongs to.
+/// Arm the store first.
+pub(crate) fn metered<F>(meter: Meter, call: F) -> Metered<F> {
+    Metered {
+        call,
+        meter,
+        alarm: None,
+    }
+}
