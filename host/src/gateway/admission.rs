@@ -1,0 +1,107 @@
+//! A request's place among those served at once, and the bounded queue
+//! for one.
+
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::Shared;
+use super::wire::ApiError;
+
+impl Shared {
+    /// Waits for a place among the requests served at once: `429` if too
+    /// many already wait, `503` if the wait runs out or the gateway starts
+    /// shutting down (those waiting are told at once, to retry elsewhere).
+    pub(super) async fn place(&self) -> Result<Place, ApiError> {
+        let placed = |permit| {
+            self.metrics.in_progress.inc();
+            Place {
+                _permit: permit,
+                in_progress: self.metrics.in_progress.clone(),
+            }
+        };
+        let shutting_down = || {
+            ApiError::busy(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the gateway is shutting down; retry the request".to_owned(),
+            )
+        };
+        let mut draining = self.draining.subscribe();
+        if *draining.borrow() {
+            return Err(shutting_down());
+        }
+        if let Ok(permit) = self.places.clone().try_acquire_owned() {
+            return Ok(placed(permit));
+        }
+        let waiting = Waiting::join(self).ok_or_else(|| {
+            ApiError::busy(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                format!(
+                    "{} requests are in progress and {} waiting; try again later",
+                    self.config.max_concurrent, self.config.max_queued
+                ),
+            )
+        })?;
+        let place = tokio::select! {
+            place = tokio::time::timeout(
+                self.config.queue_timeout,
+                self.places.clone().acquire_owned(),
+            ) => place,
+            _ = draining.wait_for(|draining| *draining) => return Err(shutting_down()),
+        };
+        drop(waiting);
+        match place {
+            Ok(Ok(permit)) => Ok(placed(permit)),
+            _ => Err(ApiError::busy(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                format!(
+                    "no place to serve the request within {} ms; try again later",
+                    self.config.queue_timeout.as_millis()
+                ),
+            )),
+        }
+    }
+}
+
+/// A request's place among those served at once, counted until it is
+/// given back.
+pub(super) struct Place {
+    _permit: OwnedSemaphorePermit,
+    in_progress: Gauge,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.in_progress.dec();
+    }
+}
+
+/// One request in the queue, counted until it leaves (served, refused or
+/// dropped with its connection).
+pub(super) struct Waiting<'a>(&'a Shared);
+
+impl<'a> Waiting<'a> {
+    pub(super) fn join(shared: &'a Shared) -> Option<Self> {
+        let max = shared.config.max_queued;
+        shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        shared.metrics.waiting.inc();
+        Some(Waiting(shared))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        self.0.metrics.waiting.dec();
+    }
+}

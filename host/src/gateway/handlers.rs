@@ -1,0 +1,261 @@
+//! The endpoints: models, health and readiness, metrics, and chat
+//! completions up to the answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::answer::Answer;
+use super::wire::{ApiError, CompletionRequest, Head};
+use super::{Route, Shared};
+use crate::agent::CONVERSATION_ID;
+use crate::config::RouteMode;
+use crate::context::Context;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body)).into_response();
+        if self.retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// `GET /v1/models`: the models the client's key may use.
+pub(super) async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let served = gateway.served();
+    let key = match served.authorize(&headers) {
+        Ok(key) => key,
+        Err(error) => return error.into_response(),
+    };
+    let models: Vec<Value> = served.routes_for(key).map(model_object).collect();
+    axum::Json(json!({ "object": "list", "data": models })).into_response()
+}
+
+/// `GET /v1/models/{model}`: one of them, or a `404`.
+pub(super) async fn model(
+    State(gateway): State<Arc<Shared>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let served = gateway.served();
+    match served
+        .authorize(&headers)
+        .and_then(|key| served.route(key, &model))
+    {
+        Ok(route) => axum::Json(model_object(route)).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// A route as OpenAI's model object.
+pub(super) fn model_object(route: &Route) -> Value {
+    json!({ "id": route.model, "object": "model", "created": 0, "owned_by": "shallot" })
+}
+
+pub(super) async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
+    let served = gateway.served();
+    let routes: Vec<Value> = served
+        .routes
+        .iter()
+        .map(|route| {
+            let filters: Vec<Value> = route
+                .kernel
+                .filters()
+                .map(|(name, hooks)| {
+                    let hooks: Vec<&str> = hooks.iter().map(|h| h.as_str()).collect();
+                    json!({ "name": name, "hooks": hooks })
+                })
+                .collect();
+            let mode = match route.mode {
+                RouteMode::Proxy => "proxy",
+                RouteMode::Agent => "agent",
+            };
+            json!({ "model": route.model, "mode": mode, "filters": filters })
+        })
+        .collect();
+    let reloads = gateway.reloads();
+    axum::Json(json!({
+        "ready": true,
+        "routes": routes,
+        "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
+    }))
+    .into_response()
+}
+
+pub(super) async fn exposition(State(gateway): State<Arc<Shared>>) -> Response {
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        gateway.metrics.encode(),
+    )
+        .into_response()
+}
+
+pub(super) async fn completions(
+    State(gateway): State<Arc<Shared>>,
+    headers: HeaderMap,
+    request: Request,
+) -> Response {
+    let body = read_body(&gateway, request).await;
+    let started = Instant::now();
+    let mut routed = None;
+    let span = tracing::info_span!(
+        "request",
+        id = tracing::field::Empty,
+        model = tracing::field::Empty
+    );
+    let response = match complete(gateway.clone(), &headers, body, &mut routed)
+        .instrument(span.clone())
+        .await
+    {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    };
+    let stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    // Labelled by the route's model, never by what a client asked for:
+    // clients do not get to make up label values.
+    let model = routed.unwrap_or_default();
+    let seconds = started.elapsed().as_secs_f64();
+    gateway
+        .metrics
+        .request(&model, stream, response.status().as_u16(), seconds);
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            stream,
+            ms = seconds * 1000.0,
+            "answered"
+        );
+    });
+    response
+}
+
+pub(super) async fn complete(
+    gateway: Arc<Shared>,
+    headers: &HeaderMap,
+    body: Result<Bytes, ApiError>,
+    routed: &mut Option<String>,
+) -> Result<Response, ApiError> {
+    let served = gateway.served();
+    let key = served.authorize(headers)?;
+    let body = body?;
+    let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(format!(
+            "the request body is not a chat completion request: {e}"
+        ))
+    })?;
+    let route = served.route(key, &request.model)?;
+    *routed = Some(route.model.clone());
+    tracing::Span::current().record("model", route.model.as_str());
+    let chat = request.chat_request().map_err(ApiError::invalid)?;
+    if route.mode == RouteMode::Agent && !chat.tools.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "the model '{}' runs its own tools: send no `tools`",
+            route.model
+        )));
+    }
+    let place = gateway.place().await?;
+    let mut context = Context::new().with("model", request.model.as_str());
+    if let Some(user) = &request.user {
+        context = context.with("user", user.as_str());
+    }
+    if let Some(key) = key {
+        context = context.with("key", key.name.as_str());
+        if let Some(tenant) = &key.tenant {
+            context = context.with("tenant", tenant.as_str());
+        }
+    }
+    if let Some(conversation) = conversation(headers)? {
+        // Behind keys, a conversation belongs to the tenant (or the key):
+        // a client cannot name its way into another tenant's.
+        let owner = key.map(|k| k.tenant.as_deref().unwrap_or(&k.name));
+        let id = match owner {
+            Some(owner) => format!("{owner}/{conversation}"),
+            None => conversation.to_owned(),
+        };
+        context = context.with(CONVERSATION_ID, id);
+    }
+    let head = Head::new(&route.model);
+    tracing::Span::current().record("id", head.id.as_str());
+    let answer = Answer {
+        head,
+        mode: route.mode,
+        include_usage: request.include_usage(),
+        context,
+        kernel: route.kernel.clone(),
+        deadline: gateway.config.request_timeout,
+        place: Some(place),
+        shared: gateway.clone(),
+    };
+    if request.stream() {
+        answer.stream(chat).await
+    } else {
+        answer.whole(chat).await
+    }
+}
+
+/// The request's body, if it arrives whole within the read timeout and
+/// the body cap.
+pub(super) async fn read_body(gateway: &Shared, request: Request) -> Result<Bytes, ApiError> {
+    let within = gateway.config.read_timeout;
+    let read = tokio::time::timeout(within, Bytes::from_request(request, &())).await;
+    let Ok(read) = read else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!(
+                "the request body did not arrive within {} ms",
+                within.as_millis()
+            ),
+        ));
+    };
+    read.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "the request body is larger than {} bytes",
+                gateway.config.max_body_bytes
+            )
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, "invalid_request_error", None, message)
+    })
+}
+
+/// The header a client names a conversation with, for filters that keep
+/// conversations server-side (`memory`): the client then sends only the
+/// new messages, and any replica sharing the store can answer. Behind
+/// client keys the conversation id filters see is `<tenant>/<id>` (the
+/// key's name when it has no tenant), so tenants never share one.
+pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
+
+/// The conversation a request names, if any: 1 to 256 printable ASCII
+/// characters.
+pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(CONVERSATION_HEADER) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(id) if !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(id))
+        }
+        _ => Err(ApiError::invalid(format!(
+            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters"
+        ))),
+    }
+}
