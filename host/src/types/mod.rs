@@ -25,7 +25,7 @@ pub(crate) use turn::{Carried, Resumable};
 pub use turn::{
     Decision, InterruptKind, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult,
 };
-pub(crate) use weight::Weigh;
+pub(crate) use weight::{Weigh, json_weight};
 
 /// A JSON object, for options and metadata.
 pub type JsonMap = serde_json::Map<String, serde_json::Value>;

@@ -2,6 +2,7 @@
 //! strings and collections plus a fixed overhead per item. What a filter's
 //! host memory cap counts (see `sandbox::Limits::host_mib`).
 
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{
@@ -134,5 +135,98 @@ impl Weigh for TokenBatch {
                 .iter()
                 .map(|(_, m)| ITEM + m.len())
                 .sum::<usize>()
+    }
+}
+
+/// What JSON `text` would take in the host once parsed, at most, found by
+/// walking it without building anything; an error if it is not JSON. The
+/// same model as [`Weigh`] for a parsed value, at its most: a value is
+/// charged before the host builds it.
+pub(crate) fn json_weight(text: &str) -> serde_json::Result<usize> {
+    let mut weight = Weight(text.len());
+    let mut walk = serde_json::Deserializer::from_str(text);
+    (&mut weight)
+        .deserialize(&mut walk)
+        .and_then(|()| walk.end())?;
+    Ok(weight.0)
+}
+
+/// What one JSON value may take in the host, at most: a `Value` (32
+/// bytes), or a map entry with its key's `String` and the map's share.
+const VALUE_BYTES: usize = 96;
+/// What a map takes besides its entries: its first tree node.
+const MAP_BYTES: usize = 640;
+
+/// Adds up what the values of a JSON document would take, as it reads
+/// them, building none.
+struct Weight(usize);
+
+impl Weight {
+    fn add(&mut self, bytes: usize) {
+        self.0 = self.0.saturating_add(bytes);
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &mut Weight {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut Weight {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.add(VALUE_BYTES);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.add(VALUE_BYTES);
+        while seq.next_element_seed(&mut *self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.add(VALUE_BYTES);
+        let mut first = true;
+        while map.next_key_seed(&mut *self)?.is_some() {
+            if std::mem::take(&mut first) {
+                self.add(MAP_BYTES);
+            }
+            map.next_value_seed(&mut *self)?;
+        }
+        Ok(())
     }
 }

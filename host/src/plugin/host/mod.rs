@@ -31,7 +31,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtxView, WasiView};
@@ -45,7 +44,7 @@ use crate::onion::{Before, Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
 use crate::types::{Call, ChainError, ErrorKind, Origin};
-use crate::types::{JsonMap, Weigh};
+use crate::types::{JsonMap, Weigh, json_weight};
 
 pub(crate) use granted::Granted;
 
@@ -347,9 +346,9 @@ impl HostState {
         text: &str,
         what: &str,
     ) -> wasmtime::Result<Result<Value, String>> {
-        let weight = match json_weight(text, what) {
+        let weight = match json_weight(text) {
             Ok(weight) => weight,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Err(format!("{what} is not JSON: {e}"))),
         };
         self.afford(weight)?;
         Ok(serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}")))
@@ -362,98 +361,6 @@ impl HostState {
             Ok(_) => Err(format!("{what} must be a JSON object")),
             Err(e) => Err(e),
         })
-    }
-}
-
-/// What JSON `text` would take in the host once parsed, at most, found by
-/// walking it without building anything; an error if it is not JSON.
-fn json_weight(text: &str, what: &str) -> Result<usize, String> {
-    let mut weight = Weight(text.len());
-    let mut walk = serde_json::Deserializer::from_str(text);
-    (&mut weight)
-        .deserialize(&mut walk)
-        .and_then(|()| walk.end())
-        .map_err(|e| format!("{what} is not JSON: {e}"))?;
-    Ok(weight.0)
-}
-
-/// What one JSON value may take in the host, at most: a `Value` (32
-/// bytes), or a map entry with its key's `String` and the map's share.
-const VALUE_BYTES: usize = 96;
-/// What a map takes besides its entries: its first tree node.
-const MAP_BYTES: usize = 640;
-
-/// Adds up what the values of a JSON document would take, as it reads
-/// them, building none.
-struct Weight(usize);
-
-impl Weight {
-    fn add(&mut self, bytes: usize) {
-        self.0 = self.0.saturating_add(bytes);
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for &mut Weight {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for &mut Weight {
-    type Value = ();
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("JSON")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_unit<E>(self) -> Result<(), E> {
-        self.add(VALUE_BYTES);
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.add(VALUE_BYTES);
-        while seq.next_element_seed(&mut *self)?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        self.add(VALUE_BYTES);
-        let mut first = true;
-        while map.next_key_seed(&mut *self)?.is_some() {
-            if std::mem::take(&mut first) {
-                self.add(MAP_BYTES);
-            }
-            map.next_value_seed(&mut *self)?;
-        }
-        Ok(())
     }
 }
 

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use wasmtime::component::Resource;
 
-use super::{HostState, json_text, json_weight};
+use super::{HostState, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
     ChatRequest, ChatResponse, Content, FinishReason, Message, ToolRequest, ToolResponse, ToolSpec,
-    TurnDone, TurnInterrupt, TurnRequest, Weigh,
+    TurnDone, TurnInterrupt, TurnRequest, Weigh, json_weight,
 };
 
 /// A request that carries a conversation: a chat or a turn request.
@@ -141,9 +141,9 @@ impl wit::HostChatRequest for HostState {
         let mut weight = 0usize;
         for tool in &tools {
             let what = format!("tool '{}': parameters", tool.name);
-            match json_weight(&tool.parameters, &what) {
+            match json_weight(&tool.parameters) {
                 Ok(one) => weight = weight.saturating_add(one),
-                Err(e) => return Ok(Err(e)),
+                Err(e) => return Ok(Err(format!("{what} is not JSON: {e}"))),
             }
         }
         self.afford(weight)?;
