@@ -96,6 +96,24 @@ impl Served {
         })
     }
 
+    /// Waits until `/metrics` has the line `line`: what the gateway does
+    /// with a request, seen from outside (at most 10 s, then the test
+    /// fails).
+    async fn metric_reads(&self, line: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, metrics) = self.get("/metrics").await;
+            if metrics.lines().any(|l| l == line) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "/metrics never read {line}: {metrics}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
     async fn stop(mut self) -> std::io::Result<()> {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap()
@@ -683,10 +701,10 @@ async fn shutting_down_lets_the_requests_in_flight_finish() {
     let model = ScriptedModel::new(|_, _: &ChatRequest| {
         Reply::Slow(Duration::from_millis(500), "finished".into())
     });
-    let served = Served::start(kernel(vec![], model).await, config()).await;
+    let served = Served::start(kernel(vec![], model.clone()).await, config()).await;
     let in_flight = served.in_flight(ask("hi"));
-    // Let the request reach the model before the shutdown starts.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The request reaches the model before the shutdown starts.
+    model.reached(1).await;
     let base = served.base.clone();
     served.stop().await.unwrap();
     let body = in_flight.await.unwrap();
@@ -703,12 +721,15 @@ async fn a_swapped_kernel_serves_new_requests_while_those_in_flight_finish_on_th
         Reply::Slow(Duration::from_millis(400), "from a".into())
     });
     let gateway = Gateway::new(
-        vec![Route::proxy("scripted", kernel(vec![], slow_a).await)],
+        vec![Route::proxy(
+            "scripted",
+            kernel(vec![], slow_a.clone()).await,
+        )],
         config(),
     );
     let served = Served::gateway(gateway.clone()).await;
     let in_flight = served.in_flight(ask("hi"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow_a.reached(1).await;
     gateway.swap(vec![Route::proxy(
         "scripted",
         kernel(vec![], ScriptedModel::answer("from b")).await,
@@ -1176,8 +1197,8 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
 }
 
 /// A gateway with one place and no queue, whose model answers "long" with
-/// `long()` and anything else with "quick".
-async fn one_place(long: impl Fn() -> Reply + Send + Sync + 'static) -> Served {
+/// `long()` and anything else with "quick"; and the model.
+async fn one_place(long: impl Fn() -> Reply + Send + Sync + 'static) -> (Served, ScriptedModel) {
     let model = ScriptedModel::new(move |_, request: &ChatRequest| {
         match request.messages.last().unwrap().text().as_str() {
             "long" => long(),
@@ -1189,7 +1210,8 @@ async fn one_place(long: impl Fn() -> Reply + Send + Sync + 'static) -> Served {
         max_queued: 0,
         ..config()
     };
-    Served::start(kernel(vec![], model).await, config).await
+    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
+    (served, model)
 }
 
 /// Waits, at most `within`, for the one place of `served` to be free
@@ -1210,12 +1232,13 @@ async fn place_comes_back(served: &Served, within: Duration, what: &str) {
 
 #[tokio::test]
 async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
-    let served = one_place(|| Reply::Slow(Duration::from_secs(30), "late".into())).await;
+    let (served, model) = one_place(|| Reply::Slow(Duration::from_secs(30), "late".into())).await;
     for stream in [false, true] {
         let mut slow = ask("long");
         slow["stream"] = json!(stream);
+        let reached = model.calls() + 1;
         let gone = served.in_flight(slow);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        model.reached(reached).await;
         gone.abort();
         // The place comes back once the server sees the connection close.
         let what = format!("the place never came back (stream: {stream})");
@@ -1246,7 +1269,7 @@ async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffere
     // A long answer, paced: 1,900 tokens of 8 KiB (15 MiB, under the
     // model's cap) over some 30 s.
     let token = "x".repeat(8 << 10);
-    let served =
+    let (served, _) =
         one_place(move || Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(16))).await;
 
     // A client with a small receive window asks for it and reads nothing.
@@ -1407,7 +1430,7 @@ async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_c
             Reply::Paced(tokens.clone(), Duration::from_millis(100))
         }
     });
-    let kernel = kernel(vec![], model).await;
+    let kernel = kernel(vec![], model.clone()).await;
     let config = GatewayConfig {
         drain_timeout: Duration::from_millis(300),
         ..config()
@@ -1415,18 +1438,31 @@ async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_c
     let served = Served::start(kernel, config).await;
     let json = served.in_flight(ask("slow json"));
     let url = format!("{}/v1/chat/completions", served.base);
+    let (started, streaming) = tokio::sync::oneshot::channel();
     let stream = tokio::spawn(async move {
         let mut request = ask("stream");
         request["stream"] = json!(true);
-        let response = reqwest::Client::new()
+        let mut response = reqwest::Client::new()
             .post(url)
             .json(&request)
             .send()
             .await
             .unwrap();
-        response.text().await.unwrap()
+        let mut body = Vec::new();
+        let mut started = Some(started);
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            body.extend_from_slice(&chunk);
+            // Its first token, past the opening chunk.
+            if body.windows(9).filter(|w| w == b"\"content\"").count() > 1
+                && let Some(started) = started.take()
+            {
+                let _ = started.send(());
+            }
+        }
+        String::from_utf8(body).unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    model.reached(2).await;
+    streaming.await.unwrap();
     served.stop().await.unwrap();
     let body = stream.await.unwrap();
     let events: Vec<&str> = body
@@ -1469,9 +1505,9 @@ async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at
         drain_timeout: Duration::from_secs(5),
         ..config()
     };
-    let served = Served::start(kernel(vec![], model).await, config).await;
+    let served = Served::start(kernel(vec![], model.clone()).await, config).await;
     let first = served.in_flight(ask("first"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    model.reached(1).await;
     let url = format!("{}/v1/chat/completions", served.base);
     let queued = tokio::spawn(async move {
         let response = reqwest::Client::new()
@@ -1487,7 +1523,9 @@ async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at
             response.json::<Value>().await.unwrap(),
         )
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    served
+        .metric_reads("shallot_gateway_requests_waiting 1")
+        .await;
     served.stop().await.unwrap();
     let (status, retry, body) = queued.await.unwrap();
     assert_eq!(

@@ -530,8 +530,9 @@ fn small_engine(slots: u32, queue: Duration) -> Engine {
 type Chats = Vec<tokio::task::JoinHandle<Result<shallot::types::ChatResponse, ChainError>>>;
 
 /// `count` chats started through a filter named `sleeper` that sleeps in
-/// every around-chat, loaded into `engine` with `limits`.
-async fn sleeping_chats(engine: &Engine, limits: Limits, count: usize) -> Chats {
+/// every around-chat, loaded into `engine` with `limits`, once `busy` of
+/// them hold an instance.
+async fn sleeping_chats(engine: &Engine, limits: Limits, count: usize, busy: usize) -> Chats {
     let (path, mut sleeper) = spec(
         "misbehave",
         "sleeper",
@@ -540,12 +541,21 @@ async fn sleeping_chats(engine: &Engine, limits: Limits, count: usize) -> Chats 
     sleeper.limits = limits;
     let plugins = load_in(engine, vec![(path, sleeper)]).await;
     let slow = kernel(&plugins, ScriptedModel::answer("late"));
-    (0..count)
+    let chats = (0..count)
         .map(|_| {
             let slow = slow.clone();
             tokio::spawn(async move { slow.chat(ask("zzz"), Context::new()).await })
         })
-        .collect()
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while plugins.filters()[0].stats().instances_in_use < busy {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sleepers never started"
+        );
+        tokio::task::yield_now().await;
+    }
+    chats
 }
 
 #[tokio::test]
@@ -556,10 +566,9 @@ async fn a_sleeping_filter_cannot_starve_requests_that_do_not_use_it() {
         wall_ms: 2000,
         ..Limits::default()
     };
-    let sleepers = sleeping_chats(&engine, limits, 50).await;
+    let sleepers = sleeping_chats(&engine, limits, 50, 3).await;
     let fast = load_in(&engine, vec![spec("probe", "innocent", json!({}))]).await;
     let fast = kernel(&fast, ScriptedModel::answer("fine"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     for _ in 0..5 {
         assert_eq!(
             fast.chat(ask("hi"), Context::new()).await.unwrap().text(),
@@ -580,7 +589,7 @@ async fn an_invoke_that_waits_too_long_for_instances_is_overloaded() {
         ..Limits::default()
     };
     let mut overloaded = 0;
-    for call in sleeping_chats(&engine, limits, 6).await {
+    for call in sleeping_chats(&engine, limits, 6, 3).await {
         if let Err(error) = call.await.unwrap()
             && error.kind == ErrorKind::Overloaded
         {

@@ -53,6 +53,8 @@ type Script = Box<dyn Fn(usize, &ChatRequest) -> Reply + Send + Sync>;
 struct ScriptState {
     script: Script,
     calls: AtomicUsize,
+    /// The calls so far, for tests that wait for the model to be reached.
+    reached: tokio::sync::watch::Sender<usize>,
     requests: Mutex<Vec<ChatRequest>>,
     trace: bool,
 }
@@ -71,6 +73,7 @@ impl ScriptedModel {
             state: Arc::new(ScriptState {
                 script: Box::new(script),
                 calls: AtomicUsize::new(0),
+                reached: tokio::sync::watch::Sender::new(0),
                 requests: Mutex::new(Vec::new()),
                 trace: false,
             }),
@@ -112,6 +115,16 @@ impl ScriptedModel {
         self.state.calls.load(Ordering::SeqCst)
     }
 
+    /// Waits until it has been called `n` times: a test's way to know a
+    /// request reached the model, instead of sleeping for it.
+    pub async fn reached(&self, n: usize) {
+        let mut calls = self.state.reached.subscribe();
+        calls
+            .wait_for(|calls| *calls >= n)
+            .await
+            .expect("the model lives as long as this handle");
+    }
+
     /// The requests it received, in order.
     pub fn requests(&self) -> Vec<ChatRequest> {
         self.state.requests.lock().unwrap().clone()
@@ -120,6 +133,7 @@ impl ScriptedModel {
     fn next(&self, request: &ChatRequest, context: &Context) -> (usize, Reply) {
         let n = self.state.calls.fetch_add(1, Ordering::SeqCst) + 1;
         self.state.requests.lock().unwrap().push(request.clone());
+        self.state.reached.send_replace(n);
         if self.state.trace {
             push(context, "trace", "terminal");
         }
