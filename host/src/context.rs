@@ -7,14 +7,25 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
-/// Keys of the shared context that say whom an invoke is for: the
-/// conversation (whose history the tool loop and the `memory` filter
-/// load and extend), the tenant and the client key (set by the gateway),
-/// and the end user. The caller sets them; a sandboxed filter may read
-/// them but never set or remove one, or it could act for another tenant
-/// or read another conversation. Native filters, the embedder's own code,
-/// may.
-pub const IDENTITY_KEYS: [&str; 4] = ["conversation_id", "tenant", "key", "user"];
+/// The shared-context key naming the conversation an invoke belongs to,
+/// whose history the tool loop and the `memory` filter load and extend
+/// (behind client keys, the gateway sets `<tenant>/<id>`).
+pub const CONVERSATION_ID: &str = "conversation_id";
+/// The shared-context key naming the tenant of the client key (set by the
+/// gateway).
+pub const TENANT: &str = "tenant";
+/// The shared-context key naming the client key a request presented (set
+/// by the gateway; its name, never the key).
+pub const CLIENT_KEY: &str = "key";
+/// The shared-context key naming the end user (the gateway sets the
+/// request's `user`).
+pub const USER: &str = "user";
+
+/// Keys of the shared context that say whom an invoke is for. The caller
+/// sets them; a sandboxed filter may read them but never set or remove
+/// one, or it could act for another tenant or read another conversation.
+/// Native filters, the embedder's own code, may.
+pub const IDENTITY_KEYS: [&str; 4] = [CONVERSATION_ID, TENANT, CLIENT_KEY, USER];
 
 /// A handle to an invoke's shared context. Clones share the same map, so
 /// the caller keeps a clone to read what filters wrote.
@@ -22,10 +33,10 @@ pub const IDENTITY_KEYS: [&str; 4] = ["conversation_id", "tenant", "key", "user"
 /// A tool call of the tool loop gets a view of it instead: it reads the
 /// shared context, but what it writes stays in the view until the batch
 /// of calls ends, when the writes of the calls that succeeded are applied
-/// in call order (the seed's writes folded at the barrier): calls of one
+/// in call order: calls of one
 /// batch do not see each other's writes, the last by call index wins, and
 /// a failed call's writes are dropped. A key with a declared reducer
-/// ([`Reducers`], the seed's state slots) combines the calls' writes
+/// ([`Reducers`]) combines the calls' writes
 /// instead.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
@@ -142,15 +153,14 @@ impl Context {
         }
     }
 
-    /// Folds the writes of a batch's calls into this context (the seed's
-    /// `apply_writes`): each `(index, written)` is a call's index in its
+    /// Folds the writes of a batch's calls into this context: each `(index, written)` is a call's index in its
     /// batch and what it wrote (a context of its own, or a view of this
     /// one, whose removals count as writes too). They are applied by
     /// index, whatever their order here: the last writer of a key wins,
     /// unless `reducers` declares one for the key, which then folds every
     /// write in index order into the key's value (its `init` when the key
     /// is absent). Returns the keys more than one call wrote without a
-    /// reducer (the seed's conflicts), sorted.
+    /// reducer (conflicts), sorted.
     pub fn apply_writes<'a>(
         &self,
         writes: impl IntoIterator<Item = (usize, &'a Context)>,
@@ -199,8 +209,7 @@ struct Slot {
 }
 
 /// Keys of the shared context whose writes from a batch of tool calls
-/// combine rather than replace each other (the seed's declared state
-/// slots): each write is folded into the key's value with the key's
+/// combine rather than replace each other: each write is folded into the key's value with the key's
 /// reducer, in call order. Declared on the kernel
 /// (`KernelBuilder::reducer`); used by [`Context::apply_writes`].
 #[derive(Clone, Default)]

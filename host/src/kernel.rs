@@ -136,7 +136,7 @@ impl KernelBuilder {
         self
     }
 
-    /// Registers an interrupt tool (the seed's `interrupt_tools`): a
+    /// Registers an interrupt tool: a
     /// question the model may put to a human, such as `ask_human`. Calling
     /// it pauses the turn in the tool loop
     /// ([`InterruptKind::ToolRequest`](crate::types::InterruptKind), the
@@ -156,8 +156,7 @@ impl KernelBuilder {
         self
     }
 
-    /// Declares a reducer for the shared-context key `key` (the seed's
-    /// state slot): the writes the tool calls of one batch make to it are
+    /// Declares a reducer for the shared-context key `key`: the writes the tool calls of one batch make to it are
     /// folded into its value in call order, `reduce(value, write)`, from
     /// `init` when it is absent, instead of the last writer by call index
     /// winning. A reducer that prepends keeps every call's note, one that

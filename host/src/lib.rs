@@ -68,12 +68,10 @@ mod store;
 mod tool;
 pub mod types;
 
-pub use agent::{
-    CONVERSATION_ID, History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop,
-};
+pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
-pub use context::{Context, IDENTITY_KEYS, Reducers};
+pub use context::{CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, Reducers, TENANT, USER};
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_text};
 pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};

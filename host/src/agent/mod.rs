@@ -52,4 +52,4 @@ mod history;
 mod tool_loop;
 
 pub use history::{History, MemoryHistory, NoHistory};
-pub use tool_loop::{CONVERSATION_ID, LoopConfig, OnEnvError, ToolLoop};
+pub use tool_loop::{LoopConfig, OnEnvError, ToolLoop};

@@ -131,7 +131,7 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
         if several && !args.json {
             println!("> {prompt}");
         }
-        let context = Context::new().with("conversation_id", args.conversation.as_str());
+        let context = Context::new().with(shallot::CONVERSATION_ID, args.conversation.as_str());
         let options = args
             .system
             .iter()

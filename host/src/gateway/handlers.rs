@@ -14,9 +14,9 @@ use tracing::Instrument;
 use super::answer::Answer;
 use super::wire::{ApiError, CompletionRequest, Head};
 use super::{Route, Shared};
-use crate::agent::CONVERSATION_ID;
 use crate::config::RouteMode;
 use crate::context::Context;
+use crate::context::{CLIENT_KEY, CONVERSATION_ID, TENANT, USER};
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -170,12 +170,12 @@ pub(super) async fn complete(
     let place = gateway.place().await?;
     let mut context = Context::new().with("model", request.model.as_str());
     if let Some(user) = &request.user {
-        context = context.with("user", user.as_str());
+        context = context.with(USER, user.as_str());
     }
     if let Some(key) = key {
-        context = context.with("key", key.name.as_str());
+        context = context.with(CLIENT_KEY, key.name.as_str());
         if let Some(tenant) = &key.tenant {
-            context = context.with("tenant", tenant.as_str());
+            context = context.with(TENANT, tenant.as_str());
         }
     }
     if let Some(conversation) = conversation(headers)? {

@@ -253,7 +253,7 @@ pub trait Filter: Send + Sync + 'static {
     }
 
     /// The FCtx seed (JSON), used the first time the filter is entered in
-    /// an invoke: an empty object unless overridden, as in the seed.
+    /// an invoke: an empty object unless overridden.
     fn init_fctx(&self) -> Fctx {
         Fctx::from("{}")
     }

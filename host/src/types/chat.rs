@@ -127,7 +127,7 @@ impl ChatResponse {
     }
 }
 
-/// An empty answer (the seed's `new({})`): an assistant message with no
+/// An empty answer: an assistant message with no
 /// content and no tool calls, an unknown finish reason, no usage, no model,
 /// no metadata.
 impl Default for ChatResponse {

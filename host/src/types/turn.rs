@@ -115,7 +115,8 @@ impl PartialEq for Resumable {
     }
 }
 
-/// What paused a turn (the seed's interrupt types, and approvals).
+/// What paused a turn: an approval, a question for a human, a policy, or
+/// a failure of the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InterruptKind {
     /// A `sensitive` tool waits for approval (`LoopConfig::pause_sensitive`).
@@ -133,8 +134,8 @@ pub enum InterruptKind {
 }
 
 impl InterruptKind {
-    /// The seed's name for it: `approval`, `tool_request`, `callback` or
-    /// `env_retry`.
+    /// Its name in traces and errors: `approval`, `tool_request`,
+    /// `callback` or `env_retry`.
     pub fn as_str(self) -> &'static str {
         match self {
             InterruptKind::Approval => "approval",

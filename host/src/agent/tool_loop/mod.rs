@@ -24,6 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::history::{History, MemoryHistory};
+use crate::context::CONVERSATION_ID;
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
 use crate::types::{ChainError, ErrorKind, Origin, Weigh};
@@ -38,7 +39,7 @@ pub struct LoopConfig {
     /// Model rounds before the turn stops with a `limit-exceeded` error.
     pub max_iterations: u32,
     /// Tool calls before the turn stops with a `limit-exceeded` error
-    /// (`None`, no limit, by default, as in the seed: the turn is bounded
+    /// (`None`, no limit, by default: the turn is bounded
     /// by `max_iterations` rounds of at most one answer's calls each, see
     /// [`crate::ResponseLimits`]); checked before each round, so the last
     /// batch can go past it by at most one answer's calls.
@@ -53,12 +54,11 @@ pub struct LoopConfig {
     /// What a tool call that failed for its environment (an `auth` error:
     /// credentials, permissions) does to the turn.
     pub on_env_error: OnEnvError,
-    /// The bound on each native tool call whose spec sets none (the seed's
-    /// manager `tool_timeout`): past it the call fails with a `timeout`
+    /// The bound on each native tool call whose spec sets none: past it the call fails with a `timeout`
     /// error. A tool's own `timeout_ms` wins, `Duration::MAX` meaning
     /// never. `None` (the default): nothing stops a slow tool.
     pub tool_timeout: Option<Duration>,
-    /// The bound on a whole batch of tool calls (the seed's `batch_timeout`):
+    /// The bound on a whole batch of tool calls:
     /// past it every call of the batch fails with a `timeout` error and
     /// none of their writes are kept. `None` by default.
     pub batch_timeout: Option<Duration>,
@@ -67,7 +67,7 @@ pub struct LoopConfig {
 /// What a tool call that failed for its environment does to the turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnEnvError {
-    /// As the seed: `Pause` when a human is in the loop (an interrupt tool
+    /// `Pause` when a human is in the loop (an interrupt tool
     /// is registered, the loop has an `on_tool_call` policy, or
     /// `pause_sensitive`), `Proceed` otherwise.
     #[default]
@@ -120,14 +120,12 @@ impl ToolLoop {
         }
     }
 
-    /// Asks `policy` about every tool call before it runs (the seed's
-    /// `on_tool_call`), once a call: `Some(reason)` holds the call and
+    /// Asks `policy` about every tool call before it runs, once a call: `Some(reason)` holds the call and
     /// pauses the turn ([`InterruptKind::Callback`], with `reason`) for
     /// `Kernel::resume` to decide. The batch's other calls run first; of
     /// the calls the policy holds in one batch the first waits and the
     /// others are skipped (the model gets an error saying so). A policy
-    /// that panics is logged and the call goes on, as the seed swallows a
-    /// callback's exception.
+    /// that panics is logged and the call goes on.
     pub fn on_tool_call(
         mut self,
         policy: impl Fn(&ToolCall) -> Option<String> + Send + Sync + 'static,
@@ -337,9 +335,6 @@ fn skipped_error() -> ChainError {
         "the call was skipped: the turn paused for another call of its batch",
     )
 }
-
-/// The context key that names the conversation a turn belongs to.
-pub const CONVERSATION_ID: &str = crate::context::IDENTITY_KEYS[0];
 
 /// The conversation an invoke belongs to, from its context.
 /// The spec of the registered tool `name`.

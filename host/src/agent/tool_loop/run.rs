@@ -195,7 +195,7 @@ fn model_text(output: &str) -> String {
 }
 
 /// A failed call as the model sees it: a JSON error object of type
-/// `tool_error` (the seed's normalisation), with the error's kind.
+/// `tool_error`, with the error's kind and message.
 fn error_text(error: &ChainError) -> String {
     let error = serde_json::json!({
         "type": "tool_error",
