@@ -267,12 +267,7 @@ impl Config {
     /// The `[model]` table, if there is one, a missing `api_key` filled
     /// from `OPENAI_API_KEY`.
     pub fn model(&self) -> Option<OpenAiConfig> {
-        self.parsed.model.clone().map(|mut model| {
-            if model.api_key.is_none() {
-                model.api_key = std::env::var("OPENAI_API_KEY").ok();
-            }
-            model
-        })
+        self.parsed.model.clone().map(OpenAiConfig::or_env_key)
     }
 
     /// The client keys (`[[key]]` tables), for the gateway: each with a
@@ -377,11 +372,8 @@ impl Config {
                             route.model
                         )));
                     }
-                    Some(UpstreamEntry::Server(mut server)) => {
-                        if server.api_key.is_none() {
-                            server.api_key = std::env::var("OPENAI_API_KEY").ok();
-                        }
-                        Some(Upstream::Server(server))
+                    Some(UpstreamEntry::Server(server)) => {
+                        Some(Upstream::Server(server.or_env_key()))
                     }
                 };
                 Ok(RouteSpec {

@@ -74,7 +74,9 @@ pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config,
 pub use context::{CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, Reducers, TENANT, USER};
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_text};
-pub use gateway::{CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route};
+pub use gateway::{
+    CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route, RouteError,
+};
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{

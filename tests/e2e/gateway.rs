@@ -1540,3 +1540,56 @@ async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at
         "the request in progress finished"
     );
 }
+
+/// An embedder serves a `shallot.toml` as `shallot serve` does: the routes
+/// and keys come from `Route::from_config`, and a route naming a filter
+/// that is not loaded is a typed error naming both.
+#[tokio::test]
+async fn routes_and_keys_are_built_from_a_config_by_the_library() {
+    let dir = shallot_tests::target_dir()
+        .join("test-scratch")
+        .join("routes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let passthrough = shallot_tests::guest("passthrough");
+    let write = |route_filter: &str| {
+        let toml = format!(
+            "[[filter]]\nname = \"pass\"\nplugin = {:?}\n\n\
+             [[route]]\nmodel = \"open\"\nupstream = \"embedded\"\nfilters = [{route_filter:?}]\n\n\
+             [[route]]\nmodel = \"helper\"\nmode = \"agent\"\nupstream = \"embedded\"\n\n\
+             [[key]]\nname = \"app\"\nsha256 = \"{}\"\nmodels = [\"open\"]\n",
+            passthrough.display().to_string(),
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        );
+        std::fs::write(&file, toml).unwrap();
+        shallot::Config::read(&file).unwrap()
+    };
+    let toml = write("pass");
+    let plugins = load(toml.filters().unwrap()).await;
+    let (routes, keys) = Route::from_config(Some(&toml), &plugins, None).unwrap();
+    let served: Vec<(&str, RouteMode, usize)> = routes
+        .iter()
+        .map(|r| (r.model.as_str(), r.mode, r.kernel.filters().count()))
+        .collect();
+    assert_eq!(
+        served,
+        [
+            ("open", RouteMode::Proxy, 1),
+            ("helper", RouteMode::Agent, 1)
+        ]
+    );
+    assert_eq!(keys.len(), 1);
+    let served = Served::gateway(Gateway::new(routes, config())).await;
+    let (status, body) = served.complete(ask_model("open")).await;
+    assert_eq!(status, 200, "{body}");
+
+    let toml = write("missing");
+    let Err(error) = Route::from_config(Some(&toml), &plugins, None) else {
+        panic!("a route naming a filter that is not loaded is refused");
+    };
+    assert!(
+        matches!(&error, shallot::RouteError::NoSuchFilter { route, filter }
+            if route == "open" && filter == "missing"),
+        "{error}"
+    );
+}

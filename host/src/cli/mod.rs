@@ -140,10 +140,9 @@ impl ModelArgs {
                 base_url: url.clone(),
                 ..server
             }),
-            (Some(url), None) => Some(OpenAiConfig {
-                api_key: std::env::var("OPENAI_API_KEY").ok(),
-                ..OpenAiConfig::new(url, OpenAiConfig::default_model())
-            }),
+            (Some(url), None) => {
+                Some(OpenAiConfig::new(url, OpenAiConfig::default_model()).or_env_key())
+            }
             (None, server) => server,
         };
         match (&mut server, &self.model) {

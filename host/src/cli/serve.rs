@@ -6,11 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use notify::{RecursiveMode, Watcher};
-use shallot::{
-    ChatModel, ClientKey, Config, EmbeddedModel, Engine, Gateway, GatewayConfig, Kernel,
-    KernelBuilder, LoopConfig, NoHistory, OpenAiConfig, OpenAiModel, Route, RouteMode, ToolLoop,
-    Upstream,
-};
+use shallot::{ClientKey, Config, Engine, Gateway, GatewayConfig, Route};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
@@ -184,98 +180,9 @@ async fn build(
     args: &ServeArgs,
     config: Option<&Config>,
 ) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
-    let (keys, specs) = match config {
-        Some(config) => (config.keys()?, config.routes()?),
-        None => (Vec::new(), Vec::new()),
-    };
     let plugins = args.source.load(engine, config).await?;
     let default = args.model.server(config)?;
-    if specs.is_empty() {
-        let (builder, model) = with_model(Kernel::builder().plugins(&plugins), default)?;
-        let routes = vec![Route::proxy(model, builder.build()?)];
-        check_keys(&keys, &routes)?;
-        return Ok((routes, keys));
-    }
-    let mut routes = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let mut builder = Kernel::builder();
-        match &spec.filters {
-            None => builder = builder.plugins(&plugins),
-            Some(names) => {
-                for name in names {
-                    let filter = plugins
-                        .filters()
-                        .iter()
-                        .find(|f| f.name() == name)
-                        .ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "route '{}': there is no filter named '{name}'",
-                                spec.model
-                            )
-                        })?;
-                    builder = builder.wasm(filter.clone());
-                }
-            }
-        }
-        let upstream = match spec.upstream {
-            None => default.clone(),
-            Some(Upstream::Embedded) => None,
-            Some(Upstream::Server(server)) => Some(server),
-        };
-        let (mut builder, _) = with_model(builder, upstream)?;
-        if spec.mode == RouteMode::Agent {
-            // A client sends its conversation (or a `memory` filter keeps
-            // it): the loop keeps none, or every request would add to a
-            // history in this process that nothing reads.
-            let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
-            builder = builder.builtin_tools().turn_terminal(tool_loop);
-        }
-        routes.push(Route {
-            model: spec.model,
-            kernel: builder.build()?,
-            mode: spec.mode,
-        });
-    }
-    check_keys(&keys, &routes)?;
-    Ok((routes, keys))
-}
-
-/// Fails on a key allowed a model no route serves: a typo would otherwise
-/// lock its holder out without a word.
-fn check_keys(keys: &[ClientKey], routes: &[Route]) -> anyhow::Result<()> {
-    for key in keys {
-        for model in key.models.iter().flatten() {
-            if !routes.iter().any(|route| &route.model == model) {
-                let served: Vec<&str> = routes.iter().map(|r| r.model.as_str()).collect();
-                anyhow::bail!(
-                    "key '{}': no route serves the model '{model}' (served: {})",
-                    key.name,
-                    served.join(", ")
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `builder` over the server `upstream` (`None`: the embedded model), and
-/// that model's name.
-fn with_model(
-    builder: KernelBuilder,
-    upstream: Option<OpenAiConfig>,
-) -> anyhow::Result<(KernelBuilder, String)> {
-    Ok(match upstream {
-        Some(server) => {
-            let model = OpenAiModel::new(server)?;
-            let name = model.name().to_owned();
-            (builder.model(model), name)
-        }
-        None => {
-            let model = EmbeddedModel::new();
-            let name = model.name().to_owned();
-            (builder.model(model), name)
-        }
-    })
+    Ok(Route::from_config(config, &plugins, default)?)
 }
 
 /// How `routes` are announced: their models, and their filters in all.

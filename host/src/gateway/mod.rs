@@ -31,7 +31,7 @@
 //! flight.
 //!
 //! One file per concern: this one the gateway's state and its public
-//! handle; `server` (the router, the connections, the drain), `routes`
+//! handle; `build` (a configuration's routes and keys), `server` (the router, the connections, the drain), `routes`
 //! and `auth` (what a request may reach, and with which key), `admission`
 //! (a request's place and the queue), `handlers` (the endpoints),
 //! `answer` (an admitted request and its JSON answer), `stream` (the SSE
@@ -40,6 +40,7 @@
 mod admission;
 mod answer;
 mod auth;
+mod build;
 mod handlers;
 mod metrics;
 mod routes;
@@ -56,6 +57,7 @@ use tokio::sync::Semaphore;
 use self::metrics::Metrics;
 use self::routes::Served;
 
+pub use self::build::RouteError;
 pub use self::handlers::CONVERSATION_HEADER;
 pub use self::stream::MAX_UNSENT_BYTES;
 use crate::config::{ClientKey, RouteMode};

@@ -79,12 +79,21 @@ impl OpenAiConfig {
         std::env::var("SHALLOT_MODEL").unwrap_or_else(|_| "gpt-4o-mini".to_owned())
     }
 
+    /// The same, its missing `api_key` taken from `OPENAI_API_KEY`: the
+    /// one place the key falls back to the environment.
+    pub fn or_env_key(mut self) -> Self {
+        if self.api_key.is_none() {
+            self.api_key = std::env::var(API_KEY_VAR).ok();
+        }
+        self
+    }
+
     /// From `OPENAI_BASE_URL` (default `https://api.openai.com/v1`),
     /// `OPENAI_API_KEY` and `SHALLOT_MODEL` (default `gpt-4o-mini`); `None`
     /// when neither the URL nor the key is set.
     pub fn from_env() -> Option<Self> {
         let base_url = std::env::var("OPENAI_BASE_URL").ok();
-        let api_key = std::env::var("OPENAI_API_KEY").ok();
+        let api_key = std::env::var(API_KEY_VAR).ok();
         if base_url.is_none() && api_key.is_none() {
             return None;
         }
@@ -96,6 +105,9 @@ impl OpenAiConfig {
         })
     }
 }
+
+/// The environment variable an upstream's key falls back to.
+const API_KEY_VAR: &str = "OPENAI_API_KEY";
 
 /// A chat model behind an OpenAI-compatible endpoint.
 pub struct OpenAiModel {

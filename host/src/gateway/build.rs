@@ -1,0 +1,150 @@
+//! From a configuration to what a gateway serves: the routes (each model
+//! name over its filters, its upstream and its mode) and the client keys.
+//! What `shallot serve` runs at start and at every reload, and what an
+//! embedder calls to serve the same `shallot.toml`.
+
+use crate::agent::{LoopConfig, NoHistory, ToolLoop};
+use crate::config::{ClientKey, Config, RouteMode, Upstream};
+use crate::kernel::{BuildError, Kernel, KernelBuilder};
+use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel};
+use crate::plugin::{LoadError, PluginSet};
+use crate::types::ChainError;
+
+use super::Route;
+
+/// Why a configuration's routes could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The configuration's keys or routes are wrong.
+    #[error(transparent)]
+    Config(#[from] LoadError),
+    /// A route names a filter the plugin set does not have.
+    #[error("route '{route}': there is no filter named '{filter}'")]
+    NoSuchFilter {
+        /// The route's model name.
+        route: String,
+        /// The filter it names.
+        filter: String,
+    },
+    /// A route's kernel could not be built.
+    #[error(transparent)]
+    Kernel(#[from] BuildError),
+    /// A route's upstream could not be set up.
+    #[error("{0}")]
+    Upstream(ChainError),
+    /// A key is allowed a model no route serves: a typo would otherwise
+    /// lock its holder out without a word.
+    #[error("key '{key}': no route serves the model '{model}' (served: {served})")]
+    KeyWithoutRoute {
+        /// The key's name.
+        key: String,
+        /// The model it is allowed.
+        model: String,
+        /// The models the routes serve, comma-separated.
+        served: String,
+    },
+}
+
+impl Route {
+    /// The routes and keys `config` describes, over `plugins` (loaded from
+    /// the same configuration): each `[[route]]` over the filters it names
+    /// (all of `plugins` if it names none) and its upstream (`default`, if
+    /// it names none: `None` is the embedded model), an `agent` route with
+    /// the built-in tools and a tool loop that keeps no history (the client
+    /// sends the conversation, or a `memory` filter keeps it). Without
+    /// routes (or without a configuration), one proxy route over all of
+    /// `plugins` and `default`, under that model's name.
+    pub fn from_config(
+        config: Option<&Config>,
+        plugins: &PluginSet,
+        default: Option<OpenAiConfig>,
+    ) -> Result<(Vec<Route>, Vec<ClientKey>), RouteError> {
+        let (keys, specs) = match config {
+            Some(config) => (config.keys()?, config.routes()?),
+            None => (Vec::new(), Vec::new()),
+        };
+        if specs.is_empty() {
+            let (builder, model) = with_model(Kernel::builder().plugins(plugins), default)?;
+            let routes = vec![Route::proxy(model, builder.build()?)];
+            check_keys(&keys, &routes)?;
+            return Ok((routes, keys));
+        }
+        let mut routes = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let mut builder = Kernel::builder();
+            match &spec.filters {
+                None => builder = builder.plugins(plugins),
+                Some(names) => {
+                    for name in names {
+                        let filter = plugins
+                            .filters()
+                            .iter()
+                            .find(|f| f.name() == name)
+                            .ok_or_else(|| RouteError::NoSuchFilter {
+                                route: spec.model.clone(),
+                                filter: name.clone(),
+                            })?;
+                        builder = builder.wasm(filter.clone());
+                    }
+                }
+            }
+            let upstream = match spec.upstream {
+                None => default.clone(),
+                Some(Upstream::Embedded) => None,
+                Some(Upstream::Server(server)) => Some(server),
+            };
+            let (mut builder, _) = with_model(builder, upstream)?;
+            if spec.mode == RouteMode::Agent {
+                // A client sends its conversation (or a `memory` filter
+                // keeps it): the loop keeps none, or every request would
+                // add to a history in this process that nothing reads.
+                let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
+                builder = builder.builtin_tools().turn_terminal(tool_loop);
+            }
+            routes.push(Route {
+                model: spec.model,
+                kernel: builder.build()?,
+                mode: spec.mode,
+            });
+        }
+        check_keys(&keys, &routes)?;
+        Ok((routes, keys))
+    }
+}
+
+/// Fails on a key allowed a model no route serves.
+fn check_keys(keys: &[ClientKey], routes: &[Route]) -> Result<(), RouteError> {
+    for key in keys {
+        for model in key.models.iter().flatten() {
+            if !routes.iter().any(|route| &route.model == model) {
+                let served: Vec<&str> = routes.iter().map(|r| r.model.as_str()).collect();
+                return Err(RouteError::KeyWithoutRoute {
+                    key: key.name.clone(),
+                    model: model.clone(),
+                    served: served.join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `builder` over the server `upstream` (`None`: the embedded model), and
+/// that model's name.
+fn with_model(
+    builder: KernelBuilder,
+    upstream: Option<OpenAiConfig>,
+) -> Result<(KernelBuilder, String), RouteError> {
+    Ok(match upstream {
+        Some(server) => {
+            let model = OpenAiModel::new(server).map_err(RouteError::Upstream)?;
+            let name = model.name().to_owned();
+            (builder.model(model), name)
+        }
+        None => {
+            let model = EmbeddedModel::new();
+            let name = model.name().to_owned();
+            (builder.model(model), name)
+        }
+    })
+}
