@@ -11,7 +11,7 @@
 //! - `concurrency_support` off: the component-model-async machinery makes
 //!   every layer about three times dearer and we do not use it. With it off
 //!   wasmtime does not detect re-entry into an instance, so the host never
-//!   enters an instance that is already on the stack (see `plugin::pool`).
+//!   enters an instance that is already on the stack (see `plugin::admission`).
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -32,9 +32,11 @@
 //!   terminal, a log line or a JSON line.
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
-//! - `sandbox`, `cache`, `compile`, `engine`: the wasmtime core (limits,
-//!   meters, faults; compiled-code cache; out-of-process compiles; the
-//!   engine and its instance slots). No plugin state.
+//! - `sandbox`, `store`, `cache`, `compile`, `engine`: the wasmtime core
+//!   (limits, meters, faults; the conversation stores the `memory` grant
+//!   opens; compiled-code cache; out-of-process compiles; the engine and
+//!   its instance slots). No plugin state.
+//! See docs/ARCHITECTURE.md for what each module owns and the invariants.
 //! - `onion`: composition of the chains, one call's `Invoke`, the token
 //!   transforms; sandboxed layers are `Guest`s it knows nothing about.
 //! - `plugin`: wasm filters (loading, instances, admission, the host side

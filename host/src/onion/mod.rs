@@ -3,8 +3,8 @@
 //!
 //! Earlier in the list is outer: its "before" part runs first and its
 //! "after" part last. A filter without a hook for a chain is not in that
-//! chain at all. Each layer receives the request, its private context
-//! [`Next`], the rest of the chain; it may call `next` zero times
+//! chain at all. Each layer receives the request and [`Next`], the rest
+//! of the chain; it may call `next` zero times
 //! (short-circuit), once, or several times (retry). Through `Next` it also
 //! reaches its private context (FCtx), kept by the invoke. Composition
 //! happens once per kernel; a call only walks the list.

@@ -189,11 +189,10 @@ impl From<wit::ErrorKind> for ErrorKind {
     }
 }
 
-/// A chain error as a guest sees it: kind and message, the origin folded
-/// into the message so an outer filter can still tell who failed.
-/// An error as a filter is told it: an inner filter's by its name and
-/// call, never its plugin's file, stderr or backtrace; a terminal's in its
-/// own words.
+/// An error as a filter is told it, the origin folded into the message so
+/// that an outer filter can still tell who failed: an inner filter by its
+/// name and call, never its plugin's file, stderr or backtrace; a
+/// terminal's error in its own words.
 pub(crate) fn filter_error(e: &ChainError) -> wit::FilterError {
     let message = match &e.origin {
         Some(origin) if origin.call != Call::Terminal => {

@@ -121,9 +121,9 @@ impl PartialEq<str> for Call {
 }
 
 /// Where an error came from: the filter, its plugin file, and the call.
-/// For a terminal's error (the model's, the tool loop's) `filter` names the
-/// terminal (`model`, `tool-loop`), `plugin` is `None` and `call` is
-/// [`Call::Terminal`].
+/// For a terminal's error `filter` names the terminal (`model`, `tools`,
+/// `turn`, `tool-loop`) or the host part that failed (`engine`, `kernel`,
+/// `gateway`), `plugin` is `None` and `call` is [`Call::Terminal`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
     /// The filter's name (or the terminal's).
@@ -135,8 +135,8 @@ pub struct Origin {
 }
 
 impl Origin {
-    /// The origin of a terminal's error: `terminal` names it (`model`,
-    /// `tool-loop`).
+    /// The origin of a terminal's (or a host part's) error: `terminal`
+    /// names it (`model`, `tool-loop`, `engine`, `gateway`, ...).
     pub fn terminal(terminal: &str) -> Self {
         Origin {
             filter: terminal.into(),
