@@ -8,8 +8,9 @@
 //! `U+0085`), the Unicode line and paragraph separators (`U+2028`,
 //! `U+2029`: a reader that splits on Unicode line breaks would see a line
 //! the filter made up), bidirectional overrides and isolates, and
-//! invisible format characters (zero-width spaces and joiners, the
-//! byte-order mark).
+//! invisible characters (zero-width spaces and joiners, the soft hyphen,
+//! variation selectors, tag characters, Hangul fillers, the byte-order
+//! mark).
 
 use std::io;
 
@@ -23,8 +24,10 @@ pub(crate) const TEXT_CAP: usize = 2048;
 pub(crate) fn unsafe_char(c: char) -> bool {
     c.is_control()
         || matches!(c,
-            '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
-            | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+            '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}'
+            | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}' | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}'
+            | '\u{ffa0}' | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// Text made safe to print on one line: every [`unsafe_char`] escaped

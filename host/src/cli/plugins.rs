@@ -162,7 +162,10 @@ async fn check(
             hooks.join(", ")
         }
     );
-    println!("  init     {}", filter.init_fctx());
+    println!(
+        "  init     {}",
+        shallot::terminal_text(&filter.init_fctx().to_string())
+    );
     println!("  size     {}", human_size(filter.plugin().size()));
     Ok(ExitCode::SUCCESS)
 }

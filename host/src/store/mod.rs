@@ -54,7 +54,7 @@ pub trait ConversationStore: Send + Sync + 'static {
     /// empty for one never written.
     async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError>;
     /// Appends messages to the conversation, dropping its oldest ones past
-    /// [`CONVERSATION_CAP`]. Messages bigger than that together, or that
+    /// [`CONVERSATION_CAP`] (an empty append changes nothing). Messages bigger than that together, or that
     /// would take the store past its cap, are refused (`limit-exceeded`)
     /// and nothing is written.
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError>;
@@ -124,9 +124,20 @@ pub(crate) fn encoded_size(message: &Message) -> usize {
     count.0
 }
 
-/// The bytes `messages` take as a store keeps them.
-pub(crate) fn stored_size(messages: &[Message]) -> usize {
-    messages.iter().map(encoded_size).sum()
+/// What a store keeps for each message besides its JSON: a row's
+/// bookkeeping, counted so that a flood of tiny messages is not free.
+pub(crate) const ROW_BYTES: usize = 64;
+
+/// What a message of `conversation` takes beside its JSON: the id (every
+/// SQLite row and index entry holds it) and a row's bookkeeping.
+pub(crate) fn row_overhead(conversation: &str) -> usize {
+    conversation.len() + ROW_BYTES
+}
+
+/// The bytes `messages` of `conversation` take as a store keeps them.
+pub(crate) fn stored_size(conversation: &str, messages: &[Message]) -> usize {
+    let overhead = row_overhead(conversation);
+    messages.iter().map(|m| encoded_size(m) + overhead).sum()
 }
 
 /// Checks an append of `added` bytes fits a conversation at all.
@@ -142,19 +153,23 @@ fn fits_a_conversation(added: usize) -> Result<(), ChainError> {
     Ok(())
 }
 
-/// The error for an append that would take a store past its cap.
-fn full(store: &str, cap: usize) -> ChainError {
+/// The error for an append that would take a store past its cap. The
+/// filter is told the kind of store; where it is goes to the log.
+fn full(kind: &str, shown: &str, cap: usize) -> ChainError {
+    tracing::warn!("the conversation store {shown} is full ({cap} bytes)");
     ChainError::new(
         ErrorKind::LimitExceeded,
-        format!("the conversation store ({store}) is full: it holds at most {cap} bytes"),
+        format!("the conversation store ({kind}) is full: it holds at most {cap} bytes"),
     )
 }
 
-/// A store's failure to answer, as a call sees it.
-pub(crate) fn unavailable(store: &str, error: impl std::fmt::Display) -> ChainError {
+/// A store's failure to answer, as a call sees it: the kind of store, not
+/// where it is (that goes to the log).
+pub(crate) fn unavailable(kind: &str, shown: &str, error: impl std::fmt::Display) -> ChainError {
+    tracing::warn!("the conversation store {shown} failed: {error}");
     ChainError::new(
         ErrorKind::Transient,
-        format!("the conversation store ({store}) failed: {error}"),
+        format!("the conversation store ({kind}) failed: {error}"),
     )
 }
 
@@ -178,8 +193,8 @@ struct Conversation {
     bytes: usize,
 }
 
-fn kept_size(message: &Message) -> usize {
-    encoded_size(message).max(message.weight())
+fn kept_size(conversation: &str, message: &Message) -> usize {
+    encoded_size(message).max(message.weight()) + row_overhead(conversation)
 }
 
 impl InProcess {
@@ -216,8 +231,13 @@ impl ConversationStore for InProcess {
     }
 
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError> {
-        let sized: Vec<(Message, usize)> =
-            messages.iter().map(|m| (m.clone(), kept_size(m))).collect();
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let sized: Vec<(Message, usize)> = messages
+            .iter()
+            .map(|m| (m.clone(), kept_size(conversation, m)))
+            .collect();
         let added: usize = sized.iter().map(|(_, size)| size).sum();
         fits_a_conversation(added)?;
         let mut kept = self.kept();
@@ -235,7 +255,7 @@ impl ConversationStore for InProcess {
             }
         }
         if kept.bytes - freed + added > IN_PROCESS_CAP {
-            return Err(full("in-process", IN_PROCESS_CAP));
+            return Err(full("in-process", "in this process", IN_PROCESS_CAP));
         }
         kept.bytes = kept.bytes - freed + added;
         let current = kept
@@ -254,5 +274,28 @@ impl ConversationStore for InProcess {
             kept.bytes -= gone.bytes;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConversationStore, InProcess, ROW_BYTES, stored_size};
+    use crate::types::Message;
+
+    #[tokio::test]
+    async fn an_empty_append_keeps_nothing_and_every_message_counts_its_row() {
+        let store = InProcess::default();
+        for i in 0..1000 {
+            store.append(&format!("{i:0>500}"), &[]).await.unwrap();
+        }
+        assert_eq!(store.kept().conversations.len(), 0);
+        assert_eq!(store.kept().bytes, 0);
+        let id = "c".repeat(500);
+        let tiny = [Message::user("")];
+        assert!(stored_size(&id, &tiny) > 500 + ROW_BYTES);
+        store.append(&id, &tiny).await.unwrap();
+        assert!(store.kept().bytes > 500 + ROW_BYTES, "the id and the row count");
+        store.clear(&id).await.unwrap();
+        assert_eq!(store.kept().bytes, 0);
     }
 }

@@ -11,7 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{
     CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, STORE_CAP,
-    fits_a_conversation, full, unavailable,
+    fits_a_conversation, full, row_overhead, unavailable,
 };
 use crate::types::{ChainError, Message};
 
@@ -65,8 +65,9 @@ impl Redis {
         operation: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, ChainError> {
         match tokio::time::timeout(OPERATION_TIMEOUT, operation).await {
-            Ok(result) => result.map_err(|e| unavailable(&self.shown, e)),
+            Ok(result) => result.map_err(|e| unavailable("Redis", &self.shown, e)),
             Err(_) => Err(unavailable(
+                "Redis",
                 &self.shown,
                 format!("no answer within {OPERATION_TIMEOUT:?}"),
             )),
@@ -95,25 +96,35 @@ end
 return out
 ";
 
-/// Appends `ARGV[3..]` to the list `KEYS[1]` whose size is `KEYS[2]`, in a
-/// store whose size is `KEYS[3]`: the list's oldest elements go while it
-/// is over `ARGV[1]` bytes; nothing is written if the store would go past
-/// `ARGV[2]`.
+/// Appends `ARGV[4..]` to the list `KEYS[1]` whose size is `KEYS[2]`, in a
+/// store whose size is `KEYS[3]`, each element counting `ARGV[3]` bytes
+/// more than its own: the list's oldest elements go while it is over
+/// `ARGV[1]` bytes (popped a page at a time from the head, what went too
+/// far pushed back: linear in what is dropped); nothing is written if the
+/// store would go past `ARGV[2]`.
 const APPEND_WITHIN: &str = r"
 local conversation_cap, store_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local overhead = tonumber(ARGV[3])
 local added = 0
-for i = 3, #ARGV do added = added + #ARGV[i] end
+for i = 4, #ARGV do added = added + #ARGV[i] + overhead end
 local size = tonumber(redis.call('GET', KEYS[2]) or '0')
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
-local over, freed, dropped = size + added - conversation_cap, 0, 0
+local over = size + added - conversation_cap
+-- Trimming frees at least this much (all of the list if it is smaller).
+local freeing = math.min(math.max(over, 0), size)
+if total - freeing + added > store_cap then return 'shallot-store-full' end
+local freed = 0
 while freed < over do
-  local oldest = redis.call('LINDEX', KEYS[1], dropped)
-  if not oldest then break end
-  freed, dropped = freed + #oldest, dropped + 1
+  local page = redis.call('LPOP', KEYS[1], 64)
+  if not page then break end
+  local kept = 1
+  while kept <= #page and freed < over do
+    freed = freed + #page[kept] + overhead
+    kept = kept + 1
+  end
+  for j = #page, kept, -1 do redis.call('LPUSH', KEYS[1], page[j]) end
 end
-if total - freed + added > store_cap then return 'shallot-store-full' end
-if dropped > 0 then redis.call('LTRIM', KEYS[1], dropped, -1) end
-for i = 3, #ARGV, 1000 do
+for i = 4, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 redis.call('SET', KEYS[2], math.max(0, size - freed) + added)
@@ -146,6 +157,7 @@ impl ConversationStore for Redis {
             .map(|row| {
                 serde_json::from_str(row).map_err(|e| {
                     unavailable(
+                        "Redis",
                         &self.shown,
                         format!("a stored message is not readable: {e}"),
                     )
@@ -162,7 +174,8 @@ impl ConversationStore for Redis {
             .iter()
             .map(|m| serde_json::to_string(m).expect("a message serializes"))
             .collect();
-        fits_a_conversation(rows.iter().map(String::len).sum())?;
+        let overhead = row_overhead(conversation);
+        fits_a_conversation(rows.iter().map(|row| row.len() + overhead).sum())?;
         let mut connection = self.connection.clone();
         let mut append = redis::cmd("EVAL");
         append
@@ -173,10 +186,11 @@ impl ConversationStore for Redis {
             .arg(STORE_SIZE_KEY)
             .arg(CONVERSATION_CAP)
             .arg(STORE_CAP)
+            .arg(overhead)
             .arg(rows);
         let answer: String = self.bounded(append.query_async(&mut connection)).await?;
         if answer == FULL {
-            return Err(full(&self.shown, STORE_CAP));
+            return Err(full("Redis", &self.shown, STORE_CAP));
         }
         Ok(())
     }

@@ -11,9 +11,15 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
 use super::{
-    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, STORE_CAP,
-    fits_a_conversation, full, unavailable,
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, ROW_BYTES, STORE_CAP,
+    fits_a_conversation, full, row_overhead, unavailable,
 };
+
+/// A row's size as the store counts it, in SQL: its message's bytes, its
+/// conversation's and the row's bookkeeping (see `row_overhead`).
+fn row_size() -> String {
+    format!("LENGTH(CAST(message AS BLOB)) + LENGTH(CAST(conversation AS BLOB)) + {ROW_BYTES}")
+}
 use crate::types::{ChainError, Message};
 
 pub(super) struct Sqlite {
@@ -27,7 +33,7 @@ impl Sqlite {
         let shown = path.display().to_string();
         let opened = path.to_owned();
         let connection = tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
-            let connection = Connection::open(&opened)?;
+            let mut connection = Connection::open(&opened)?;
             connection.busy_timeout(OPERATION_TIMEOUT)?;
             connection.execute_batch(
                 "PRAGMA journal_mode = WAL;
@@ -39,21 +45,35 @@ impl Sqlite {
                  CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
                      ON shallot_messages (conversation, seq);",
             )?;
-            // A file written before sizes were kept gets them once.
-            let sized = connection.execute_batch(
-                "CREATE TABLE shallot_conversation_sizes (
-                     conversation TEXT PRIMARY KEY,
-                     bytes INTEGER NOT NULL
-                 );
-                 INSERT INTO shallot_conversation_sizes
-                     SELECT conversation, SUM(LENGTH(CAST(message AS BLOB)))
-                     FROM shallot_messages GROUP BY conversation;",
-            );
-            if let Err(e) = sized
-                && !e.to_string().contains("already exists")
-            {
-                return Err(e);
+            // A file written before sizes were kept gets them once, in one
+            // transaction (and a second opener finds them made).
+            let sizes =
+                connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let made: bool = sizes.query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_store_size'",
+                [],
+                |row| row.get(0),
+            )?;
+            if !made {
+                sizes.execute_batch(&format!(
+                    "CREATE TABLE IF NOT EXISTS shallot_conversation_sizes (
+                         conversation TEXT PRIMARY KEY,
+                         bytes INTEGER NOT NULL
+                     );
+                     DELETE FROM shallot_conversation_sizes;
+                     INSERT INTO shallot_conversation_sizes
+                         SELECT conversation, SUM({})
+                         FROM shallot_messages GROUP BY conversation;
+                     CREATE TABLE shallot_store_size (
+                         id INTEGER PRIMARY KEY CHECK (id = 0),
+                         bytes INTEGER NOT NULL
+                     );
+                     INSERT INTO shallot_store_size
+                         SELECT 0, COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes;",
+                    row_size()
+                ))?;
             }
+            sizes.commit()?;
             Ok(connection)
         })
         .await
@@ -80,12 +100,13 @@ impl Sqlite {
             .await
             .map_err(|_| {
                 unavailable(
+                    "SQLite",
                     &self.path,
                     format!("no answer within {OPERATION_TIMEOUT:?}"),
                 )
             })?
-            .map_err(|e| unavailable(&self.path, e))?
-            .map_err(|e| unavailable(&self.path, e))
+            .map_err(|e| unavailable("SQLite", &self.path, e))?
+            .map_err(|e| unavailable("SQLite", &self.path, e))
     }
 }
 
@@ -116,21 +137,29 @@ impl ConversationStore for Sqlite {
         rows.iter()
             .map(|row| {
                 serde_json::from_str(row).map_err(|e| {
-                    unavailable(&self.path, format!("a stored message is not readable: {e}"))
+                    unavailable(
+                        "SQLite",
+                        &self.path,
+                        format!("a stored message is not readable: {e}"),
+                    )
                 })
             })
             .collect()
     }
 
     async fn append(&self, conversation: &str, messages: &[Message]) -> Result<(), ChainError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let overhead = row_overhead(conversation);
         let conversation = conversation.to_owned();
         let rows: Vec<String> = messages
             .iter()
             .map(|m| serde_json::to_string(m).expect("a message serializes"))
             .collect();
-        let added: usize = rows.iter().map(String::len).sum();
+        let added: usize = rows.iter().map(|row| row.len() + overhead).sum();
         fits_a_conversation(added)?;
-        let full = || full(&self.path, STORE_CAP);
+        let full = || full("SQLite", &self.path, STORE_CAP);
         let fitted = self
             .with(move |db| {
                 let batch = db.transaction()?;
@@ -141,7 +170,7 @@ impl ConversationStore for Sqlite {
                     |row| row.get(0),
                 )?;
                 let total: i64 = batch.query_row(
-                    "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes",
+                    "SELECT bytes FROM shallot_store_size WHERE id = 0",
                     [],
                     |row| row.get(0),
                 )?;
@@ -159,7 +188,7 @@ impl ConversationStore for Sqlite {
                         && let Some(row) = found.next()?
                     {
                         last = Some(row.get::<_, i64>(0)?);
-                        freed += row.get::<_, i64>(1)? as usize;
+                        freed += row.get::<_, i64>(1)? as usize + overhead;
                     }
                 }
                 if total - freed.min(total) + added > STORE_CAP {
@@ -184,6 +213,10 @@ impl ConversationStore for Sqlite {
                      ON CONFLICT (conversation) DO UPDATE SET bytes = ?2",
                     params![conversation, (current + added - freed.min(current)) as i64],
                 )?;
+                batch.execute(
+                    "UPDATE shallot_store_size SET bytes = ?1 WHERE id = 0",
+                    params![(total + added - freed.min(total)) as i64],
+                )?;
                 batch.commit()?;
                 Ok(true)
             })
@@ -195,6 +228,12 @@ impl ConversationStore for Sqlite {
         let conversation = conversation.to_owned();
         self.with(move |db| {
             let batch = db.transaction()?;
+            batch.execute(
+                "UPDATE shallot_store_size SET bytes = MAX(0, bytes - COALESCE(
+                     (SELECT bytes FROM shallot_conversation_sizes WHERE conversation = ?1), 0))
+                 WHERE id = 0",
+                params![conversation],
+            )?;
             for table in ["shallot_messages", "shallot_conversation_sizes"] {
                 batch.execute(
                     &format!("DELETE FROM {table} WHERE conversation = ?1"),

@@ -383,6 +383,18 @@ impl HostState {
         operation: impl Future<Output = Result<T, ChainError>>,
     ) -> Result<T, wit::FilterError> {
         let left = STORE_WAIT_CAP.saturating_sub(self.quotas.store_wait);
+        let spent = || {
+            let message = format!(
+                "this call waited {} s for the conversation store in all, its most",
+                STORE_WAIT_CAP.as_secs()
+            );
+            error(wit::ErrorKind::Timeout, message)
+        };
+        // Not even started once the call's time is spent: a write the
+        // filter is told timed out must not happen.
+        if left.is_zero() {
+            return Err(spent());
+        }
         let meter = self.confinement.meter().clone();
         meter.enter_next();
         let started = tokio::time::Instant::now();
@@ -391,13 +403,7 @@ impl HostState {
         meter.leave_next();
         match result {
             Ok(done) => done.map_err(|e| convert::filter_error(&e)),
-            Err(_) => {
-                let message = format!(
-                    "this call waited {} s for the conversation store in all, its most",
-                    STORE_WAIT_CAP.as_secs()
-                );
-                Err(error(wit::ErrorKind::Timeout, message))
-            }
+            Err(_) => Err(spent()),
         }
     }
 }
@@ -445,7 +451,7 @@ impl memory::Host for HostState {
         // What one call writes is bounded like what it makes the host
         // hold, as the store keeps it (its encoding can be several times
         // what the guest handed over), so a loop cannot flood the store.
-        let stored = store::stored_size(&messages);
+        let stored = store::stored_size(&conversation, &messages);
         self.quotas.stored_bytes = self.quotas.stored_bytes.saturating_add(stored);
         if self.quotas.stored_bytes > self.limits.host_bytes() {
             let message = format!(
