@@ -242,10 +242,19 @@ impl Invoke {
         })
     }
 
-    /// Puts a key back as it was before a faulted call wrote it: its value,
-    /// charged again to the filter that had written it.
-    pub(crate) fn restore_context(&self, key: &str, before: Before) {
+    /// Puts a key back as it was before a faulted call of filter `id`
+    /// wrote it: its value, charged again to the filter that had written
+    /// it. A key another filter has written since (a sibling call of a
+    /// concurrent batch) keeps that write.
+    pub(crate) fn restore_context(&self, id: usize, key: &str, before: Before) {
         let mut ledger = self.ledger();
+        if ledger
+            .writers
+            .get(key)
+            .is_some_and(|(writer, _)| *writer != id)
+        {
+            return;
+        }
         if let Some((writer, charged)) = ledger.writers.remove(key) {
             ledger.held[writer] -= charged;
         }

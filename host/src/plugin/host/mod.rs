@@ -237,7 +237,7 @@ impl HostState {
     fn undo(&mut self) {
         if let Some(scope) = &self.scope {
             for (key, before) in self.journal.drain() {
-                scope.invoke.restore_context(&key, before);
+                scope.invoke.restore_context(scope.id, &key, before);
             }
         }
     }
