@@ -18,10 +18,9 @@ build-guests: setup
 build-polyglot:
     scripts/build-polyglot
 
-# Run every test (the memory tests need Debian's redis-server installed).
-test: build-guests build-polyglot
-    cargo test
-    cargo test -p shallot --features otel --test cli -- serve_exports
+# Run every test (installs what they need when it can: scripts/test).
+test:
+    scripts/test
 
 # Measure a wasm layer against a native closure layer and a bare component call.
 bench: build-guests build-polyglot
@@ -52,3 +51,7 @@ lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --features shallot/otel -- -D warnings
     cargo clippy --target wasm32-wasip2 -p 'shallot-plugin-*' -p 'shallot-test-guest-*' -- -D warnings
+
+# Build the book into the target directory (needs `cargo install mdbook`).
+book:
+    mdbook build docs --dest-dir "$(realpath -m -- "${CARGO_TARGET_DIR:-target}")/book"

@@ -1,5 +1,5 @@
 //! Host services the operator grants a filter in its `grants` (see the
-//! host's README): without the grant each call returns an `auth` error
+//! book's configuration chapter, docs/book/configuration.md): without the grant each call returns an `auth` error
 //! naming the grant to add.
 
 /// Waiting, for a backoff between retries (granted by `grants.sleep_ms`).

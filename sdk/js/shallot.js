@@ -19,7 +19,7 @@
 //   export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } =
 //     exportFilter(Guard);
 //
-// Build with componentize-js against shallot's wit/ (see the README), with
+// Build with componentize-js against shallot's wit/ (see docs/book/writing-filters-javascript.md), with
 // this file beside app.js. A hook gets the host-owned request and the
 // filter's private context `fctx`; JSON values travel as JS values. Throw
 // `FilterError` to fail a request on purpose; any other exception fails it

@@ -294,7 +294,10 @@ mod tests {
         let tiny = [Message::user("")];
         assert!(stored_size(&id, &tiny) > 500 + ROW_BYTES);
         store.append(&id, &tiny).await.unwrap();
-        assert!(store.kept().bytes > 500 + ROW_BYTES, "the id and the row count");
+        assert!(
+            store.kept().bytes > 500 + ROW_BYTES,
+            "the id and the row count"
+        );
         store.clear(&id).await.unwrap();
         assert_eq!(store.kept().bytes, 0);
     }

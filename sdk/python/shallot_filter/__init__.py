@@ -19,8 +19,8 @@ through and are never called), then export it::
 
     export(Guard)
 
-Build it with ``componentize-py`` against shallot's ``wit/`` (see the
-README): the module must be called ``app`` and this SDK must be on the
+Build it with ``componentize-py`` against shallot's ``wit/`` (see
+docs/book/writing-filters-python.md): the module must be called ``app`` and this SDK must be on the
 path. A hook gets the host-owned request (``request.messages()``,
 ``request.set_messages(...)``, ...) and the filter's private context
 ``fctx``; JSON values travel as Python values. Raise :class:`FilterError`

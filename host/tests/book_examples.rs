@@ -1,5 +1,6 @@
-//! The README's filter examples, verbatim: each section's code blocks are
-//! written to disk as the README says, and its shell block is run line by
+//! The book's filter examples (docs/book/writing-filters-*.md), verbatim:
+//! each chapter's code blocks are written to disk as it says, and its
+//! shell block is run line by
 //! line with the `shallot` under test on the PATH. The install lines
 //! (`pip install`, `npm install`) are left out: tests reach no network, and
 //! the tools they install are the ones `scripts/build-polyglot` installed
@@ -19,13 +20,13 @@ fn root() -> PathBuf {
         .unwrap()
 }
 
-/// The code blocks of the README section under `heading`, in order, as
-/// (language, text).
-fn blocks(heading: &str) -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+/// The code blocks of the section under `heading` in the book's chapter
+/// `chapter`, in order, as (language, text).
+fn blocks(chapter: &str, heading: &str) -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(root().join("docs/book").join(chapter)).unwrap();
     let start = readme
         .find(&format!("\n## {heading}\n"))
-        .unwrap_or_else(|| panic!("the README has a section '{heading}'"));
+        .unwrap_or_else(|| panic!("the book's {chapter} has a section '{heading}'"));
     let section = &readme[start + 1..];
     let section = &section[..section[3..]
         .find("\n## ")
@@ -111,8 +112,8 @@ fn link(from: &Path, to: &Path) {
 
 #[test]
 fn the_rust_filter_builds_and_checks_as_written() {
-    let blocks = blocks("Writing a filter in Rust");
-    // Beside the checkout, in a directory named `shallot`, as the README
+    let blocks = blocks("writing-filters-rust.md", "Writing a filter in Rust");
+    // Beside the checkout, in a directory named `shallot`, as the book
     // says. Kept between runs, so its build is incremental.
     let home = target_dir().join("readme-examples/rust");
     let krate = home.join("guard");
@@ -130,7 +131,7 @@ fn the_rust_filter_builds_and_checks_as_written() {
 
 #[test]
 fn the_python_filter_builds_and_checks_as_written() {
-    let blocks = blocks("Writing a filter in Python");
+    let blocks = blocks("writing-filters-python.md", "Writing a filter in Python");
     let dir = scratch("python");
     link(&root().join("wit"), &dir.join("wit"));
     link(&root().join("sdk"), &dir.join("sdk"));
@@ -144,7 +145,10 @@ fn the_python_filter_builds_and_checks_as_written() {
 
 #[test]
 fn the_javascript_filter_builds_and_checks_as_written() {
-    let blocks = blocks("Writing a filter in JavaScript");
+    let blocks = blocks(
+        "writing-filters-javascript.md",
+        "Writing a filter in JavaScript",
+    );
     let dir = scratch("javascript");
     link(&root().join("wit"), &dir.join("wit"));
     link(
