@@ -36,7 +36,6 @@
 //!   (limits, meters, faults; the conversation stores the `memory` grant
 //!   opens; compiled-code cache; out-of-process compiles; the engine and
 //!   its instance slots). No plugin state.
-//! See docs/ARCHITECTURE.md for what each module owns and the invariants.
 //! - `onion`: composition of the chains, one call's `Invoke`, the token
 //!   transforms; sandboxed layers are `Guest`s it knows nothing about.
 //! - `plugin`: wasm filters (loading, instances, admission, the host side
@@ -46,6 +45,9 @@
 //! - `config`: `shallot.toml` and plugins directories, read into specs.
 //! - `gateway`: the OpenAI-compatible HTTP server in front of a kernel
 //!   (`shallot serve`).
+//!
+//! `docs/ARCHITECTURE.md` says what each module owns and may not touch,
+//! and the invariants.
 //!
 //! Every module is private; the items meant for users are re-exported here,
 //! each reachable by one path, except the data types, which live in

@@ -164,7 +164,7 @@ async fn check(
     );
     println!(
         "  init     {}",
-        shallot::terminal_text(&filter.init_fctx().to_string())
+        shallot::terminal_text(filter.init_fctx().as_ref())
     );
     println!("  size     {}", human_size(filter.plugin().size()));
     Ok(ExitCode::SUCCESS)
