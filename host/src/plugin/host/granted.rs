@@ -269,6 +269,8 @@ impl approval::Host for HostState {
             reason: escape::printable(&reason, escape::TEXT_CAP),
             context: scope.invoke.context().clone(),
         };
+        // The guest's copies (up to its memory cap) are not held through a
+        // wait of up to ten minutes.
         drop((tool, reason));
         let left = Duration::from_millis(APPROVAL_WAIT_CAP_MS.into())
             .saturating_sub(self.quotas.approval_wait);
