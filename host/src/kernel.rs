@@ -15,8 +15,8 @@ use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{
-    Approver, Core, Entry, Filter, Hook, Invoke, InvokeOptions, LayerFilter, Next, Terminal,
-    TokenSink, TokenStream, Turn,
+    Approver, Core, Entry, Filter, Hook, Invoke, InvokeOptions, Next, Terminal, TokenSink,
+    TokenStream, Turn,
 };
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
@@ -95,7 +95,7 @@ impl KernelBuilder {
             name: filter.name().into(),
             hooks: filter.hooks().to_vec(),
             init: filter.init_fctx().clone(),
-            filter: LayerFilter::Guest(filter.clone()),
+            filter: filter.clone(),
         });
         self.wasm.push(Some(filter));
         self
@@ -108,7 +108,7 @@ impl KernelBuilder {
             name: filter.name().into(),
             hooks: filter.hooks().to_vec(),
             init: filter.init_fctx(),
-            filter: LayerFilter::Native(filter),
+            filter,
         });
         self.wasm.push(None);
         self
@@ -497,12 +497,14 @@ impl Kernel {
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
         let admission = plugin::admit(&self.wasm, call, streamed).await?;
+        let mut extensions = http::Extensions::new();
+        extensions.insert(Arc::new(admission));
         let invoke = Arc::new(Invoke::new(
             self.core.clone(),
             options.context,
             options.sink,
             options.model_options,
-            Box::new(admission),
+            extensions,
         ));
         if let Some(paused) = paused {
             invoke.carry_fctx(&paused.fctx);

@@ -37,9 +37,9 @@
 //!   opens; compiled-code cache; out-of-process compiles; the engine and
 //!   its instance slots). No plugin state.
 //! - `onion`: composition of the chains, one call's `Invoke`, the token
-//!   transforms; sandboxed layers are `Guest`s it knows nothing about.
+//!   transforms; a sandboxed filter is one more `Filter` to it.
 //! - `plugin`: wasm filters (loading, instances, admission, the host side
-//!   of the WIT contract), the `Guest` the onion runs.
+//!   of the WIT contract): `WasmFilter`, a `Filter` the onion runs.
 //! - `tool`, `model`, `agent`: the terminals (tools, models, the tool loop).
 //! - `kernel`: builds the onions over the terminals and runs invokes.
 //! - `config`: `shallot.toml` and plugins directories, read into specs.
@@ -84,8 +84,8 @@ pub use gateway::{
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{
-    ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, Hook, Invoke, InvokeOptions, Next,
-    Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
+    ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,
+    InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
     CallStats, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS,

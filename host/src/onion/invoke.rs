@@ -10,10 +10,10 @@
 //! as long as the invoke: its FCtx and its writes to the shared context
 //! (charged to the writer until another write replaces them).
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use http::Extensions;
 use serde_json::Value;
 
 use super::{Core, Fctx, Next, TokenSink};
@@ -94,9 +94,10 @@ pub struct Invoke {
     context: Context,
     fctx: Mutex<Vec<Option<Fctx>>>,
     ledger: Mutex<Ledger>,
-    /// What the invoke's guests reserved for it (their instances),
-    /// released when it ends.
-    reservation: Box<dyn Any + Send + Sync>,
+    /// What the parts of the host keep for the length of the invoke, one
+    /// value per type (the wasm filters' admission: their reserved
+    /// instances, released when it ends).
+    extensions: Extensions,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompts: OnceLock<Vec<String>>,
     model_options: JsonMap,
@@ -138,7 +139,7 @@ impl Invoke {
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
         model_options: JsonMap,
-        reservation: Box<dyn Any + Send + Sync>,
+        extensions: Extensions,
     ) -> Self {
         let filters = core.filters.len();
         Invoke {
@@ -150,7 +151,7 @@ impl Invoke {
                 fctx: vec![0; filters],
                 writers: HashMap::new(),
             }),
-            reservation,
+            extensions,
             sink,
             system_prompts: OnceLock::new(),
             model_options,
@@ -159,9 +160,9 @@ impl Invoke {
         }
     }
 
-    /// What the guests reserved for this invoke, if it is a `T`.
-    pub(crate) fn reservation<T: 'static>(&self) -> Option<&T> {
-        self.reservation.downcast_ref()
+    /// The invoke's `T`, if a part of the host keeps one.
+    pub(crate) fn extension<T: Clone + Send + Sync + 'static>(&self) -> Option<&T> {
+        self.extensions.get()
     }
 
     fn ledger(&self) -> MutexGuard<'_, Ledger> {

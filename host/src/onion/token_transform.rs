@@ -16,13 +16,16 @@
 //! transforms the sink gets the tokens directly.
 //!
 //! One word for the concept: a *token transform* (the `token-transform`
-//! hook). The WIT contract also calls its interface `token-filter` and the
-//! per-stream resource `token-transformer`; those names stay as they are,
-//! since components are built against them.
+//! hook, and [`TokenTransform`] for one stream's). The WIT contract also
+//! calls its interface `token-filter` and the per-stream resource
+//! `token-transformer`; those names stay as they are, since components are
+//! built against them.
 
 use std::sync::Arc;
 
-use super::{GuestTransform, Invoke, LayerFilter};
+use async_trait::async_trait;
+
+use super::{FilterScope, Invoke};
 use crate::types::{ChainError, FinishReason, Token, TokenBatch};
 
 /// Where a streaming caller receives tokens.
@@ -42,45 +45,30 @@ where
     }
 }
 
-/// A token transform written in Rust (a native filter's fourth hook).
+/// A token transform for one model stream: a native filter's, or a wasm
+/// filter's transformer resource in its instance.
+#[async_trait]
 pub trait TokenTransform: Send {
     /// Takes the next tokens and returns 0..N tokens for each.
-    fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError>;
+    async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError>;
 
     /// The stream ended normally, the model having stopped for `end`
     /// (`ToolUse` for a round that asks for tools): returns what is still
     /// buffered.
-    fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
+    async fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
         let _ = end;
         Ok(TokenBatch::default())
     }
-}
 
-enum Transformer {
-    Native(Box<dyn TokenTransform>),
-    Guest(Box<dyn GuestTransform>),
-}
-
-impl Transformer {
-    async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
-        match self {
-            Transformer::Native(t) => t.step(tokens),
-            Transformer::Guest(t) => t.step(tokens).await,
-        }
-    }
-
-    async fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
-        match self {
-            Transformer::Native(t) => t.flush(end),
-            Transformer::Guest(t) => t.flush(end).await,
-        }
-    }
+    /// The stream is over (finished or abandoned): releases what the
+    /// transform holds.
+    async fn close(self: Box<Self>) {}
 }
 
 /// The transforms of one model stream, feeding the caller's sink. Holds
 /// its invoke (and so its instances) until finished or dropped.
 pub struct TokenStream {
-    layers: Vec<Transformer>,
+    layers: Vec<Box<dyn TokenTransform>>,
     sink: Arc<dyn TokenSink>,
     _invoke: Arc<Invoke>,
 }
@@ -94,16 +82,10 @@ impl TokenStream {
         let core = invoke.core();
         let mut layers = Vec::with_capacity(core.token_layers.len());
         for &id in &core.token_layers {
-            let layer = match &core.filters[id].filter {
-                LayerFilter::Native(filter) => match filter.token_transform() {
-                    Some(transform) => Transformer::Native(transform),
-                    None => continue,
-                },
-                LayerFilter::Guest(filter) => {
-                    Transformer::Guest(filter.clone().transformer(id, invoke).await?)
-                }
-            };
-            layers.push(layer);
+            let scope = FilterScope::new(invoke.clone(), id);
+            if let Some(transform) = core.filters[id].filter.token_transform(&scope).await? {
+                layers.push(transform);
+            }
         }
         Ok(TokenStream {
             layers,
@@ -122,7 +104,7 @@ impl TokenStream {
     }
 
     async fn through(
-        layers: &mut [Transformer],
+        layers: &mut [Box<dyn TokenTransform>],
         mut tokens: TokenBatch,
     ) -> Result<TokenBatch, ChainError> {
         for layer in layers {
@@ -156,9 +138,7 @@ impl TokenStream {
 
     async fn release(self) {
         for layer in self.layers {
-            if let Transformer::Guest(t) = layer {
-                t.close().await;
-            }
+            layer.close().await;
         }
     }
 }

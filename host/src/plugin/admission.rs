@@ -97,12 +97,17 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    /// Filter `id`'s lease in `invoke`.
-    fn lease(invoke: &Invoke, id: usize) -> &Lease {
-        let admission: &Admission = invoke
-            .reservation()
-            .expect("every invoke is admitted by the kernel");
-        &admission.leases[id]
+    /// The admission of `invoke`, if `filter` is its filter `id`: a wasm
+    /// filter's hook called by another filter, outside its own layer, has
+    /// none.
+    fn of(invoke: &Invoke, id: usize, filter: &WasmFilter) -> Option<Arc<Admission>> {
+        let admission = invoke.extension::<Arc<Admission>>()?;
+        let lease = admission.leases.get(id)?;
+        let own = lease
+            .filter
+            .as_deref()
+            .is_some_and(|f| std::ptr::eq(f, filter));
+        own.then(|| admission.clone())
     }
 }
 
@@ -277,16 +282,28 @@ impl Lease {
 /// discarded rather than returned.
 pub(crate) struct Leased {
     invoke: Arc<Invoke>,
+    admission: Arc<Admission>,
     id: usize,
     instance: Option<FilterInstance>,
 }
 
 impl Leased {
-    /// Takes an instance of filter `id` for `invoke`.
-    pub(crate) async fn take(invoke: &Arc<Invoke>, id: usize) -> Result<Self, ChainError> {
-        let instance = Admission::lease(invoke, id).take().await?;
+    /// Takes an instance of `filter`, filter `id` of `invoke`.
+    pub(crate) async fn take(
+        invoke: &Arc<Invoke>,
+        id: usize,
+        filter: &WasmFilter,
+    ) -> Result<Self, ChainError> {
+        let Some(admission) = Admission::of(invoke, id, filter) else {
+            let message = "a wasm filter's hook runs only in its own layer of a kernel's chains";
+            return Err(
+                ChainError::new(ErrorKind::InvalidRequest, message).at(Origin::terminal("engine"))
+            );
+        };
+        let instance = admission.leases[id].take().await?;
         Ok(Leased {
             invoke: invoke.clone(),
+            admission,
             id,
             instance: Some(instance),
         })
@@ -305,7 +322,7 @@ impl Leased {
     /// The instance faulted: drop it now.
     pub(crate) fn poison(&mut self) {
         if self.instance.take().is_some() {
-            Admission::lease(&self.invoke, self.id).lost();
+            self.admission.leases[self.id].lost();
         }
     }
 
@@ -316,7 +333,7 @@ impl Leased {
     /// The call went well: the instance goes back for reuse.
     pub(crate) fn release(mut self) {
         if let Some(instance) = self.instance.take() {
-            Admission::lease(&self.invoke, self.id).give_back(instance);
+            self.admission.leases[self.id].give_back(instance);
         }
     }
 }
@@ -324,7 +341,7 @@ impl Leased {
 impl Drop for Leased {
     fn drop(&mut self) {
         if self.instance.take().is_some() {
-            Admission::lease(&self.invoke, self.id).lost();
+            self.admission.leases[self.id].lost();
         }
     }
 }

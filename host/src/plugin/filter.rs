@@ -8,17 +8,17 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use wasmtime::component::ResourceAny;
 
-use futures::future::BoxFuture;
+use async_trait::async_trait;
 use tracing::Instrument;
 
 use super::Grants;
 use super::Plugin;
 use super::admission::Leased;
-use super::host::Scope;
-use super::instance::{Blueprint, Description, Feed, FilterInstance, WasmChain};
+use super::host::{Identity, Scope};
+use super::instance::{Blueprint, Description, Fault, Feed, FilterInstance, WasmChain};
 use super::stats::FilterStats;
 use crate::engine::Engine;
-use crate::onion::{Chat, Fctx, Guest, GuestTransform, Hook, Invoke, Next, Tool, Turn};
+use crate::onion::{Chat, Fctx, Filter, FilterScope, Hook, Next, TokenTransform, Tool, Turn};
 use crate::sandbox::{self, Limits};
 use crate::types::{
     Call, ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, TokenBatch, ToolRequest,
@@ -281,15 +281,12 @@ impl WasmFilter {
         });
     }
 
-    /// Runs this filter's hook for chain `K` as layer `id` of an invoke.
-    async fn around<K: WasmChain>(
-        &self,
-        id: usize,
-        request: K::Request,
-        next: Next<K>,
-    ) -> K::Output {
+    /// Runs this filter's hook for chain `K`, as the layer `next` is the
+    /// rest of.
+    async fn around<K: WasmChain>(&self, request: K::Request, next: Next<K>) -> K::Output {
+        let id = next.layer().unwrap_or(usize::MAX);
         let invoke = next.invoke().clone();
-        let mut leased = match Leased::take(&invoke, id).await {
+        let mut leased = match Leased::take(&invoke, id, self).await {
             Ok(leased) => leased,
             Err(error) => return K::fail(error),
         };
@@ -301,13 +298,12 @@ impl WasmFilter {
         let call: Call = K::HOOK.into();
         let span = tracing::debug_span!("filter", name = &*self.name, call = call.as_str());
         let result = match self.blueprint.limits.timeout() {
-            None => {
-                leased
-                    .instance()
-                    .around::<K>(id, request, next)
-                    .instrument(span)
-                    .await
-            }
+            None => leased
+                .instance()
+                .around::<K>(id, request, next)
+                .instrument(span)
+                .await
+                .map_err(ChainError::from),
             Some(timeout) => {
                 let call = leased.instance().around::<K>(id, request, next);
                 self.bounded(
@@ -327,50 +323,18 @@ impl WasmFilter {
         }
     }
 
-    /// Runs this filter's system-prompt hook as filter `id` of `invoke`.
-    async fn run_system_prompt(
-        &self,
-        id: usize,
-        invoke: &Arc<Invoke>,
-        prompt: &str,
-    ) -> Result<String, ChainError> {
-        let mut leased = Leased::take(invoke, id).await?;
-        let instance = leased.instance();
-        match instance.system_prompt(invoke.clone(), id, prompt).await {
-            Ok(output) => {
-                leased.release();
-                output
-            }
-            Err(fault) => Err(fault),
-        }
-    }
-
-    /// A fresh token transformer for one stream of `invoke`.
-    async fn open_transformer(
-        self: Arc<Self>,
-        id: usize,
-        invoke: &Arc<Invoke>,
-    ) -> Result<WasmTokenTransform, ChainError> {
-        let mut leased = Leased::take(invoke, id).await?;
-        let resource = leased.instance().transformer(invoke.clone(), id).await?;
-        Ok(WasmTokenTransform {
-            filter: self,
-            id,
-            leased,
-            resource,
-        })
-    }
-
     /// Waits for a hook call under its wall-clock bound, turning an
     /// elapsed bound into a timeout error.
     async fn bounded<T>(
         &self,
-        call: impl Future<Output = Result<Result<T, ChainError>, tokio::time::error::Elapsed>>,
+        call: impl Future<Output = Result<Result<T, Fault>, tokio::time::error::Elapsed>>,
         hook: Call,
     ) -> Result<T, ChainError> {
         let origin = || self.blueprint.identity.origin(hook);
-        call.await
-            .unwrap_or_else(|_| Err(sandbox::timed_out(&self.blueprint.limits, origin())))
+        match call.await {
+            Ok(done) => done.map_err(ChainError::from),
+            Err(_) => Err(sandbox::timed_out(&self.blueprint.limits, origin())),
+        }
     }
 }
 
@@ -383,58 +347,74 @@ impl Drop for WasmFilter {
     }
 }
 
-impl Guest for WasmFilter {
-    fn around_chat(
-        self: Arc<Self>,
-        id: usize,
+#[async_trait]
+impl Filter for WasmFilter {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn hooks(&self) -> &[Hook] {
+        &self.description.hooks
+    }
+
+    fn init_fctx(&self) -> Fctx {
+        self.description.init.clone()
+    }
+
+    async fn around_chat(
+        &self,
         request: ChatRequest,
         next: Next<Chat>,
-    ) -> BoxFuture<'static, Result<ChatResponse, ChainError>> {
-        Box::pin(async move { self.around::<Chat>(id, request, next).await })
+    ) -> Result<ChatResponse, ChainError> {
+        self.around(request, next).await
     }
 
-    fn around_tool(
-        self: Arc<Self>,
-        id: usize,
+    async fn around_tool(
+        &self,
         request: ToolRequest,
         next: Next<Tool>,
-    ) -> BoxFuture<'static, Result<ToolResponse, ChainError>> {
-        Box::pin(async move { self.around::<Tool>(id, request, next).await })
+    ) -> Result<ToolResponse, ChainError> {
+        self.around(request, next).await
     }
 
-    fn around_turn(
-        self: Arc<Self>,
-        id: usize,
-        request: TurnRequest,
-        next: Next<Turn>,
-    ) -> BoxFuture<'static, TurnResult> {
-        Box::pin(async move { self.around::<Turn>(id, request, next).await })
+    async fn around_turn(&self, request: TurnRequest, next: Next<Turn>) -> TurnResult {
+        self.around(request, next).await
     }
 
-    fn system_prompt<'a>(
-        &'a self,
-        id: usize,
-        invoke: &'a Arc<Invoke>,
+    async fn system_prompt(
+        &self,
         prompt: String,
-    ) -> BoxFuture<'a, Result<String, ChainError>> {
-        Box::pin(async move { self.run_system_prompt(id, invoke, &prompt).await })
+        scope: &FilterScope,
+    ) -> Result<String, ChainError> {
+        let invoke = scope.invoke();
+        let mut leased = Leased::take(invoke, scope.id(), self).await?;
+        let instance = leased.instance();
+        let output = instance
+            .system_prompt(invoke.clone(), scope.id(), &prompt)
+            .await?;
+        leased.release();
+        output
     }
 
-    fn transformer<'a>(
-        self: Arc<Self>,
-        id: usize,
-        invoke: &'a Arc<Invoke>,
-    ) -> BoxFuture<'a, Result<Box<dyn GuestTransform>, ChainError>> {
-        Box::pin(async move {
-            let transform = self.open_transformer(id, invoke).await?;
-            Ok(Box::new(transform) as Box<dyn GuestTransform>)
-        })
+    async fn token_transform(
+        &self,
+        scope: &FilterScope,
+    ) -> Result<Option<Box<dyn TokenTransform>>, ChainError> {
+        let (invoke, id) = (scope.invoke(), scope.id());
+        let mut leased = Leased::take(invoke, id, self).await?;
+        let resource = leased.instance().transformer(invoke.clone(), id).await?;
+        Ok(Some(Box::new(WasmTokenTransform {
+            identity: self.blueprint.identity.clone(),
+            id,
+            leased,
+            resource,
+        })))
     }
 }
 
 /// A wasm filter's token transformer for one stream, holding its instance.
 struct WasmTokenTransform {
-    filter: Arc<WasmFilter>,
+    identity: Arc<Identity>,
     id: usize,
     leased: Leased,
     resource: ResourceAny,
@@ -444,10 +424,9 @@ impl WasmTokenTransform {
     /// A token step or the flush. A transform has no inner layers, so
     /// `timeout_ms` does not apply; its own budgets do.
     async fn call(&mut self, feed: Feed) -> Result<TokenBatch, ChainError> {
-        let blueprint = &self.filter.blueprint;
         if self.leased.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
-            return Err(error.at(blueprint.identity.origin(Call::Step)));
+            return Err(error.at(self.identity.origin(Call::Step)));
         }
         let scope = Scope::outside_chains(self.leased.invoke().clone(), self.id);
         match self
@@ -461,31 +440,30 @@ impl WasmTokenTransform {
                 // The store is poisoned: make sure the instance is dropped,
                 // not returned, whatever the caller does next.
                 self.leased.poison();
-                Err(fault)
+                Err(fault.into())
             }
         }
     }
 }
 
-impl GuestTransform for WasmTokenTransform {
-    fn step(&mut self, tokens: TokenBatch) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
-        Box::pin(self.call(Feed::Step(tokens)))
+#[async_trait]
+impl TokenTransform for WasmTokenTransform {
+    async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
+        self.call(Feed::Step(tokens)).await
     }
 
-    fn flush(&mut self, end: FinishReason) -> BoxFuture<'_, Result<TokenBatch, ChainError>> {
-        Box::pin(self.call(Feed::Flush(end)))
+    async fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
+        self.call(Feed::Flush(end)).await
     }
 
     /// Drops the transformer in the guest and returns the instance.
-    fn close(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            if self.leased.is_poisoned() {
-                return;
-            }
-            let dropped = self.leased.instance().drop_transformer(self.resource).await;
-            if dropped.is_ok() {
-                self.leased.release();
-            }
-        })
+    async fn close(mut self: Box<Self>) {
+        if self.leased.is_poisoned() {
+            return;
+        }
+        let dropped = self.leased.instance().drop_transformer(self.resource).await;
+        if dropped.is_ok() {
+            self.leased.release();
+        }
     }
 }

@@ -14,9 +14,10 @@ use wasmtime::component::{Resource, ResourceAny};
 
 use super::Grants;
 use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
+use super::bindings::shallot::filter::types::FilterError as WitError;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
-use super::host::{Continuation, Granted, HostState, Identity, Scope, internal};
+use super::host::{Continuation, Granted, HostState, Identity, Scope};
 use crate::escape::{self, TEXT_CAP};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
@@ -63,6 +64,26 @@ pub(crate) struct Description {
 /// The longest name or version a filter may give itself.
 const NAME_CAP: usize = 128;
 
+/// A call into an instance that faulted (it trapped, ran out of a budget
+/// or a cap, or broke the contract): its store is poisoned, and whoever
+/// holds the instance must drop it. The filter's own errors are not
+/// faults; they are in what the call returns.
+pub(crate) struct Fault(pub ChainError);
+
+impl From<Fault> for ChainError {
+    fn from(fault: Fault) -> Self {
+        fault.0
+    }
+}
+
+/// Whether a call starts its quotas afresh: a token transformer's step or
+/// flush keeps what its stream has used.
+#[derive(Clone, Copy)]
+enum Quotas {
+    Fresh,
+    Kept,
+}
+
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
@@ -90,12 +111,19 @@ impl FilterInstance {
             store,
             exports: Box::new(exports),
         };
-        instance.begin(Call::Configure, None);
-        let plugin = instance.exports.shallot_filter_plugin();
-        let meter = instance.meter();
-        let configured = plugin.call_configure(&mut instance.store, &blueprint.config);
-        let configured = sandbox::metered(meter, configured).await;
-        match instance.end(configured, Call::Configure)? {
+        let config = &*blueprint.config;
+        let configured = instance
+            .call(
+                Call::Configure,
+                None,
+                Quotas::Fresh,
+                async |store, exports| {
+                    let plugin = exports.shallot_filter_plugin();
+                    plugin.call_configure(store, config).await
+                },
+            )
+            .await?;
+        match configured {
             Ok(()) => Ok(instance),
             Err(message) => Err(ChainError::new(
                 ErrorKind::InvalidRequest,
@@ -110,12 +138,14 @@ impl FilterInstance {
 
     /// The filter's own description of itself.
     pub(crate) async fn describe(&mut self) -> Result<Description, ChainError> {
-        self.begin(Call::Describe, None);
-        let plugin = self.exports.shallot_filter_plugin();
-        let meter = self.meter();
-        let described = plugin.call_describe(&mut self.store);
-        let described = sandbox::metered(meter, described).await;
-        let d = self.end(described, Call::Describe)?;
+        let d = self
+            .call(
+                Call::Describe,
+                None,
+                Quotas::Fresh,
+                async |store, exports| exports.shallot_filter_plugin().call_describe(store).await,
+            )
+            .await?;
         let init = match self.store.data().parse_json(&d.init_fctx, "its init FCtx") {
             Ok(Ok(init)) => init,
             Ok(Err(message)) => {
@@ -152,66 +182,65 @@ impl FilterInstance {
         self.store.data().confinement.memory()
     }
 
-    fn meter(&self) -> sandbox::Meter {
-        self.store.data().confinement.meter().clone()
-    }
-
     fn fault(&self, error: wasmtime::Error, call: Call) -> ChainError {
         let state = self.store.data();
         let origin = state.identity.origin(call);
         sandbox::fault(error, &state.confinement, &state.limits, origin)
     }
 
-    /// Starts `call`: its scope, its clocks, its captured stderr, its
-    /// quotas.
-    fn begin(&mut self, call: Call, scope: Option<Scope>) {
-        self.begin_with(call, scope, true);
-    }
-
-    /// Starts `call`; a token transformer's step or flush keeps the
-    /// quotas its stream has used (`fresh_quotas` false).
-    fn begin_with(&mut self, call: Call, scope: Option<Scope>, fresh_quotas: bool) {
-        self.store.data_mut().enter(call, scope, fresh_quotas);
+    /// One call into the instance, the only way in: starts `call` (its
+    /// scope, clocks, captured stderr and quotas), runs `body` under the
+    /// CPU meter, then ends it: drops the scope (it holds the invoke,
+    /// which holds this instance's lease), undoes a faulted call's context
+    /// writes, counts the call, and turns a wasmtime error into a fault.
+    async fn call<T>(
+        &mut self,
+        call: Call,
+        scope: Option<Scope>,
+        quotas: Quotas,
+        body: impl AsyncFnOnce(&mut Store<HostState>, &FilterWorld) -> wasmtime::Result<T>,
+    ) -> Result<T, Fault> {
+        self.store
+            .data_mut()
+            .enter(call, scope, matches!(quotas, Quotas::Fresh));
         let limits = self.store.data().limits;
         sandbox::arm(&mut self.store, &limits);
-    }
-
-    /// Ends a call: drops the scope (it holds the invoke, which holds this
-    /// instance's lease), undoes a faulted call's context writes, and turns
-    /// a wasmtime error into a fault.
-    fn end<T>(&mut self, result: wasmtime::Result<T>, call: Call) -> Result<T, ChainError> {
+        let meter = self.store.data().confinement.meter().clone();
+        let result = sandbox::metered(meter.clone(), body(&mut self.store, &self.exports)).await;
         self.store.data_mut().leave(result.is_err());
         let stats = &self.store.data().identity.stats;
-        stats.called(call, self.meter().spent());
+        stats.called(call, meter.spent());
         result.map_err(|e| {
             let fault = self.fault(e, call);
             self.store.data().identity.stats.failed(call, fault.kind);
-            fault
+            Fault(fault)
         })
     }
 
-    /// Runs the system-prompt hook for `invoke`, as filter `id`.
-    /// `Ok(Err(_))` is the filter's own error; `Err(_)` a fault.
+    /// Runs the system-prompt hook for `invoke`, as filter `id`: the
+    /// prompt it made, or its own error.
     pub(crate) async fn system_prompt(
         &mut self,
         invoke: Arc<Invoke>,
         id: usize,
         prompt: &str,
-    ) -> Result<Result<String, ChainError>, ChainError> {
+    ) -> Result<Result<String, ChainError>, Fault> {
         const CALL: Call = Call::SystemPrompt;
-        self.begin(CALL, Some(Scope::outside_chains(invoke, id)));
-        let api = self.exports.shallot_filter_system_prompt_filter();
-        let meter = self.meter();
-        let shaped = api.call_system_prompt(&mut self.store, prompt);
-        let shaped = sandbox::metered(meter, shaped).await;
-        let shaped = self.end(shaped, CALL)?;
+        let scope = Some(Scope::outside_chains(invoke, id));
+        let shaped = self
+            .call(CALL, scope, Quotas::Fresh, async |store, exports| {
+                let api = exports.shallot_filter_system_prompt_filter();
+                api.call_system_prompt(store, prompt).await
+            })
+            .await?;
         // The prompt goes into every model call of the invoke: no bigger
         // than what the filter may make the host hold.
         if shaped
             .as_ref()
             .is_ok_and(|p| p.len() > self.store.data().limits.host_bytes())
         {
-            return Err(self.fault(wasmtime::Error::new(HostMemoryExceeded), CALL));
+            let fault = self.fault(wasmtime::Error::new(HostMemoryExceeded), CALL);
+            return Err(Fault(fault));
         }
         Ok(shaped.map_err(|error| self.store.data().attribute(error, CALL)))
     }
@@ -221,83 +250,76 @@ impl FilterInstance {
         &mut self,
         invoke: Arc<Invoke>,
         id: usize,
-    ) -> Result<ResourceAny, ChainError> {
-        self.begin(
+    ) -> Result<ResourceAny, Fault> {
+        let scope = Some(Scope::outside_chains(invoke, id));
+        self.call(
             Call::TokenTransform,
-            Some(Scope::outside_chains(invoke, id)),
-        );
-        let api = self.exports.shallot_filter_token_filter();
-        let meter = self.meter();
-        let api = api.token_transformer();
-        let made = api.call_constructor(&mut self.store);
-        let made = sandbox::metered(meter, made).await;
-        self.end(made, Call::TokenTransform)
+            scope,
+            Quotas::Fresh,
+            async |store, exports| {
+                let api = exports.shallot_filter_token_filter();
+                api.token_transformer().call_constructor(store).await
+            },
+        )
+        .await
     }
 
-    /// Steps or flushes a token transformer. `Ok(Err(_))` is the filter's
-    /// own error; `Err(_)` a fault.
+    /// Steps or flushes a token transformer: the tokens it gives, or its
+    /// own error.
     pub(crate) async fn transform(
         &mut self,
         scope: Scope,
         transformer: ResourceAny,
         feed: Feed,
-    ) -> Result<Result<TokenBatch, ChainError>, ChainError> {
-        let call = match &feed {
-            Feed::Step(_) => Call::Step,
-            Feed::Flush(_) => Call::Flush,
+    ) -> Result<Result<TokenBatch, ChainError>, Fault> {
+        let (call, taken) = match &feed {
+            Feed::Step(tokens) => (Call::Step, tokens.len()),
+            Feed::Flush(_) => (Call::Flush, 0),
         };
-        self.begin_with(call, Some(scope), false);
-        let meter = self.meter();
-        let api = self.exports.shallot_filter_token_filter();
-        let api = api.token_transformer();
-        let taken = match &feed {
-            Feed::Step(tokens) => tokens.len(),
-            Feed::Flush(_) => 0,
-        };
-        let result = match feed {
-            Feed::Step(tokens) => {
-                let batch = convert::token_batch(tokens);
-                let stepped = api.call_step(&mut self.store, transformer, &batch);
-                sandbox::metered(meter, stepped).await
-            }
-            Feed::Flush(end) => {
-                self.store.data_mut().stream_end = Some(convert::finish_reason(end));
-                let flushed = api.call_flush(&mut self.store, transformer);
-                sandbox::metered(meter, flushed).await
-            }
-        };
-        match self.end(result, call)? {
-            Ok(batch) => {
-                let batch = TokenBatch::from(batch);
-                let stats = &self.store.data().identity.stats;
-                stats.tokens(taken, batch.len());
-                if batch.weight() > self.store.data().limits.host_bytes() {
-                    return Err(self.fault(wasmtime::Error::new(HostMemoryExceeded), call));
+        let result = self
+            .call(call, Some(scope), Quotas::Kept, async |store, exports| {
+                let api = exports.shallot_filter_token_filter();
+                let api = api.token_transformer();
+                match feed {
+                    Feed::Step(tokens) => {
+                        let batch = convert::token_batch(tokens);
+                        api.call_step(store, transformer, &batch).await
+                    }
+                    Feed::Flush(end) => {
+                        store.data_mut().stream_end = Some(convert::finish_reason(end));
+                        api.call_flush(store, transformer).await
+                    }
                 }
-                batch.validate().map_err(|problem| {
-                    let message = format!("returned a malformed token batch: {problem}");
-                    ChainError::new(ErrorKind::PluginFault, message).at(self
-                        .store
-                        .data()
-                        .identity
-                        .origin(call))
-                })?;
-                Ok(Ok(batch))
-            }
-            Err(error) => Ok(Err(self.store.data().attribute(error, call))),
+            })
+            .await?;
+        let batch = match result {
+            Ok(batch) => TokenBatch::from(batch),
+            Err(error) => return Ok(Err(self.store.data().attribute(error, call))),
+        };
+        let state = self.store.data();
+        state.identity.stats.tokens(taken, batch.len());
+        if batch.weight() > state.limits.host_bytes() {
+            return Err(Fault(
+                self.fault(wasmtime::Error::new(HostMemoryExceeded), call),
+            ));
         }
+        if let Err(problem) = batch.validate() {
+            let message = format!("returned a malformed token batch: {problem}");
+            let error = ChainError::new(ErrorKind::PluginFault, message);
+            return Err(Fault(error.at(state.identity.origin(call))));
+        }
+        Ok(Ok(batch))
     }
 
     /// Drops a token transformer in the guest (its destructor runs).
-    pub(crate) async fn drop_transformer(
-        &mut self,
-        transformer: ResourceAny,
-    ) -> Result<(), ChainError> {
-        self.begin(Call::TokenTransform, None);
-        let meter = self.meter();
-        let dropped = transformer.resource_drop_async(&mut self.store);
-        let dropped = sandbox::metered(meter, dropped).await;
-        self.end(dropped, Call::TokenTransform)
+    pub(crate) async fn drop_transformer(&mut self, transformer: ResourceAny) -> Result<(), Fault> {
+        self.call(
+            Call::TokenTransform,
+            None,
+            Quotas::Fresh,
+            async |store, _| transformer.resource_drop_async(store).await,
+        )
+        .await
     }
 
     /// Runs one hook call of filter `id`, the chain continuing in `next`.
@@ -306,60 +328,65 @@ impl FilterInstance {
         id: usize,
         request: K::Request,
         next: Next<K>,
-    ) -> Result<K::Output, ChainError> {
-        let invoke = next.invoke().clone();
-        let branch = next.branch().cloned();
+    ) -> Result<K::Output, Fault> {
         let scope = Scope {
-            invoke,
+            invoke: next.invoke().clone(),
             id,
-            branch,
+            branch: next.branch().cloned(),
             next: K::continuation(next),
         };
-        self.begin(K::HOOK.into(), Some(scope));
-        K::call(self, request).await
-    }
-
-    /// Puts a request into the table for the length of a call; the guest
-    /// gets a borrow of it. A table the guest has filled is its fault.
-    fn lend<T: Send + 'static>(
-        &mut self,
-        request: T,
-        call: Call,
-    ) -> Result<(Resource<T>, Resource<T>), ChainError> {
-        let pushed = self.store.data_mut().table.push(request);
-        let handle = pushed.map_err(|e| self.fault(e.into(), call))?;
-        let borrowed = Resource::new_borrow(handle.rep());
-        Ok((handle, borrowed))
-    }
-
-    /// Takes back what was lent, and what the guest returned.
-    fn settle<T: 'static, R: Send + 'static>(
-        &mut self,
-        lent: Resource<T>,
-        result: wasmtime::Result<
-            Result<Resource<R>, super::bindings::shallot::filter::types::FilterError>,
-        >,
-        call: Call,
-    ) -> Result<Result<R, ChainError>, ChainError> {
-        let _ = self.store.data_mut().take(lent);
-        Ok(match self.end(result, call)? {
-            Ok(response) => Ok(self.store.data_mut().take(response).map_err(internal)?),
-            Err(error) => Err(self.store.data().attribute(error, call)),
-        })
+        self.call(
+            K::HOOK.into(),
+            Some(scope),
+            Quotas::Fresh,
+            async |store, exports| K::call(store, exports, request).await,
+        )
+        .await
     }
 }
 
-/// How a chain calls its hook on an instance.
+/// Puts a request into the table for the length of a call; the guest
+/// gets a borrow of it. A table the guest has filled is its fault.
+fn lend<T: Send + 'static>(
+    store: &mut Store<HostState>,
+    request: T,
+) -> wasmtime::Result<(Resource<T>, Resource<T>)> {
+    let handle = store.data_mut().table.push(request)?;
+    let borrowed = Resource::new_borrow(handle.rep());
+    Ok((handle, borrowed))
+}
+
+/// Takes back what was lent, and what the guest returned: the response,
+/// or its error attributed.
+fn settle<T: 'static, R: 'static>(
+    state: &mut HostState,
+    lent: Resource<T>,
+    returned: Result<Resource<R>, WitError>,
+    call: Call,
+) -> wasmtime::Result<Result<R, ChainError>> {
+    let _ = state.take(lent);
+    Ok(match returned {
+        Ok(response) => Ok(state.take(response)?),
+        Err(error) => Err(state.attribute(error, call)),
+    })
+}
+
+/// How a chain calls its hook on an instance: what the chain kind adds
+/// in the plugin layer (its WIT call, and where a guest's `next` finds
+/// the rest of the chain).
 pub(crate) trait WasmChain: ChainKind {
     fn continuation(next: Next<Self>) -> Continuation;
 
     /// The rest of this chain, if `continuation` is of it.
     fn resume(continuation: &Continuation) -> Option<&Next<Self>>;
 
+    /// Lends `request` to the guest, calls its hook, and takes back what
+    /// it returned.
     fn call(
-        instance: &mut FilterInstance,
+        store: &mut Store<HostState>,
+        exports: &FilterWorld,
         request: Self::Request,
-    ) -> impl Future<Output = Result<Self::Output, ChainError>> + Send;
+    ) -> impl Future<Output = wasmtime::Result<Self::Output>> + Send;
 }
 
 impl WasmChain for Chat {
@@ -375,15 +402,14 @@ impl WasmChain for Chat {
     }
 
     async fn call(
-        instance: &mut FilterInstance,
+        store: &mut Store<HostState>,
+        exports: &FilterWorld,
         request: ChatRequest,
-    ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request, Call::AroundChat)?;
-        let api = instance.exports.shallot_filter_chat_filter();
-        let meter = instance.meter();
-        let result = api.call_around_chat(&mut instance.store, borrowed);
-        let result = sandbox::metered(meter, result).await;
-        instance.settle(lent, result, Call::AroundChat)
+    ) -> wasmtime::Result<Self::Output> {
+        let (lent, borrowed) = lend(store, request)?;
+        let api = exports.shallot_filter_chat_filter();
+        let returned = api.call_around_chat(&mut *store, borrowed).await?;
+        settle(store.data_mut(), lent, returned, Call::AroundChat)
     }
 }
 
@@ -400,15 +426,14 @@ impl WasmChain for Tool {
     }
 
     async fn call(
-        instance: &mut FilterInstance,
+        store: &mut Store<HostState>,
+        exports: &FilterWorld,
         request: ToolRequest,
-    ) -> Result<Self::Output, ChainError> {
-        let (lent, borrowed) = instance.lend(request, Call::AroundTool)?;
-        let api = instance.exports.shallot_filter_tool_filter();
-        let meter = instance.meter();
-        let result = api.call_around_tool(&mut instance.store, borrowed);
-        let result = sandbox::metered(meter, result).await;
-        instance.settle(lent, result, Call::AroundTool)
+    ) -> wasmtime::Result<Self::Output> {
+        let (lent, borrowed) = lend(store, request)?;
+        let api = exports.shallot_filter_tool_filter();
+        let returned = api.call_around_tool(&mut *store, borrowed).await?;
+        settle(store.data_mut(), lent, returned, Call::AroundTool)
     }
 }
 
@@ -425,18 +450,15 @@ impl WasmChain for Turn {
     }
 
     async fn call(
-        instance: &mut FilterInstance,
+        store: &mut Store<HostState>,
+        exports: &FilterWorld,
         request: TurnRequest,
-    ) -> Result<Self::Output, ChainError> {
-        const CALL: Call = Call::AroundTurn;
-        let (lent, borrowed) = instance.lend(request, CALL)?;
-        let api = instance.exports.shallot_filter_turn_filter();
-        let meter = instance.meter();
-        let result = api.call_around_turn(&mut instance.store, borrowed);
-        let result = sandbox::metered(meter, result).await;
-        let _ = instance.store.data_mut().take(lent);
-        let result = instance.end(result, CALL)?;
-        let state = instance.store.data_mut();
-        state.take_turn_result(result, CALL).map_err(internal)
+    ) -> wasmtime::Result<Self::Output> {
+        let (lent, borrowed) = lend(store, request)?;
+        let api = exports.shallot_filter_turn_filter();
+        let returned = api.call_around_turn(&mut *store, borrowed).await?;
+        let state = store.data_mut();
+        let _ = state.take(lent);
+        state.take_turn_result(returned, Call::AroundTurn)
     }
 }

@@ -17,7 +17,9 @@ use futures::stream::{self, BoxStream, StreamExt};
 use mimalloc::MiMalloc;
 use serde_json::Value;
 use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, TokenBatch};
-use shallot::{ChainError, ChatModel, Context, Filter, Kernel, ModelEvent, TokenTransform};
+use shallot::{
+    ChainError, ChatModel, Context, Filter, FilterScope, Kernel, ModelEvent, TokenTransform,
+};
 use shallot_tests::{load, target_dir, warm};
 use tokio::runtime::Runtime;
 
@@ -135,6 +137,7 @@ pub fn conversation(bytes: usize) -> ChatRequest {
 /// A native filter that passes everything through: the baseline layer.
 pub struct Native(String);
 
+#[async_trait]
 impl Filter for Native {
     fn name(&self) -> &str {
         &self.0
@@ -144,15 +147,19 @@ impl Filter for Native {
         &[shallot::Hook::AroundChat, shallot::Hook::TokenTransform]
     }
 
-    fn token_transform(&self) -> Option<Box<dyn TokenTransform>> {
-        Some(Box::new(Identity))
+    async fn token_transform(
+        &self,
+        _: &FilterScope,
+    ) -> Result<Option<Box<dyn TokenTransform>>, ChainError> {
+        Ok(Some(Box::new(Identity)))
     }
 }
 
 pub struct Identity;
 
+#[async_trait]
 impl TokenTransform for Identity {
-    fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
+    async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
         Ok(tokens)
     }
 }

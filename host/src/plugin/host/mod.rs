@@ -43,7 +43,7 @@ use crate::escape::{self, TEXT_CAP};
 use crate::onion::{Before, Branch, Invoke};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
-use crate::types::{Call, ChainError, ErrorKind, Origin};
+use crate::types::{Call, ChainError, Origin};
 use crate::types::{JsonMap, Weigh, json_weight};
 
 pub(crate) use granted::Granted;
@@ -371,14 +371,10 @@ fn json_text(text: &str, what: &str) -> Result<(), String> {
         .map_err(|e| format!("{what} is not JSON: {e}"))
 }
 
-/// An error for a call that could not even start (e.g. a full table).
-pub(crate) fn internal(error: impl std::fmt::Display) -> ChainError {
-    ChainError::new(ErrorKind::Internal, error.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::ErrorKind;
 
     fn state(declares: bool) -> HostState {
         let limits = Limits::default();

@@ -105,47 +105,15 @@ impl HostState {
         Ok(Some(output))
     }
 
-    async fn chat_inner(
+    /// A guest's `next.*` call of chain `K`: the inner layers' output,
+    /// handed over to the guest.
+    async fn inner<K: NextCall>(
         &mut self,
-        request: Resource<ChatRequest>,
+        request: Resource<K::Request>,
         within: Option<u32>,
-    ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        Ok(match self.run_next::<Chat>(&request, within).await? {
-            None => Err(self.misuse("chat")),
-            Some(Ok(response)) => self.hand_over(response)?,
-            Some(Err(error)) => Err(self.inner_failed(error)),
-        })
-    }
-
-    async fn tool_inner(
-        &mut self,
-        request: Resource<ToolRequest>,
-        within: Option<u32>,
-    ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
-        Ok(match self.run_next::<Tool>(&request, within).await? {
-            None => Err(self.misuse("tool")),
-            Some(Ok(response)) => self.hand_over(response)?,
-            Some(Err(error)) => Err(self.inner_failed(error)),
-        })
-    }
-
-    async fn turn_inner(
-        &mut self,
-        request: Resource<TurnRequest>,
-        within: Option<u32>,
-    ) -> wasmtime::Result<wit::TurnResult> {
-        Ok(match self.run_next::<Turn>(&request, within).await? {
-            None => wit::TurnResult::Error(self.misuse("turn")),
-            Some(TurnResult::Done(done)) => match self.hand_over(done)? {
-                Ok(done) => wit::TurnResult::Done(done),
-                Err(error) => wit::TurnResult::Error(error),
-            },
-            Some(TurnResult::Interrupt(interrupt)) => match self.hand_over(interrupt)? {
-                Ok(interrupt) => wit::TurnResult::Interrupt(interrupt),
-                Err(error) => wit::TurnResult::Error(error),
-            },
-            Some(TurnResult::Error(error)) => wit::TurnResult::Error(self.inner_failed(error)),
-        })
+    ) -> wasmtime::Result<K::Handed> {
+        let output = self.run_next::<K>(&request, within).await?;
+        K::hand(self, output)
     }
 
     /// Moves a turn result the guest returned out of its table.
@@ -162,23 +130,76 @@ impl HostState {
     }
 }
 
+/// What a chain's `next` gives a guest back.
+trait NextCall: WasmChain {
+    /// The WIT form of the chain's output.
+    type Handed;
+
+    /// Hands `output` over to the guest; `None` for a `next` of this
+    /// chain called from another chain's hook.
+    fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed>;
+}
+
+impl NextCall for Chat {
+    type Handed = Result<Resource<ChatResponse>, wit::FilterError>;
+
+    fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed> {
+        Ok(match output {
+            None => Err(state.misuse("chat")),
+            Some(Ok(response)) => state.hand_over(response)?,
+            Some(Err(error)) => Err(state.inner_failed(error)),
+        })
+    }
+}
+
+impl NextCall for Tool {
+    type Handed = Result<Resource<ToolResponse>, wit::FilterError>;
+
+    fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed> {
+        Ok(match output {
+            None => Err(state.misuse("tool")),
+            Some(Ok(response)) => state.hand_over(response)?,
+            Some(Err(error)) => Err(state.inner_failed(error)),
+        })
+    }
+}
+
+impl NextCall for Turn {
+    type Handed = wit::TurnResult;
+
+    fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed> {
+        Ok(match output {
+            None => wit::TurnResult::Error(state.misuse("turn")),
+            Some(TurnResult::Done(done)) => match state.hand_over(done)? {
+                Ok(done) => wit::TurnResult::Done(done),
+                Err(error) => wit::TurnResult::Error(error),
+            },
+            Some(TurnResult::Interrupt(interrupt)) => match state.hand_over(interrupt)? {
+                Ok(interrupt) => wit::TurnResult::Interrupt(interrupt),
+                Err(error) => wit::TurnResult::Error(error),
+            },
+            Some(TurnResult::Error(error)) => wit::TurnResult::Error(state.inner_failed(error)),
+        })
+    }
+}
+
 impl next::Host for HostState {
     async fn chat(
         &mut self,
         request: Resource<ChatRequest>,
     ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        self.chat_inner(request, None).await
+        self.inner::<Chat>(request, None).await
     }
 
     async fn tool(
         &mut self,
         request: Resource<ToolRequest>,
     ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
-        self.tool_inner(request, None).await
+        self.inner::<Tool>(request, None).await
     }
 
     async fn turn(&mut self, request: Resource<TurnRequest>) -> wasmtime::Result<wit::TurnResult> {
-        self.turn_inner(request, None).await
+        self.inner::<Turn>(request, None).await
     }
 
     async fn chat_within(
@@ -186,7 +207,7 @@ impl next::Host for HostState {
         request: Resource<ChatRequest>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        self.chat_inner(request, Some(timeout_ms)).await
+        self.inner::<Chat>(request, Some(timeout_ms)).await
     }
 
     async fn tool_within(
@@ -194,7 +215,7 @@ impl next::Host for HostState {
         request: Resource<ToolRequest>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Resource<ToolResponse>, wit::FilterError>> {
-        self.tool_inner(request, Some(timeout_ms)).await
+        self.inner::<Tool>(request, Some(timeout_ms)).await
     }
 
     async fn turn_within(
@@ -202,7 +223,7 @@ impl next::Host for HostState {
         request: Resource<TurnRequest>,
         timeout_ms: u32,
     ) -> wasmtime::Result<wit::TurnResult> {
-        self.turn_inner(request, Some(timeout_ms)).await
+        self.inner::<Turn>(request, Some(timeout_ms)).await
     }
 
     async fn pass_on(&mut self, nth: u32) -> wasmtime::Result<()> {
