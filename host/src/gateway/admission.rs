@@ -14,6 +14,12 @@ impl Shared {
     /// Waits for a place among the requests served at once: `429` if too
     /// many already wait, `503` if the wait runs out or the gateway starts
     /// shutting down (those waiting are told at once, to retry elsewhere).
+    ///
+    /// Written here rather than as tower's `ConcurrencyLimitLayer` with
+    /// `LoadShedLayer`, which do what this cannot be without: the first
+    /// queues without bound and without a deadline, the second sheds at
+    /// once; neither answers in the OpenAI error shape, counts the queue
+    /// for `/metrics`, or wakes its waiters when the gateway drains.
     pub(super) async fn place(&self) -> Result<Place, ApiError> {
         let placed = |permit| {
             self.metrics.in_progress.inc();

@@ -208,7 +208,11 @@ pub(super) async fn complete(
 }
 
 /// The request's body, if it arrives whole within the read timeout and
-/// the body cap.
+/// the body cap. The cap is axum's `DefaultBodyLimit` layer; the timeout
+/// is written here because tower-http's `TimeoutLayer` would bound the
+/// whole response (a stream included) and its body timeout fails as a bare
+/// body error, where this bounds only the body's arrival and answers
+/// `408` in the OpenAI error shape.
 pub(super) async fn read_body(gateway: &Shared, request: Request) -> Result<Bytes, ApiError> {
     let within = gateway.config.read_timeout;
     let read = tokio::time::timeout(within, Bytes::from_request(request, &())).await;

@@ -78,13 +78,15 @@ impl Answer {
             ended: false,
         };
         let chunks = futures::stream::unfold(state, Chunks::next).flatten();
-        let body = futures::stream::iter([opening]).chain(chunks).map(|chunk| {
-            let data = match chunk {
-                Value::String(done) => done,
-                chunk => chunk.to_string(),
-            };
-            Ok::<_, Infallible>(Event::default().data(data))
-        });
+        // Every stream the chat ends (answered or broken) ends with the
+        // `[DONE]` line OpenAI's clients wait for.
+        let body = futures::stream::iter([opening])
+            .chain(chunks)
+            .map(|chunk| Event::default().data(chunk.to_string()))
+            .chain(futures::stream::once(async {
+                Event::default().data("[DONE]")
+            }))
+            .map(Ok::<_, Infallible>);
         Ok(Sse::new(body)
             .keep_alive(KeepAlive::default())
             .into_response())
@@ -189,19 +191,17 @@ impl Chunks {
             }
             Some(Streamed::Done(done)) => {
                 self.ended = true;
-                let mut chunks = match done {
+                match done {
                     Ok(mut response) => self.last(&mut response).await,
                     Err(error) => vec![self.broken(&error)],
-                };
-                chunks.push(Value::String("[DONE]".to_owned()));
-                chunks
+                }
             }
             None => {
                 self.ended = true;
                 let error =
                     ChainError::new(ErrorKind::Internal, "the answer ended without a result")
                         .at(Origin::terminal("gateway"));
-                vec![self.broken(&error), Value::String("[DONE]".to_owned())]
+                vec![self.broken(&error)]
             }
         };
         Some((futures::stream::iter(chunks), self))
