@@ -47,7 +47,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use crate::engine::Engine;
 use crate::model::OpenAiConfig;
@@ -55,6 +54,11 @@ use crate::plugin::Grants;
 use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
 use crate::sandbox::Limits;
 use crate::store;
+
+mod gateway;
+
+pub use gateway::{ClientKey, RouteMode, RouteSpec, Upstream};
+use gateway::{KeyEntry, RouteEntry};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,128 +71,6 @@ struct ConfigFile {
     keys: Vec<KeyEntry>,
     #[serde(default, rename = "route")]
     routes: Vec<RouteEntry>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteEntry {
-    model: String,
-    #[serde(default)]
-    mode: RouteMode,
-    filters: Option<Vec<String>>,
-    upstream: Option<UpstreamEntry>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum UpstreamEntry {
-    Named(String),
-    Server(OpenAiConfig),
-}
-
-/// How a gateway route runs a request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteMode {
-    /// One request is one chat through the filters; the client runs its
-    /// own tool loop.
-    #[default]
-    Proxy,
-    /// One request is one agent turn: the turn filters and the tool loop,
-    /// with the gateway's own tools; the final answer comes back.
-    Agent,
-}
-
-/// What a route's model is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Upstream {
-    /// The embedded offline model.
-    Embedded,
-    /// An OpenAI-compatible server.
-    Server(OpenAiConfig),
-}
-
-/// A gateway route, as a `shallot.toml` `[[route]]` table gives it: the
-/// public model name, its mode, the filters it runs (names of `[[filter]]`
-/// entries, in order; all of them when not given) and its model (the
-/// `[model]` table when not given, else the embedded model).
-#[derive(Debug, Clone)]
-pub struct RouteSpec {
-    /// The name clients ask for.
-    pub model: String,
-    /// Proxy or agent.
-    pub mode: RouteMode,
-    /// The filters, by name, outermost first; `None`: every filter.
-    pub filters: Option<Vec<String>>,
-    /// The model behind it; `None`: the config's default.
-    pub upstream: Option<Upstream>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeyEntry {
-    name: String,
-    #[serde(default)]
-    tenant: Option<String>,
-    sha256: Option<String>,
-    env: Option<String>,
-    #[serde(default)]
-    models: Option<Vec<String>>,
-}
-
-/// A key a client of the gateway presents (`Authorization: Bearer ...`),
-/// kept only as its SHA-256.
-#[derive(Clone)]
-pub struct ClientKey {
-    /// Who holds it, for the filters (context `key`) and the logs.
-    pub name: String,
-    /// The tenant it belongs to (context `tenant`), if any.
-    pub tenant: Option<String>,
-    /// The routes it may use, by their model names; `None`: every route.
-    /// The others do not exist for it (`404`, not listed).
-    pub models: Option<Vec<String>>,
-    sha256: [u8; 32],
-}
-
-impl ClientKey {
-    /// A key from its secret text.
-    pub fn new(name: impl Into<String>, tenant: Option<String>, secret: &str) -> Self {
-        ClientKey {
-            name: name.into(),
-            tenant,
-            models: None,
-            sha256: Sha256::digest(secret.as_bytes()).into(),
-        }
-    }
-
-    /// The key, allowed only the routes of these model names.
-    pub fn for_models(mut self, models: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.models = Some(models.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Whether the key may use the route of `model`.
-    pub fn may_use(&self, model: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
-    }
-
-    /// Whether `secret` is this key.
-    pub fn matches(&self, secret: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
-        digest == self.sha256
-    }
-}
-
-impl std::fmt::Debug for ClientKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientKey")
-            .field("name", &self.name)
-            .field("tenant", &self.tenant)
-            .field("models", &self.models)
-            .finish_non_exhaustive()
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -270,122 +152,6 @@ impl Config {
         self.parsed.model.clone().map(OpenAiConfig::or_env_key)
     }
 
-    /// The client keys (`[[key]]` tables), for the gateway: each with a
-    /// `name`, an optional `tenant`, the key as its hex `sha256` or the
-    /// name of the environment variable (`env`) that holds it, and
-    /// optionally the `models` (routes) it may use, all when not given.
-    ///
-    /// ```toml
-    /// [[key]]
-    /// name = "billing-app"
-    /// tenant = "acme"
-    /// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-    /// models = ["gpt-4o-mini"]
-    ///
-    /// [[key]]
-    /// name = "ops"
-    /// env = "SHALLOT_OPS_KEY"
-    /// ```
-    pub fn keys(&self) -> Result<Vec<ClientKey>, LoadError> {
-        let keys = &self.parsed.keys;
-        // A conversation's id is prefixed with its owner, the key's tenant or,
-        // without one, the key's name: owners must not be confused.
-        let tenants: std::collections::HashSet<&str> =
-            keys.iter().filter_map(|k| k.tenant.as_deref()).collect();
-        keys.iter()
-            .map(|key| {
-                let named = |what: &str| self.bad(format!("key '{}': {what}", key.name));
-                if key.name.contains('/') || key.tenant.as_ref().is_some_and(|t| t.contains('/')) {
-                    return Err(named(
-                        "a key's name and tenant cannot hold '/' (they prefix the ids of its conversations)",
-                    ));
-                }
-                if key.tenant.is_none() && tenants.contains(key.name.as_str()) {
-                    return Err(named(
-                        "it has no tenant and a tenant has its name: they would share conversations; give it that tenant or another name",
-                    ));
-                }
-                if key.models.as_ref().is_some_and(Vec::is_empty) {
-                    return Err(named(
-                        "`models` is empty: the key could use nothing (leave it out for every route)",
-                    ));
-                }
-                match (&key.sha256, &key.env) {
-                    (Some(hex), None) => {
-                        let sha256 = decode_sha256(hex)
-                            .ok_or_else(|| named("`sha256` must be 64 hex digits"))?;
-                        Ok(ClientKey {
-                            name: key.name.clone(),
-                            tenant: key.tenant.clone(),
-                            models: key.models.clone(),
-                            sha256,
-                        })
-                    }
-                    (None, Some(var)) => {
-                        let secret = std::env::var(var).map_err(|_| {
-                            named(&format!("the environment variable {var} is not set"))
-                        })?;
-                        Ok(ClientKey {
-                            models: key.models.clone(),
-                            ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
-                        })
-                    }
-                    _ => Err(named("give exactly one of `sha256` and `env`")),
-                }
-            })
-            .collect()
-    }
-
-    /// The gateway routes (`[[route]]` tables), in order.
-    ///
-    /// ```toml
-    /// [[route]]
-    /// model = "support"                      # what clients ask for
-    /// mode = "proxy"                         # or "agent": one agent turn per request
-    /// filters = ["logging", "guard"]         # [[filter]] names, in order (default: all)
-    /// upstream = { base_url = "http://localhost:8000/v1", model = "Qwen/Qwen2.5-7B-Instruct" }
-    ///
-    /// [[route]]
-    /// model = "demo"
-    /// upstream = "embedded"                  # the offline model
-    /// ```
-    ///
-    /// An upstream without `api_key` takes `OPENAI_API_KEY`.
-    pub fn routes(&self) -> Result<Vec<RouteSpec>, LoadError> {
-        let mut seen = std::collections::HashSet::new();
-        self.parsed
-            .routes
-            .iter()
-            .cloned()
-            .map(|route| {
-                if !seen.insert(route.model.clone()) {
-                    return Err(self.bad(format!("two routes serve the model '{}'", route.model)));
-                }
-                let upstream = match route.upstream {
-                    None => None,
-                    Some(UpstreamEntry::Named(name)) if name == "embedded" => {
-                        Some(Upstream::Embedded)
-                    }
-                    Some(UpstreamEntry::Named(name)) => {
-                        return Err(self.bad(format!(
-                            "route '{}': upstream '{name}' is neither \"embedded\" nor a server table",
-                            route.model
-                        )));
-                    }
-                    Some(UpstreamEntry::Server(server)) => {
-                        Some(Upstream::Server(server.or_env_key()))
-                    }
-                };
-                Ok(RouteSpec {
-                    model: route.model,
-                    mode: route.mode,
-                    filters: route.filters,
-                    upstream,
-                })
-            })
-            .collect()
-    }
-
     /// The filters (`[[filter]]` tables): plugin paths and filter specs, in
     /// order.
     pub fn filters(&self) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
@@ -439,18 +205,6 @@ impl Config {
             })
             .collect()
     }
-}
-
-fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
-    let hex = hex.as_bytes();
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(digest)
 }
 
 /// Reads a `shallot.toml` into plugin paths and filter specs, in order
