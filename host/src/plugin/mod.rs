@@ -11,6 +11,7 @@
 mod admission;
 pub(crate) mod bindings;
 mod convert;
+mod error;
 mod filter;
 mod grants;
 pub(crate) mod host;
@@ -20,11 +21,12 @@ mod set;
 mod stats;
 
 pub(crate) use admission::{CallKind, admit, need};
+pub use error::LoadError;
 pub use filter::{Isolation, WasmFilter};
 pub use grants::Grants;
 pub(crate) use instance::FilterInstance;
 pub use loader::{
-    FilterSpec, LoadError, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
+    FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
 };
 pub use set::{LoadEvent, PluginSet};
 pub use stats::{CallStats, FilterStats, OWN_TIME_BUCKETS};

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::LoadError;
 use super::filter::WasmFilter;
-use super::loader::{self, FilterSpec, LoadError, Plugin};
+use super::loader::{self, FilterSpec, Plugin};
 use crate::engine::Engine;
 
 /// Progress of a load, for a CLI to show on slow steps.
