@@ -1,0 +1,264 @@
+//! Building a kernel: its filters in order, its model, tools, turn
+//! terminal and approver, checked and composed once.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::Kernel;
+use crate::agent::ToolLoop;
+use crate::context::{Context, Reducers};
+use crate::engine::Engine;
+use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
+use crate::onion::{Approver, Core, Entry, Filter, Terminal, Turn};
+use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
+use crate::tool::ToolRegistry;
+use crate::types::{ChainError, ErrorKind, ToolSpec};
+
+/// Why a kernel could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Two filters have the same name (it keys their private state).
+    #[error("two filters are named '{0}'; filter names key private state and must be unique")]
+    DuplicateName(String),
+    /// The wasm filters were loaded with different engines.
+    #[error("the wasm filters come from different engines; load every plugin with one `Engine`")]
+    MixedEngines,
+    /// One invoke could need more instances than the engine has slots.
+    #[error(
+        "one invoke can need {need} instance slots but the engine has {have}; raise `EngineConfig::instance_slots`"
+    )]
+    TooFewSlots {
+        /// Instances one invoke can need.
+        need: usize,
+        /// The engine's slots.
+        have: u32,
+    },
+    /// One invoke could need more instances of a filter than its quota.
+    #[error(
+        "one invoke can need {need} instances of filter '{filter}' but its limits allow {have}; raise its `instances` limit"
+    )]
+    TooFewInstances {
+        /// The filter.
+        filter: String,
+        /// Its instances one invoke can need.
+        need: usize,
+        /// Its `instances` limit.
+        have: u32,
+    },
+    /// A tool's parameters are not a valid JSON Schema.
+    #[error("tool '{tool}': its parameters are not a valid JSON Schema: {message}")]
+    ToolSchema {
+        /// The tool.
+        tool: String,
+        /// The schema compiler's words.
+        message: String,
+    },
+}
+
+/// Builds a [`Kernel`].
+#[derive(Default)]
+pub struct KernelBuilder {
+    filters: Vec<Entry>,
+    /// By position in `filters`: the wasm filter, `None` for a native one.
+    wasm: Vec<Option<Arc<WasmFilter>>>,
+    model: Option<Arc<dyn ChatModel>>,
+    response_limits: ResponseLimits,
+    tools: ToolRegistry,
+    turn: Option<Arc<dyn Terminal<Turn>>>,
+    approver: Option<Arc<dyn Approver>>,
+    reducers: Reducers,
+}
+
+impl KernelBuilder {
+    /// Appends the filters of `plugins`, in order.
+    pub fn plugins(mut self, plugins: &PluginSet) -> Self {
+        for filter in plugins.filters() {
+            self = self.wasm(filter.clone());
+        }
+        self
+    }
+
+    /// Appends one wasm filter.
+    pub fn wasm(mut self, filter: Arc<WasmFilter>) -> Self {
+        self.filters.push(Entry {
+            name: filter.name().into(),
+            hooks: filter.hooks().to_vec(),
+            init: filter.init_fctx().clone(),
+            filter: filter.clone(),
+        });
+        self.wasm.push(Some(filter));
+        self
+    }
+
+    /// Appends a native (Rust) filter.
+    pub fn filter(mut self, filter: impl Filter) -> Self {
+        let filter: Arc<dyn Filter> = Arc::new(filter);
+        self.filters.push(Entry {
+            name: filter.name().into(),
+            hooks: filter.hooks().to_vec(),
+            init: filter.init_fctx(),
+            filter,
+        });
+        self.wasm.push(None);
+        self
+    }
+
+    /// The model at the core of the chat chain (default: [`EmbeddedModel`]).
+    pub fn model(mut self, model: impl ChatModel) -> Self {
+        self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// Bounds on each model answer (default: [`ResponseLimits::default`]).
+    pub fn response_limits(mut self, limits: ResponseLimits) -> Self {
+        self.response_limits = limits;
+        self
+    }
+
+    /// Registers a native tool.
+    pub fn tool<F, Fut>(mut self, spec: ToolSpec, handler: F) -> Self
+    where
+        F: Fn(serde_json::Value, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<serde_json::Value, ChainError>> + Send + 'static,
+    {
+        self.tools.register(spec, handler);
+        self
+    }
+
+    /// Registers an interrupt tool: a
+    /// question the model may put to a human, such as `ask_human`. Calling
+    /// it pauses the turn in the tool loop
+    /// ([`InterruptKind::ToolRequest`](crate::types::InterruptKind), the
+    /// call's arguments being the question), and `Kernel::resume` with
+    /// [`Decision::Reply`](crate::types::Decision) gives the model the
+    /// reply as its result. It has no code: approved, or called outside
+    /// the tool loop, it fails.
+    pub fn interrupt_tool(mut self, spec: ToolSpec) -> Self {
+        let message = format!(
+            "tool '{}' is a question for a human: the tool loop pauses the turn for it, and a reply (Decision::Reply) answers it",
+            spec.name
+        );
+        self.tools.register(spec.interrupt(), move |_, _| {
+            let error = ChainError::new(ErrorKind::InvalidRequest, message.clone());
+            async move { Err(error) }
+        });
+        self
+    }
+
+    /// Declares a reducer for the shared-context key `key`: the writes the tool calls of one batch make to it are
+    /// folded into its value in call order, `reduce(value, write)`, from
+    /// `init` when it is absent, instead of the last writer by call index
+    /// winning. A reducer that prepends keeps every call's note, one that
+    /// adds keeps a running total.
+    pub fn reducer(
+        mut self,
+        key: impl Into<String>,
+        init: serde_json::Value,
+        reduce: impl Fn(serde_json::Value, serde_json::Value) -> serde_json::Value
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.reducers = std::mem::take(&mut self.reducers).with(key, init, reduce);
+        self
+    }
+
+    /// Registers the built-in demo tools (calculator, clock, echo).
+    pub fn builtin_tools(mut self) -> Self {
+        crate::tool::builtin::register(&mut self.tools);
+        self
+    }
+
+    /// The terminal of the turn chain (default: a [`ToolLoop`] with its
+    /// default limits and in-memory history).
+    pub fn turn_terminal(mut self, terminal: impl Terminal<Turn>) -> Self {
+        self.turn = Some(Arc::new(terminal));
+        self
+    }
+
+    /// Who answers filters granted the `approval` import (such as the
+    /// built-in `approval` filter's `ask` rules). Without one, every
+    /// question is answered no.
+    pub fn approver(mut self, approver: impl Approver) -> Self {
+        self.approver = Some(Arc::new(approver));
+        self
+    }
+
+    /// Composes the onions.
+    pub fn build(self) -> Result<Kernel, BuildError> {
+        let mut names = HashSet::new();
+        for entry in &self.filters {
+            if !names.insert(entry.name.clone()) {
+                return Err(BuildError::DuplicateName(entry.name.to_string()));
+            }
+        }
+        self.check_instances()?;
+        if let Some((tool, message)) = self.tools.schema_error() {
+            return Err(BuildError::ToolSchema { tool, message });
+        }
+        let model = self.model.unwrap_or_else(|| Arc::new(EmbeddedModel::new()));
+        let tools = Arc::new(self.tools);
+        let turn = self.turn.unwrap_or_else(|| Arc::new(ToolLoop::default()));
+        let chat = Arc::new(ModelTerminal {
+            model,
+            limits: self.response_limits,
+        });
+        let mut core = Core::compose(
+            self.filters,
+            chat,
+            tools.clone(),
+            turn,
+            tools.shared_specs(),
+        );
+        core.approver = self.approver;
+        core.response_limits = self.response_limits;
+        core.reducers = self.reducers;
+        Ok(Kernel {
+            core: Arc::new(core),
+            wasm: self.wasm.into(),
+            tools,
+        })
+    }
+
+    /// Whether every invoke can be admitted: the wasm filters share one
+    /// engine, each has the instances it may need at once, and the engine
+    /// has slots for all of them.
+    fn check_instances(&self) -> Result<(), BuildError> {
+        let mut engine: Option<Engine> = None;
+        for filter in self.wasm.iter().flatten() {
+            match &engine {
+                None => engine = Some(filter.engine().clone()),
+                Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => {
+                    return Err(BuildError::MixedEngines);
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(engine) = &engine {
+            let mut total = 0;
+            for call in CallKind::ALL {
+                let mut sum = 0;
+                for filter in self.wasm.iter().flatten() {
+                    let need = plugin::need(filter.hooks(), call, true);
+                    let have = filter.limits().instances;
+                    if need > have as usize {
+                        return Err(BuildError::TooFewInstances {
+                            filter: filter.name().to_owned(),
+                            need,
+                            have,
+                        });
+                    }
+                    sum += need;
+                }
+                total = total.max(sum);
+            }
+            if total > engine.inner.slot_count as usize {
+                return Err(BuildError::TooFewSlots {
+                    need: total,
+                    have: engine.inner.slot_count,
+                });
+            }
+        }
+        Ok(())
+    }
+}
