@@ -5,7 +5,14 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 
+pub use serde;
 pub use wit_bindgen;
+
+/// The inner layers, for the function of a one-function filter.
+pub const fn next() -> crate::Next {
+    crate::Next::new()
+}
+
 
 pub use crate::bindings::__export_filter_world as export_world;
 use crate::bindings::exports::shallot::filter::{

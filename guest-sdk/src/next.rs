@@ -76,6 +76,56 @@ pub fn turn_within(request: &TurnRequest, timeout_ms: u32) -> TurnResult {
     TurnResult::inner(wit::turn_within(request, timeout_ms), nth)
 }
 
+/// The inner layers as a value, for a filter written as one function
+/// (`#[shallot_guest::around_chat]` and its siblings): each method is the
+/// free function of the same name.
+#[derive(Debug, Clone, Copy)]
+pub struct Next(());
+
+impl Next {
+    pub(crate) const fn new() -> Self {
+        Next(())
+    }
+
+    /// Calls the inner layers of the chat chain ([`chat`]).
+    pub fn chat(self, request: &ChatRequest) -> Result<ChatResponse, FilterError> {
+        chat(request)
+    }
+
+    /// As [`Next::chat`], bounded by `timeout_ms` ([`chat_within`]).
+    pub fn chat_within(
+        self,
+        request: &ChatRequest,
+        timeout_ms: u32,
+    ) -> Result<ChatResponse, FilterError> {
+        chat_within(request, timeout_ms)
+    }
+
+    /// Calls the inner layers of the tool chain ([`tool`]).
+    pub fn tool(self, request: &ToolRequest) -> Result<ToolResponse, FilterError> {
+        tool(request)
+    }
+
+    /// As [`Next::tool`], bounded by `timeout_ms` ([`tool_within`]).
+    pub fn tool_within(
+        self,
+        request: &ToolRequest,
+        timeout_ms: u32,
+    ) -> Result<ToolResponse, FilterError> {
+        tool_within(request, timeout_ms)
+    }
+
+    /// Calls the inner layers of the turn chain ([`turn`]).
+    pub fn turn(self, request: &TurnRequest) -> TurnResult {
+        turn(request)
+    }
+
+    /// As [`Next::turn`], bounded by `timeout_ms` ([`turn_within`]).
+    pub fn turn_within(self, request: &TurnRequest, timeout_ms: u32) -> TurnResult {
+        turn_within(request, timeout_ms)
+    }
+}
+
 /// Declares to the host that the error being returned is the failure of
 /// call `nth`.
 pub(crate) fn pass_on(nth: u32) {

@@ -22,6 +22,7 @@ mod polyglot;
 mod provider;
 mod sandbox;
 mod schema;
+mod sdk;
 mod soak;
 mod system_prompt;
 mod tokens;

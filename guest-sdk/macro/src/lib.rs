@@ -1,11 +1,13 @@
 //! `#[shallot_guest::filter]`: turns an `impl Filter for T` block into an
-//! exported shallot component. See the `shallot-guest` crate for the API.
+//! exported shallot component; `#[shallot_guest::around_chat]` (and
+//! `around_tool`, `around_turn`) does the same for one function. See the
+//! `shallot-guest` crate for the API.
 
 use proc_macro::TokenStream;
 use quote::{format_ident, quote};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{ImplItem, ItemImpl, LitStr, Meta, Token, parse_macro_input, parse_quote};
+use syn::{ImplItem, ItemFn, ItemImpl, LitStr, Meta, Token, parse_macro_input, parse_quote};
 
 /// Exports the filter implemented by the annotated `impl Filter for T` block.
 ///
@@ -16,34 +18,10 @@ use syn::{ImplItem, ItemImpl, LitStr, Meta, Token, parse_macro_input, parse_quot
 /// filter name (otherwise the package name).
 #[proc_macro_attribute]
 pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let options = match Punctuated::<Meta, Token![,]>::parse_terminated.parse(attr) {
-        Ok(options) => options,
+    let name = match filter_name(attr) {
+        Ok(name) => name,
         Err(e) => return e.to_compile_error().into(),
     };
-    let mut name = None;
-    for option in &options {
-        match option {
-            Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
-                syn::Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Str(s),
-                    ..
-                }) => name = Some(s.value()),
-                other => {
-                    return syn::Error::new_spanned(other, "`name` takes a string")
-                        .to_compile_error()
-                        .into();
-                }
-            },
-            other => {
-                return syn::Error::new_spanned(other, "unknown option; expected `name = \"...\"`")
-                    .to_compile_error()
-                    .into();
-            }
-        }
-    }
-    let name = name.unwrap_or_else(|| std::env::var("CARGO_PKG_NAME").unwrap_or_default());
-    let name = LitStr::new(&name, proc_macro2::Span::call_site());
-
     let mut block = parse_macro_input!(item as ItemImpl);
     let self_ty = block.self_ty.clone();
     let mut hooks = Vec::new();
@@ -92,6 +70,107 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
             type ShallotExport = ::shallot_guest::__private::Adapter<#self_ty>;
             ::shallot_guest::__private::export_world!(ShallotExport with_types_in ::shallot_guest::bindings);
         };
+    }
+    .into()
+}
+
+/// The `name = "..."` option, or the package's name.
+fn filter_name(attr: TokenStream) -> syn::Result<LitStr> {
+    let options = Punctuated::<Meta, Token![,]>::parse_terminated.parse(attr)?;
+    let mut name = None;
+    for option in &options {
+        match option {
+            Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) => name = Some(s.value()),
+                other => return Err(syn::Error::new_spanned(other, "`name` takes a string")),
+            },
+            other => {
+                return Err(syn::Error::new_spanned(
+                    other,
+                    "unknown option; expected `name = \"...\"`",
+                ));
+            }
+        }
+    }
+    let name = name.unwrap_or_else(|| std::env::var("CARGO_PKG_NAME").unwrap_or_default());
+    Ok(LitStr::new(&name, proc_macro2::Span::call_site()))
+}
+
+/// A stateless filter with one around-chat hook, written as one function
+/// `fn name(request: &ChatRequest, next: Next) -> Result<ChatResponse,
+/// FilterError>`; exported as `#[shallot_guest::filter]` exports an impl
+/// block (same `name = "..."` option). The filter takes no configuration:
+/// whatever the operator gives is ignored.
+#[proc_macro_attribute]
+pub fn around_chat(attr: TokenStream, item: TokenStream) -> TokenStream {
+    one_hook(attr, item, quote!(around_chat), quote!(ChatRequest), quote!(::core::result::Result<::shallot_guest::ChatResponse, ::shallot_guest::FilterError>))
+}
+
+/// As [`around_chat`], for one around-tool hook: `fn name(request:
+/// &ToolRequest, next: Next) -> Result<ToolResponse, FilterError>`.
+#[proc_macro_attribute]
+pub fn around_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
+    one_hook(attr, item, quote!(around_tool), quote!(ToolRequest), quote!(::core::result::Result<::shallot_guest::ToolResponse, ::shallot_guest::FilterError>))
+}
+
+/// As [`around_chat`], for one around-turn hook: `fn name(request:
+/// &TurnRequest, next: Next) -> TurnResult`.
+#[proc_macro_attribute]
+pub fn around_turn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    one_hook(attr, item, quote!(around_turn), quote!(TurnRequest), quote!(::shallot_guest::TurnResult))
+}
+
+/// Exports the function `item` as the `hook` of a filter with no state and
+/// no configuration.
+fn one_hook(
+    attr: TokenStream,
+    item: TokenStream,
+    hook: proc_macro2::TokenStream,
+    request: proc_macro2::TokenStream,
+    output: proc_macro2::TokenStream,
+) -> TokenStream {
+    let name = match filter_name(attr) {
+        Ok(name) => name,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    let function = parse_macro_input!(item as ItemFn);
+    if function.sig.inputs.len() != 2 {
+        let message = format!("expected `fn {}(request: &{request}, next: Next)`", function.sig.ident);
+        return syn::Error::new_spanned(&function.sig, message)
+            .to_compile_error()
+            .into();
+    }
+    let ident = &function.sig.ident;
+    let ty = format_ident!("__ShallotFilter_{}", ident);
+    quote! {
+        #function
+
+        #[allow(non_camel_case_types)]
+        struct #ty;
+
+        impl<'de> ::shallot_guest::__private::serde::Deserialize<'de> for #ty {
+            fn deserialize<D>(deserializer: D) -> ::core::result::Result<Self, D::Error>
+            where
+                D: ::shallot_guest::__private::serde::Deserializer<'de>,
+            {
+                <::shallot_guest::__private::serde::de::IgnoredAny as ::shallot_guest::__private::serde::Deserialize>::deserialize(deserializer)?;
+                ::core::result::Result::Ok(#ty)
+            }
+        }
+
+        #[::shallot_guest::filter(name = #name)]
+        impl ::shallot_guest::Filter for #ty {
+            fn #hook(
+                &self,
+                request: &::shallot_guest::#request,
+                _: &::shallot_guest::Fctx<()>,
+            ) -> #output {
+                #ident(request, ::shallot_guest::__private::next())
+            }
+        }
     }
     .into()
 }
