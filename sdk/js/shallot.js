@@ -29,6 +29,7 @@ import * as wnext from 'shallot:filter/next@0.1.2';
 import * as wfctx from 'shallot:filter/fctx@0.1.2';
 import * as wcontext from 'shallot:filter/context@0.1.2';
 import { log as wlog } from 'shallot:filter/log@0.1.2';
+import { ChatResponse } from 'shallot:filter/types@0.1.2';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */
@@ -113,6 +114,18 @@ export const fctx = {
 export const log = Object.fromEntries(
   ['trace', 'debug', 'info', 'warn', 'error'].map((level) => [level, (message) => wlog(level, String(message))]),
 );
+
+/** An assistant message with `text`. */
+export function assistant(text) {
+  return { role: 'assistant', content: { tag: 'text', val: text }, toolCalls: [] };
+}
+
+/** A response with `text`, for a filter that answers itself (a refusal, a
+ * cached answer) instead of calling `next.chat`; `finishReason` is
+ * 'complete' unless given ('content-filtered', 'length-limit', ...). */
+export function answer(text, finishReason = 'complete') {
+  return new ChatResponse(assistant(text), finishReason);
+}
 
 /** A message's text, parts joined. */
 export function textOf(message) {

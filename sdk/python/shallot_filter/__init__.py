@@ -213,6 +213,17 @@ def text_of(message: types.Message) -> str:
     return ""
 
 
+def assistant(text: str) -> types.Message:
+    """An assistant message with ``text``."""
+    return types.Message(types.Role.ASSISTANT, types.Content_Text(text), [], None)
+
+
+def answer(text: str, reason: types.FinishReason = types.FinishReason.COMPLETE) -> types.ChatResponse:
+    """A response with ``text``, for a filter that answers itself (a
+    refusal, a cached answer) instead of calling ``next.chat``."""
+    return types.ChatResponse(assistant(text), reason)
+
+
 class TokenOut:
     """What a token transform emits: tokens, each with optional metadata
     (a JSON object as text)."""
