@@ -13,7 +13,6 @@ pub const fn next() -> crate::Next {
     crate::Next::new()
 }
 
-
 pub use crate::bindings::__export_filter_world as export_world;
 use crate::bindings::exports::shallot::filter::{
     chat_filter, plugin, system_prompt_filter, token_filter, tool_filter, turn_filter,

@@ -24,7 +24,10 @@ async fn a_filter_written_as_one_function_runs_its_hook_and_ignores_any_configur
         .unwrap();
     let passed = kernel.chat(ask("hello"), Context::new()).await.unwrap();
     assert_eq!(passed.text(), "checked: fine");
-    let blocked = kernel.chat(ask("the secret"), Context::new()).await.unwrap();
+    let blocked = kernel
+        .chat(ask("the secret"), Context::new())
+        .await
+        .unwrap();
     assert_eq!(blocked.text(), "blocked");
     assert_eq!(blocked.finish_reason, FinishReason::ContentFiltered);
     assert_eq!(model.calls(), 1);

@@ -106,21 +106,39 @@ fn filter_name(attr: TokenStream) -> syn::Result<LitStr> {
 /// whatever the operator gives is ignored.
 #[proc_macro_attribute]
 pub fn around_chat(attr: TokenStream, item: TokenStream) -> TokenStream {
-    one_hook(attr, item, quote!(around_chat), quote!(ChatRequest), quote!(::core::result::Result<::shallot_guest::ChatResponse, ::shallot_guest::FilterError>))
+    one_hook(
+        attr,
+        item,
+        quote!(around_chat),
+        quote!(ChatRequest),
+        quote!(::core::result::Result<::shallot_guest::ChatResponse, ::shallot_guest::FilterError>),
+    )
 }
 
 /// As [`around_chat`], for one around-tool hook: `fn name(request:
 /// &ToolRequest, next: Next) -> Result<ToolResponse, FilterError>`.
 #[proc_macro_attribute]
 pub fn around_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
-    one_hook(attr, item, quote!(around_tool), quote!(ToolRequest), quote!(::core::result::Result<::shallot_guest::ToolResponse, ::shallot_guest::FilterError>))
+    one_hook(
+        attr,
+        item,
+        quote!(around_tool),
+        quote!(ToolRequest),
+        quote!(::core::result::Result<::shallot_guest::ToolResponse, ::shallot_guest::FilterError>),
+    )
 }
 
 /// As [`around_chat`], for one around-turn hook: `fn name(request:
 /// &TurnRequest, next: Next) -> TurnResult`.
 #[proc_macro_attribute]
 pub fn around_turn(attr: TokenStream, item: TokenStream) -> TokenStream {
-    one_hook(attr, item, quote!(around_turn), quote!(TurnRequest), quote!(::shallot_guest::TurnResult))
+    one_hook(
+        attr,
+        item,
+        quote!(around_turn),
+        quote!(TurnRequest),
+        quote!(::shallot_guest::TurnResult),
+    )
 }
 
 /// Exports the function `item` as the `hook` of a filter with no state and
@@ -138,7 +156,10 @@ fn one_hook(
     };
     let function = parse_macro_input!(item as ItemFn);
     if function.sig.inputs.len() != 2 {
-        let message = format!("expected `fn {}(request: &{request}, next: Next)`", function.sig.ident);
+        let message = format!(
+            "expected `fn {}(request: &{request}, next: Next)`",
+            function.sig.ident
+        );
         return syn::Error::new_spanned(&function.sig, message)
             .to_compile_error()
             .into();

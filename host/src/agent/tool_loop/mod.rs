@@ -11,11 +11,14 @@
 //! feedback, load_history = false`.
 //!
 //! `run` is one turn's state as it goes (messages, calls, rounds, how it
-//! ends); `tools` runs one round's batch of tool calls; this file is the
+//! ends); `tools` runs one round (the model call and its batch of tool
+//! calls) and the round that goes on with a paused turn; this file is the
 //! loop around them.
 
 mod run;
 mod tools;
+
+use self::tools::Ended;
 
 use self::run::Run;
 
@@ -28,10 +31,10 @@ use super::history::{History, MemoryHistory};
 use crate::context::CONVERSATION_ID;
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
-use crate::types::{ChainError, ErrorKind, Weigh};
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, InterruptKind, Message, ToolCall, ToolCallRecord,
-    ToolSpec, TurnRequest, TurnResult,
+    ChatResponse, InterruptKind, Message, ToolCall, ToolCallRecord, ToolSpec, TurnRequest,
+    TurnResult,
 };
 
 /// Limits and behaviour of the tool loop.
@@ -389,28 +392,10 @@ impl Terminal<Turn> for ToolLoop {
             Some((paused, _)) => Run::resume(history, invoke, paused),
             None => Run::start(history, invoke, &request),
         };
-        if let Some((paused, decision)) = resumed {
-            let pending = paused.pending.clone();
-            let outcomes = match decision {
-                Decision::Approve => self.run_tools(invoke, tools, &pending).await,
-                Decision::Deny(reason) => pending.iter().map(|_| Err(denied(&reason))).collect(),
-                Decision::Reply(text) => {
-                    let reply = serde_json::Value::String(text).to_string();
-                    pending.iter().map(|_| Ok(reply.clone())).collect()
-                }
-            };
-            let ran = Ran {
-                calls: pending,
-                outcomes,
-            };
-            let later = paused.later.clone();
-            let waiting = !later.is_empty();
-            if let Some(end) = self.conclude(&mut run, tools, ran, vec![], None, later.clone()) {
-                return end;
-            }
-            if waiting && let Some(end) = self.batch(&mut run, invoke, tools, later).await {
-                return end;
-            }
+        if let Some((paused, decision)) = resumed
+            && let Some(end) = self.go_on(&mut run, invoke, tools, &paused, decision).await
+        {
+            return end;
         }
         for round in run.rounds + 1..=self.config.max_iterations {
             if let Some(max) = self.config.max_tool_calls
@@ -421,32 +406,10 @@ impl Terminal<Turn> for ToolLoop {
                     "the turn made {made} tool calls; the limit is {max}"
                 ));
             }
-            let chat = ChatRequest {
-                messages: Arc::new(run.messages.clone()),
-                tools: offered.clone(),
-                ..Default::default()
-            };
-            let response = match invoke.chat(chat).await {
-                Ok(response) => response,
-                Err(error) => return TurnResult::Error(error),
-            };
-            // A filter may answer in the model's place: its answer is
-            // bounded as the model's is before its calls run.
-            let calls = response.message.tool_calls.len();
-            let limits = invoke.core().response_limits;
-            if let Err(error) = limits.check_as("tool-loop", calls, response.weight()) {
-                return TurnResult::Error(error);
-            }
-            run.rounds = round;
-            run.push(response.message.clone());
-            let calls = response.message.tool_calls.clone();
-            run.last = Some(response.clone());
-            if calls.is_empty() {
-                return run.done(response);
-            }
-            run.begin_batch();
-            if let Some(end) = self.batch(&mut run, invoke, tools, calls).await {
-                return end;
+            match self.round(&mut run, invoke, tools, &offered, round).await {
+                Some(Ended::Turn(end)) => return end,
+                Some(Ended::Answered(response)) => return run.done(response),
+                None => {}
             }
         }
         let max = self.config.max_iterations;
@@ -454,12 +417,4 @@ impl Terminal<Turn> for ToolLoop {
             "the turn reached {max} model rounds without a final answer"
         ))
     }
-}
-
-/// A tool call a human (or policy) refused, as the model sees it.
-fn denied(reason: &str) -> ChainError {
-    ChainError::new(
-        ErrorKind::InvalidRequest,
-        format!("the call was denied: {reason}"),
-    )
 }

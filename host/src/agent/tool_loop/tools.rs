@@ -1,13 +1,18 @@
-//! One round's tool calls: their specs looked up, run through the tool
-//! chain as a batch (concurrent unless configured otherwise), under the
-//! batch's deadline, outputs in call order.
+//! One round of the loop: the model call, then its tool calls (their specs
+//! looked up, run through the tool chain as a batch, concurrent unless
+//! configured otherwise, under the batch's deadline, outputs in call
+//! order); and the round that goes on with a paused turn.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{ToolLoop, spec_of};
+use super::run::Run;
+use super::{Paused, Ran, ToolLoop, spec_of};
 use crate::onion::Invoke;
-use crate::types::{ChainError, ErrorKind, Origin, ToolCall, ToolRequest, ToolSpec};
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, Origin, ToolCall, ToolRequest,
+    ToolSpec, TurnResult, Weigh,
+};
 
 impl ToolLoop {
     /// Runs a batch of tool calls through the tool chain: concurrently
@@ -84,4 +89,95 @@ impl ToolLoop {
             })
             .collect()
     }
+}
+
+impl ToolLoop {
+    /// Goes on with a paused turn: its held calls run, are denied or get
+    /// the human's reply, as `decision` says, then the calls the pause
+    /// left for later. `Some` when the turn ends (or pauses again) there.
+    pub(super) async fn go_on(
+        &self,
+        run: &mut Run<'_>,
+        invoke: &Arc<Invoke>,
+        tools: &[Arc<ToolSpec>],
+        paused: &Paused,
+        decision: Decision,
+    ) -> Option<TurnResult> {
+        let pending = paused.pending.clone();
+        let outcomes = match decision {
+            Decision::Approve => self.run_tools(invoke, tools, &pending).await,
+            Decision::Deny(reason) => pending.iter().map(|_| Err(denied(&reason))).collect(),
+            Decision::Reply(text) => {
+                let reply = serde_json::Value::String(text).to_string();
+                pending.iter().map(|_| Ok(reply.clone())).collect()
+            }
+        };
+        let ran = Ran {
+            calls: pending,
+            outcomes,
+        };
+        let later = paused.later.clone();
+        let waiting = !later.is_empty();
+        if let Some(end) = self.conclude(run, tools, ran, vec![], None, later.clone()) {
+            return Some(end);
+        }
+        if waiting {
+            return self.batch(run, invoke, tools, later).await;
+        }
+        None
+    }
+
+    /// One model round: the chat chain over the run's messages, then the
+    /// tool calls it asked for. `Some` when the turn ends in it: the model
+    /// answered, or the turn failed or paused.
+    pub(super) async fn round(
+        &self,
+        run: &mut Run<'_>,
+        invoke: &Arc<Invoke>,
+        tools: &[Arc<ToolSpec>],
+        offered: &Arc<Vec<ToolSpec>>,
+        round: u32,
+    ) -> Option<Ended> {
+        let chat = ChatRequest {
+            messages: Arc::new(run.messages.clone()),
+            tools: offered.clone(),
+            ..Default::default()
+        };
+        let response = match invoke.chat(chat).await {
+            Ok(response) => response,
+            Err(error) => return Some(Ended::Turn(TurnResult::Error(error))),
+        };
+        // A filter may answer in the model's place: its answer is
+        // bounded as the model's is before its calls run.
+        let calls = response.message.tool_calls.len();
+        let limits = invoke.core().response_limits;
+        if let Err(error) = limits.check_as("tool-loop", calls, response.weight()) {
+            return Some(Ended::Turn(TurnResult::Error(error)));
+        }
+        run.rounds = round;
+        run.push(response.message.clone());
+        let calls = response.message.tool_calls.clone();
+        run.last = Some(response.clone());
+        if calls.is_empty() {
+            return Some(Ended::Answered(response));
+        }
+        run.begin_batch();
+        self.batch(run, invoke, tools, calls).await.map(Ended::Turn)
+    }
+}
+
+/// How a round ended the turn.
+pub(super) enum Ended {
+    /// The model answered without tool calls.
+    Answered(ChatResponse),
+    /// The turn failed, stopped or paused.
+    Turn(TurnResult),
+}
+
+/// A tool call a human (or policy) refused, as the model sees it.
+fn denied(reason: &str) -> ChainError {
+    ChainError::new(
+        ErrorKind::InvalidRequest,
+        format!("the call was denied: {reason}"),
+    )
 }

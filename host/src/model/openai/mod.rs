@@ -354,82 +354,87 @@ impl ChatModel for OpenAiModel {
         let stream = stream::unfold(state, |(mut events, mut assembly)| async move {
             loop {
                 let building = assembly.as_mut()?;
-                let event = match events.next().await {
-                    Some(Ok(event)) => event,
-                    Some(Err(EventStreamError::Transport(Refused::Transport(e))))
-                        if e.is_timeout() =>
-                    {
-                        let error = ChainError::new(
-                            ErrorKind::Timeout,
-                            format!("the model stream fell silent: {e}"),
-                        );
-                        return Some((Err(error), (events, None)));
+                match step(events.next().await, building) {
+                    Step::Skip => continue,
+                    Step::Token(text) => {
+                        let token = ModelEvent::Token { text, meta: None };
+                        return Some((Ok(token), (events, assembly)));
                     }
-                    Some(Err(EventStreamError::Transport(e @ Refused::LineTooLong(_)))) => {
-                        let error = ChainError::new(ErrorKind::LimitExceeded, e.to_string());
-                        return Some((Err(error), (events, None)));
-                    }
-                    Some(Err(e)) => {
-                        let error = ChainError::new(
-                            ErrorKind::Transient,
-                            format!("the model stream broke: {e}"),
-                        );
-                        return Some((Err(error), (events, None)));
-                    }
-                    // Some servers close without `[DONE]` after the finish reason.
-                    None if building.has_finished() => {
-                        let done = assembly.take()?.finish();
-                        return Some((Ok(ModelEvent::Done(done)), (events, None)));
-                    }
-                    None => {
-                        let error = ChainError::new(
-                            ErrorKind::Transient,
-                            "the model stream ended before the answer did",
-                        );
-                        return Some((Err(error), (events, None)));
-                    }
-                };
-                if event.data.trim().is_empty() {
-                    continue;
-                }
-                if event.data.trim() == "[DONE]" {
-                    let done = assembly.take()?.finish();
-                    return Some((Ok(ModelEvent::Done(done)), (events, None)));
-                }
-                let chunk: Chunk = match serde_json::from_str(&event.data) {
-                    Ok(chunk) => chunk,
-                    Err(e) => {
-                        let error = ChainError::new(
-                            ErrorKind::Transient,
-                            format!("the model stream sent an unreadable chunk: {e}"),
-                        );
-                        return Some((Err(error), (events, None)));
-                    }
-                };
-                if let Some(error) = &chunk.error {
-                    let said = error["message"].as_str().or_else(|| error.as_str());
-                    let error = ChainError::new(
-                        ErrorKind::Transient,
-                        format!(
-                            "the model server broke off the stream with an error: {}",
-                            said.unwrap_or("(no message)")
-                        ),
-                    );
-                    return Some((Err(error), (events, None)));
-                }
-                let text = match building.add(chunk) {
-                    Ok(text) => text,
-                    Err(error) => return Some((Err(error), (events, None))),
-                };
-                if let Some(text) = text {
-                    return Some((
-                        Ok(ModelEvent::Token { text, meta: None }),
-                        (events, assembly),
-                    ));
+                    Step::Done(done) => return Some((Ok(ModelEvent::Done(done)), (events, None))),
+                    Step::Fail(error) => return Some((Err(error), (events, None))),
                 }
             }
         });
         Ok(stream.boxed())
+    }
+}
+
+/// What one event of a model stream makes of the answer being assembled.
+enum Step {
+    /// Nothing to pass on yet (a keep-alive, a chunk without text).
+    Skip,
+    Token(String),
+    /// The answer is whole.
+    Done(ChatResponse),
+    /// The stream failed; it ends here.
+    Fail(ChainError),
+}
+
+type StreamEvent = Result<eventsource_stream::Event, EventStreamError<Refused>>;
+
+/// Takes the next event (`None`: the server closed the stream) into the
+/// answer being assembled.
+fn step(event: Option<StreamEvent>, building: &mut Assembly) -> Step {
+    let event = match event {
+        Some(Ok(event)) => event,
+        Some(Err(e)) => return Step::Fail(broken(e)),
+        // Some servers close without `[DONE]` after the finish reason.
+        None if building.has_finished() => return Step::Done(std::mem::take(building).finish()),
+        None => {
+            let message = "the model stream ended before the answer did";
+            return Step::Fail(ChainError::new(ErrorKind::Transient, message));
+        }
+    };
+    let data = event.data.trim();
+    if data.is_empty() {
+        return Step::Skip;
+    }
+    if data == "[DONE]" {
+        return Step::Done(std::mem::take(building).finish());
+    }
+    let chunk: Chunk = match serde_json::from_str(&event.data) {
+        Ok(chunk) => chunk,
+        Err(e) => {
+            let message = format!("the model stream sent an unreadable chunk: {e}");
+            return Step::Fail(ChainError::new(ErrorKind::Transient, message));
+        }
+    };
+    if let Some(error) = &chunk.error {
+        let said = error["message"].as_str().or_else(|| error.as_str());
+        let message = format!(
+            "the model server broke off the stream with an error: {}",
+            said.unwrap_or("(no message)")
+        );
+        return Step::Fail(ChainError::new(ErrorKind::Transient, message));
+    }
+    match building.add(chunk) {
+        Ok(Some(text)) => Step::Token(text),
+        Ok(None) => Step::Skip,
+        Err(error) => Step::Fail(error),
+    }
+}
+
+/// The error a broken model stream ends with.
+fn broken(error: EventStreamError<Refused>) -> ChainError {
+    match error {
+        EventStreamError::Transport(Refused::Transport(e)) if e.is_timeout() => ChainError::new(
+            ErrorKind::Timeout,
+            format!("the model stream fell silent: {e}"),
+        ),
+        EventStreamError::Transport(e @ Refused::LineTooLong(_)) => {
+            ChainError::new(ErrorKind::LimitExceeded, e.to_string())
+        }
+        e => ChainError::new(ErrorKind::Transient, format!("the model stream broke: {e}")),
     }
 }
 

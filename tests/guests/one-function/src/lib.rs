@@ -7,8 +7,15 @@ use shallot_guest::{ChatRequest, ChatResponse, FilterError, FinishReason, Next};
 
 #[shallot_guest::around_chat(name = "one-function")]
 fn guard(request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
-    if request.messages().iter().any(|m| m.text().contains("secret")) {
-        return Ok(ChatResponse::from_text("blocked", FinishReason::ContentFiltered));
+    if request
+        .messages()
+        .iter()
+        .any(|m| m.text().contains("secret"))
+    {
+        return Ok(ChatResponse::from_text(
+            "blocked",
+            FinishReason::ContentFiltered,
+        ));
     }
     let answer = next.chat(request)?;
     answer.set_text(&format!("checked: {}", answer.text()));
