@@ -97,6 +97,26 @@ impl Prompts {
 }
 
 pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<ExitCode> {
+    let kernel = kernel(engine, &args).await?;
+    let several = args.prompts.len() > 1;
+    let mut failed = false;
+    let mut prompts = Prompts::new(std::mem::take(&mut args.prompts));
+    while let Some(prompt) = prompts.next().await? {
+        if several && !args.json {
+            println!("> {prompt}");
+        }
+        failed |= ask(&kernel, &args, &prompt).await?;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The kernel `shallot chat` runs: the configured filters, the model, the
+/// built-in tools unless left out, and in a terminal, the approver.
+async fn kernel(engine: &Engine, args: &ChatArgs) -> anyhow::Result<Kernel> {
     let file = args.source.config()?;
     let plugins = args.source.load(engine, file.as_ref()).await?;
     let config = LoopConfig {
@@ -122,69 +142,57 @@ pub(crate) async fn run(engine: &Engine, mut args: ChatArgs) -> anyhow::Result<E
     if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
         builder = builder.approver(TerminalApprover::default());
     }
-    let kernel = builder.build()?;
-    let several = args.prompts.len() > 1;
-    let mut failed = false;
-    let mut prompts = Prompts::new(std::mem::take(&mut args.prompts));
-    while let Some(prompt) = prompts.next().await? {
-        let prompt = &prompt;
-        if several && !args.json {
-            println!("> {prompt}");
-        }
-        let context = Context::new().with(shallot::CONVERSATION_ID, args.conversation.as_str());
-        let options = args
-            .system
-            .iter()
-            .fold(InvokeOptions::from(context.clone()), |options, prompt| {
-                options.system_prompt(prompt.as_str())
-            });
-        let request = TurnRequest::new(vec![Message::user(prompt.as_str())]);
-        let printed = Arc::new(AtomicBool::new(false));
-        let result = if args.stream && !args.json {
-            let seen = printed.clone();
-            let sink = move |token: Token<'_>| {
-                seen.store(true, Ordering::Relaxed);
-                print!("{}", for_stdout(token.text));
-                let _ = std::io::stdout().flush();
-            };
-            kernel.turn_stream(request, options, sink).await
-        } else {
-            kernel.turn(request, options).await
+    Ok(builder.build()?)
+}
+
+/// Runs one prompt as a turn and shows its result; `true` when it failed
+/// in `--json` mode (where a failure is a line, not the end).
+async fn ask(kernel: &Kernel, args: &ChatArgs, prompt: &str) -> anyhow::Result<bool> {
+    let context = Context::new().with(shallot::CONVERSATION_ID, args.conversation.as_str());
+    let options = args
+        .system
+        .iter()
+        .fold(InvokeOptions::from(context.clone()), |options, prompt| {
+            options.system_prompt(prompt.as_str())
+        });
+    let request = TurnRequest::new(vec![Message::user(prompt)]);
+    let printed = Arc::new(AtomicBool::new(false));
+    let result = if args.stream && !args.json {
+        let seen = printed.clone();
+        let sink = move |token: Token<'_>| {
+            seen.store(true, Ordering::Relaxed);
+            print!("{}", for_stdout(token.text));
+            let _ = std::io::stdout().flush();
         };
-        // What is shown goes through the token transforms, streamed or not,
-        // so a redaction filter holds in every output mode.
-        let shown = Shown {
-            kernel: &kernel,
-            context,
-        };
-        if args.json {
-            failed |= matches!(result, TurnResult::Error(_));
-            println!("{}", shallot::json_line(&to_json(&result, &shown).await?));
-            continue;
-        }
-        match result {
-            TurnResult::Done(done) => {
-                // Not streamed, or a filter answered itself (a safeguard
-                // block) and nothing was.
-                if !printed.load(Ordering::Relaxed) {
-                    print!("{}", for_stdout(&shown.text(&done.response.text()).await?));
-                }
-                println!();
-                if done.response.finish_reason != FinishReason::Complete {
-                    eprintln!("[finish reason: {}]", name(&done.response.finish_reason));
-                }
-            }
-            TurnResult::Interrupt(interrupt) => {
-                println!("[interrupted: {}]", for_stdout(&interrupt.reason));
-            }
-            TurnResult::Error(error) => return Err(anyhow::anyhow!("{error}")),
-        }
-    }
-    Ok(if failed {
-        ExitCode::FAILURE
+        kernel.turn_stream(request, options, sink).await
     } else {
-        ExitCode::SUCCESS
-    })
+        kernel.turn(request, options).await
+    };
+    // What is shown goes through the token transforms, streamed or not,
+    // so a redaction filter holds in every output mode.
+    let shown = Shown { kernel, context };
+    if args.json {
+        println!("{}", shallot::json_line(&to_json(&result, &shown).await?));
+        return Ok(matches!(result, TurnResult::Error(_)));
+    }
+    match result {
+        TurnResult::Done(done) => {
+            // Not streamed, or a filter answered itself (a safeguard
+            // block) and nothing was.
+            if !printed.load(Ordering::Relaxed) {
+                print!("{}", for_stdout(&shown.text(&done.response.text()).await?));
+            }
+            println!();
+            if done.response.finish_reason != FinishReason::Complete {
+                eprintln!("[finish reason: {}]", name(&done.response.finish_reason));
+            }
+        }
+        TurnResult::Interrupt(interrupt) => {
+            println!("[interrupted: {}]", for_stdout(&interrupt.reason));
+        }
+        TurnResult::Error(error) => return Err(anyhow::anyhow!("{error}")),
+    }
+    Ok(false)
 }
 
 /// Text as the person running the command is shown it: through the

@@ -14,7 +14,7 @@ use super::Grants;
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
 use super::host::{Granted, HostState, Identity};
-use super::instance::{Blueprint, FilterInstance};
+use super::instance::{Blueprint, Description, FilterInstance};
 use super::stats::Stats;
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
@@ -351,33 +351,7 @@ pub async fn configure(
         config,
         declares: plugin.declares,
     };
-    let description = {
-        let _slot = engine
-            .inner
-            .slots
-            .acquire()
-            .await
-            .map_err(|e| LoadError::Config {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-        let mut instance =
-            FilterInstance::create(&blueprint)
-                .await
-                .map_err(|error| LoadError::Filter {
-                    path: path.clone(),
-                    error: Box::new(error),
-                    configured_in: spec.source.clone(),
-                })?;
-        instance
-            .describe()
-            .await
-            .map_err(|error| LoadError::Filter {
-                path: path.clone(),
-                error: Box::new(error),
-                configured_in: spec.source.clone(),
-            })?
-    };
+    let description = describe(engine, &blueprint, &path, &spec.source).await?;
     let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();
     if name.is_empty() {
         return Err(LoadError::Config {
@@ -398,6 +372,32 @@ pub async fn configure(
         spec.isolation,
         engine.clone(),
     )))
+}
+
+/// Makes one instance of `blueprint` in an engine slot, configured, and
+/// asks it to describe itself.
+async fn describe(
+    engine: &Engine,
+    blueprint: &Blueprint,
+    path: &Path,
+    source: &Option<String>,
+) -> Result<Description, LoadError> {
+    let failed = |error| LoadError::Filter {
+        path: path.to_path_buf(),
+        error: Box::new(error),
+        configured_in: source.clone(),
+    };
+    let _slot = engine
+        .inner
+        .slots
+        .acquire()
+        .await
+        .map_err(|e| LoadError::Config {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let mut instance = FilterInstance::create(blueprint).await.map_err(failed)?;
+    instance.describe().await.map_err(failed)
 }
 
 fn file_stem(path: &Path) -> String {

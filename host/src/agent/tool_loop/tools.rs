@@ -15,23 +15,18 @@ use crate::types::{
 };
 
 impl ToolLoop {
-    /// Runs a batch of tool calls through the tool chain: concurrently
-    /// unless configured otherwise or a tool in it is `serial`. Outputs in
-    /// call order. A tool that is not registered but was offered to the
-    /// model (a chat filter added it, as `tool-search` adds its search
-    /// tool) goes through the tool chain for a filter to serve, the
-    /// registry answering `not-found` if none does; a call of a tool
-    /// neither registered nor offered fails without running filters.
-    pub(super) async fn run_tools(
+    /// The tool requests of `calls`: each with its spec, registered or
+    /// offered, or the error of a tool that is neither.
+    fn requests(
         &self,
-        invoke: &Arc<Invoke>,
+        invoke: &Invoke,
         tools: &[Arc<ToolSpec>],
         calls: &[ToolCall],
-    ) -> Vec<Result<String, ChainError>> {
+    ) -> Vec<Result<ToolRequest, ChainError>> {
         // Each name is looked up once a batch: an offered spec is copied
         // out of the request, and a batch may call one tool many times.
         let mut specs: HashMap<&str, Option<Arc<ToolSpec>>> = HashMap::new();
-        let requests: Vec<Result<ToolRequest, ChainError>> = calls
+        calls
             .iter()
             .map(|call| {
                 let spec = specs.entry(call.name.as_str()).or_insert_with(|| {
@@ -52,7 +47,23 @@ impl ToolLoop {
                     )),
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Runs a batch of tool calls through the tool chain: concurrently
+    /// unless configured otherwise or a tool in it is `serial`. Outputs in
+    /// call order. A tool that is not registered but was offered to the
+    /// model (a chat filter added it, as `tool-search` adds its search
+    /// tool) goes through the tool chain for a filter to serve, the
+    /// registry answering `not-found` if none does; a call of a tool
+    /// neither registered nor offered fails without running filters.
+    pub(super) async fn run_tools(
+        &self,
+        invoke: &Arc<Invoke>,
+        tools: &[Arc<ToolSpec>],
+        calls: &[ToolCall],
+    ) -> Vec<Result<String, ChainError>> {
+        let requests = self.requests(invoke, tools, calls);
         let serial = !self.config.parallel_tools
             || requests.iter().flatten().any(|request| request.tool.serial);
         let runnable: Vec<ToolRequest> = requests.iter().flatten().cloned().collect();

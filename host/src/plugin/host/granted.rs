@@ -19,7 +19,7 @@ use futures::FutureExt;
 
 use super::HostState;
 use crate::escape;
-use crate::onion::ApprovalRequest;
+use crate::onion::{ApprovalRequest, Approver};
 use crate::plugin::Grants;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
@@ -272,6 +272,20 @@ impl approval::Host for HostState {
         // The guest's copies (up to its memory cap) are not held through a
         // wait of up to ten minutes.
         drop((tool, reason));
+        Ok(self.answer(approver, &request, timeout_ms).await)
+    }
+}
+
+impl HostState {
+    /// Waits for the approver's answer to `request`, at most `timeout_ms`
+    /// and what is left of the call's approval wait; the wait is not the
+    /// guest's CPU time.
+    async fn answer(
+        &mut self,
+        approver: Arc<dyn Approver>,
+        request: &ApprovalRequest,
+        timeout_ms: u32,
+    ) -> Result<bool, wit::FilterError> {
         let left = Duration::from_millis(APPROVAL_WAIT_CAP_MS.into())
             .saturating_sub(self.quotas.approval_wait);
         let wait = Duration::from_millis(timeout_ms.into()).min(left);
@@ -279,11 +293,11 @@ impl approval::Host for HostState {
         meter.enter_next();
         let started = tokio::time::Instant::now();
         // A handler that panics fails the question, not the host.
-        let asked = AssertUnwindSafe(approver.approve(&request)).catch_unwind();
+        let asked = AssertUnwindSafe(approver.approve(request)).catch_unwind();
         let answer = tokio::time::timeout(wait, asked).await;
         self.quotas.approval_wait += started.elapsed();
         meter.leave_next();
-        Ok(match answer {
+        match answer {
             Ok(Ok(approved)) => Ok(approved),
             Ok(Err(_)) => Err(error(
                 wit::ErrorKind::Internal,
@@ -296,7 +310,7 @@ impl approval::Host for HostState {
                 );
                 Err(error(wit::ErrorKind::Timeout, message))
             }
-        })
+        }
     }
 }
 
