@@ -82,18 +82,7 @@ pub(crate) fn compile(
         let _ = stderr.read_to_string(&mut out);
         out
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
+    let status = wait_within(&mut child, timeout);
     let _ = writer.join();
     let artifact = reader.join().unwrap_or_default();
     let said = errors.join().unwrap_or_default();
@@ -114,6 +103,26 @@ pub(crate) fn compile(
         _ => Err(CompileError::Limit(format!(
             "compiling it took more than {memory_mib} MiB of memory (the compile worker died: {status})"
         ))),
+    }
+}
+
+/// Waits for `child` to exit, at most `timeout`; past it, kills it and
+/// gives `None`.
+fn wait_within(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
     }
 }
 

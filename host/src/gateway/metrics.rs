@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -154,32 +154,46 @@ impl Collector for Served {
                 })
             }),
         )?;
-        family(
-            &mut encoder,
-            (
-                "filter_tokens",
-                "Tokens into and out of each filter's token transformers",
-                MetricType::Counter,
-            ),
-            stats.iter().flat_map(|f| {
-                [("in", f.tokens_in), ("out", f.tokens_out)].map(|(direction, n)| {
-                    (labels(f, &[("direction", direction)]), ConstCounter::new(n))
-                })
-            }),
-        )?;
-        family(
-            &mut encoder,
-            (
-                "filter_instances",
-                "Each filter's instances, ready for the next invoke or in use now",
-                MetricType::Gauge,
-            ),
-            stats.iter().flat_map(|f| {
-                [("ready", f.instances_ready), ("in_use", f.instances_in_use)]
-                    .map(|(state, n)| (labels(f, &[("state", state)]), ConstGauge::new(n as i64)))
-            }),
-        )
+        encode_tokens_and_instances(&stats, &mut encoder)
     }
+}
+
+/// The per-filter token counts and instance gauges.
+fn encode_tokens_and_instances(
+    stats: &[FilterStats],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    family(
+        encoder,
+        (
+            "filter_tokens",
+            "Tokens into and out of each filter's token transformers",
+            MetricType::Counter,
+        ),
+        stats.iter().flat_map(|f| {
+            [("in", f.tokens_in), ("out", f.tokens_out)].map(|(direction, n)| {
+                (labels(f, &[("direction", direction)]), ConstCounter::new(n))
+            })
+        }),
+    )?;
+    family(
+        encoder,
+        (
+            "filter_instances",
+            "Each filter's instances, ready for the next invoke or in use now",
+            MetricType::Gauge,
+        ),
+        stats.iter().flat_map(|f| {
+            [("ready", f.instances_ready), ("in_use", f.instances_in_use)]
+                .map(|(state, n)| (labels(f, &[("state", state)]), ConstGauge::new(n as i64)))
+        }),
+    )
+}
+
+/// Registers `metric` under `name` and gives it back.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// The gateway's metrics and their registry.
@@ -201,61 +215,44 @@ pub(super) struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("shallot_gateway");
-        let requests = Family::<Request, Counter>::default();
-        registry.register(
+        let requests = registered(
+            &mut registry,
             "requests",
             "Chat completion requests, by model, mode and HTTP status",
-            requests.clone(),
+            Family::<Request, Counter>::default(),
         );
-        let broken = Family::<Broken, Counter>::default();
-        registry.register(
+        let broken = registered(
+            &mut registry,
             "stream_errors",
             "Streams that started (counted as requests with status 200) and ended with an error event, by model and the error's status",
-            broken.clone(),
+            Family::<Broken, Counter>::default(),
         );
-        let latency = Family::<Model, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0005, 2.0, 18))
-        });
-        registry.register(
+        let latency = registered(
+            &mut registry,
             "request_seconds",
             "Time to the response (to its first chunk, for a stream)",
-            latency.clone(),
+            Family::<Model, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+            }),
         );
-        let tokens = Family::<Tokens, Counter>::default();
-        registry.register(
+        let tokens = registered(
+            &mut registry,
             "tokens",
             "Tokens the model reported, in and out",
-            tokens.clone(),
+            Family::<Tokens, Counter>::default(),
         );
-        let in_progress = Gauge::default();
-        registry.register(
-            "requests_in_progress",
-            "Requests being served",
-            in_progress.clone(),
-        );
-        let waiting = Gauge::default();
-        registry.register(
-            "requests_waiting",
-            "Requests waiting for a place",
-            waiting.clone(),
-        );
-        let filters = Gauge::default();
-        registry.register(
-            "filters",
-            "Filters in the set being served",
-            filters.clone(),
-        );
-        let connections = Gauge::default();
-        registry.register(
-            "connections",
-            "Client connections open",
-            connections.clone(),
-        );
-        let reloads = Family::<Reload, Counter>::default();
-        registry.register(
+        let [in_progress, waiting, filters, connections] = [
+            ("requests_in_progress", "Requests being served"),
+            ("requests_waiting", "Requests waiting for a place"),
+            ("filters", "Filters in the set being served"),
+            ("connections", "Client connections open"),
+        ]
+        .map(|(name, help)| registered(&mut registry, name, help, Gauge::default()));
+        let reloads = registered(
+            &mut registry,
             "reloads",
             "Reloads of the filter set, by outcome",
-            reloads.clone(),
+            Family::<Reload, Counter>::default(),
         );
         let served = Arc::new(Served::default());
         registry.register_collector(Box::new(served.clone()));

@@ -161,65 +161,7 @@ impl ConversationStore for Sqlite {
         fits_a_conversation(added)?;
         let full = || full("SQLite", &self.path, STORE_CAP);
         let fitted = self
-            .with(move |db| {
-                let batch = db.transaction()?;
-                let current: i64 = batch.query_row(
-                    "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes
-                     WHERE conversation = ?1",
-                    params![conversation],
-                    |row| row.get(0),
-                )?;
-                let total: i64 = batch.query_row(
-                    "SELECT bytes FROM shallot_store_size WHERE id = 0",
-                    [],
-                    |row| row.get(0),
-                )?;
-                let (current, total) = (current as usize, total as usize);
-                // The oldest messages that must go for the new ones to fit.
-                let over = (current + added).saturating_sub(CONVERSATION_CAP);
-                let (mut freed, mut last) = (0, None);
-                if over > 0 {
-                    let mut oldest = batch.prepare_cached(
-                        "SELECT seq, LENGTH(CAST(message AS BLOB)) FROM shallot_messages
-                         WHERE conversation = ?1 ORDER BY seq",
-                    )?;
-                    let mut found = oldest.query(params![conversation])?;
-                    while freed < over
-                        && let Some(row) = found.next()?
-                    {
-                        last = Some(row.get::<_, i64>(0)?);
-                        freed += row.get::<_, i64>(1)? as usize + overhead;
-                    }
-                }
-                if total - freed.min(total) + added > STORE_CAP {
-                    return Ok(false);
-                }
-                if let Some(last) = last {
-                    batch.execute(
-                        "DELETE FROM shallot_messages WHERE conversation = ?1 AND seq <= ?2",
-                        params![conversation, last],
-                    )?;
-                }
-                {
-                    let mut insert = batch.prepare_cached(
-                        "INSERT INTO shallot_messages (conversation, message) VALUES (?1, ?2)",
-                    )?;
-                    for row in &rows {
-                        insert.execute(params![conversation, row])?;
-                    }
-                }
-                batch.execute(
-                    "INSERT INTO shallot_conversation_sizes (conversation, bytes) VALUES (?1, ?2)
-                     ON CONFLICT (conversation) DO UPDATE SET bytes = ?2",
-                    params![conversation, (current + added - freed.min(current)) as i64],
-                )?;
-                batch.execute(
-                    "UPDATE shallot_store_size SET bytes = ?1 WHERE id = 0",
-                    params![(total + added - freed.min(total)) as i64],
-                )?;
-                batch.commit()?;
-                Ok(true)
-            })
+            .with(move |db| append_rows(db, &conversation, &rows, added, overhead))
             .await?;
         if fitted { Ok(()) } else { Err(full()) }
     }
@@ -244,4 +186,86 @@ impl ConversationStore for Sqlite {
         })
         .await
     }
+}
+
+/// Appends `rows` (`added` bytes as stored) to `conversation` in one
+/// transaction, dropping its oldest messages past the conversation cap;
+/// `false`, with nothing written, when the store would be over its cap.
+fn append_rows(
+    db: &mut Connection,
+    conversation: &str,
+    rows: &[String],
+    added: usize,
+    overhead: usize,
+) -> rusqlite::Result<bool> {
+    let batch = db.transaction()?;
+    let current: i64 = batch.query_row(
+        "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes
+         WHERE conversation = ?1",
+        params![conversation],
+        |row| row.get(0),
+    )?;
+    let total: i64 = batch.query_row(
+        "SELECT bytes FROM shallot_store_size WHERE id = 0",
+        [],
+        |row| row.get(0),
+    )?;
+    let (current, total) = (current as usize, total as usize);
+    // The oldest messages that must go for the new ones to fit.
+    let over = (current + added).saturating_sub(CONVERSATION_CAP);
+    let (freed, last) = oldest(&batch, conversation, over, overhead)?;
+    if total - freed.min(total) + added > STORE_CAP {
+        return Ok(false);
+    }
+    if let Some(last) = last {
+        batch.execute(
+            "DELETE FROM shallot_messages WHERE conversation = ?1 AND seq <= ?2",
+            params![conversation, last],
+        )?;
+    }
+    {
+        let mut insert = batch.prepare_cached(
+            "INSERT INTO shallot_messages (conversation, message) VALUES (?1, ?2)",
+        )?;
+        for row in rows {
+            insert.execute(params![conversation, row])?;
+        }
+    }
+    batch.execute(
+        "INSERT INTO shallot_conversation_sizes (conversation, bytes) VALUES (?1, ?2)
+         ON CONFLICT (conversation) DO UPDATE SET bytes = ?2",
+        params![conversation, (current + added - freed.min(current)) as i64],
+    )?;
+    batch.execute(
+        "UPDATE shallot_store_size SET bytes = ?1 WHERE id = 0",
+        params![(total + added - freed.min(total)) as i64],
+    )?;
+    batch.commit()?;
+    Ok(true)
+}
+
+/// How many bytes the oldest messages of `conversation` free, taken until
+/// at least `over` are, and the sequence number of the last of them.
+fn oldest(
+    batch: &rusqlite::Transaction<'_>,
+    conversation: &str,
+    over: usize,
+    overhead: usize,
+) -> rusqlite::Result<(usize, Option<i64>)> {
+    let (mut freed, mut last) = (0, None);
+    if over == 0 {
+        return Ok((freed, last));
+    }
+    let mut oldest = batch.prepare_cached(
+        "SELECT seq, LENGTH(CAST(message AS BLOB)) FROM shallot_messages
+         WHERE conversation = ?1 ORDER BY seq",
+    )?;
+    let mut found = oldest.query(params![conversation])?;
+    while freed < over
+        && let Some(row) = found.next()?
+    {
+        last = Some(row.get::<_, i64>(0)?);
+        freed += row.get::<_, i64>(1)? as usize + overhead;
+    }
+    Ok((freed, last))
 }
