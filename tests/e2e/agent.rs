@@ -48,8 +48,9 @@ pub(crate) fn add_tool(builder: KernelBuilder) -> KernelBuilder {
     })
 }
 
+// PEER-CASES O18
 #[tokio::test]
-async fn o18_a_tool_round_then_a_final_answer() {
+async fn a_tool_round_then_a_final_answer() {
     let model = ScriptedModel::replies(vec![
         Reply::call("add", json!({"a": 1, "b": 2})),
         Reply::Text("It is 3.".into()),
@@ -110,8 +111,9 @@ fn three_calls() -> ScriptedModel {
     ScriptedModel::replies(vec![Reply::Calls(calls), Reply::Text("done".into())])
 }
 
+// PEER-CASES O19
 #[tokio::test]
-async fn o19_a_batch_runs_concurrently_and_results_keep_call_order() {
+async fn a_batch_runs_concurrently_and_results_keep_call_order() {
     let (builder, most) = gauged(Kernel::builder(), false);
     let kernel = builder.model(three_calls()).build().unwrap();
     let done = done(kernel.turn(go("go"), Context::new()).await);
@@ -129,16 +131,18 @@ async fn o19_a_batch_runs_concurrently_and_results_keep_call_order() {
     );
 }
 
+// PEER-CASES O28
 #[tokio::test]
-async fn o28_a_serial_tool_makes_its_whole_batch_sequential() {
+async fn a_serial_tool_makes_its_whole_batch_sequential() {
     let (builder, most) = gauged(Kernel::builder(), true);
     let kernel = builder.model(three_calls()).build().unwrap();
     done(kernel.turn(go("go"), Context::new()).await);
     assert_eq!(most.load(Ordering::SeqCst), 1);
 }
 
+// PEER-CASES O20
 #[tokio::test]
-async fn o20_parallel_tools_can_be_turned_off() {
+async fn parallel_tools_can_be_turned_off() {
     let config = LoopConfig {
         parallel_tools: false,
         ..LoopConfig::default()
@@ -171,8 +175,9 @@ fn limit(result: TurnResult) -> (ChainError, Arc<TurnDone>) {
     }
 }
 
+// PEER-CASES O11
 #[test]
-fn o11_max_tool_calls_is_unlimited_by_default_and_a_set_limit_is_kept() {
+fn max_tool_calls_is_unlimited_by_default_and_a_set_limit_is_kept() {
     assert_eq!(LoopConfig::default().max_tool_calls, None);
     let config = LoopConfig {
         max_tool_calls: Some(3),
@@ -181,8 +186,9 @@ fn o11_max_tool_calls_is_unlimited_by_default_and_a_set_limit_is_kept() {
     assert_eq!(config.max_tool_calls, Some(3));
 }
 
+// PEER-CASES O12
 #[tokio::test]
-async fn o12_max_tool_calls_stops_the_turn_and_keeps_the_calls() {
+async fn max_tool_calls_stops_the_turn_and_keeps_the_calls() {
     let (kernel, _) = endless_tools(LoopConfig {
         max_tool_calls: Some(3),
         max_iterations: 100,
@@ -193,8 +199,9 @@ async fn o12_max_tool_calls_stops_the_turn_and_keeps_the_calls() {
     assert!(ran.tool_calls.len() >= 3);
 }
 
+// PEER-CASES O17
 #[tokio::test]
-async fn o17_a_limit_of_one_tool_call_makes_exactly_one() {
+async fn a_limit_of_one_tool_call_makes_exactly_one() {
     let (kernel, _) = endless_tools(LoopConfig {
         max_tool_calls: Some(1),
         ..LoopConfig::default()
@@ -203,8 +210,9 @@ async fn o17_a_limit_of_one_tool_call_makes_exactly_one() {
     assert_eq!(ran.tool_calls.len(), 1);
 }
 
+// PEER-CASES O14
 #[tokio::test]
-async fn o14_max_iterations_stops_an_endless_tool_loop() {
+async fn max_iterations_stops_an_endless_tool_loop() {
     let (kernel, model) = endless_tools(LoopConfig {
         max_iterations: 3,
         ..LoopConfig::default()
@@ -215,8 +223,9 @@ async fn o14_max_iterations_stops_an_endless_tool_loop() {
     assert_eq!(ran.iterations, 3);
 }
 
+// PEER-CASES O15
 #[tokio::test]
-async fn o15_under_the_limits_the_turn_finishes() {
+async fn under_the_limits_the_turn_finishes() {
     let model = ScriptedModel::replies(vec![
         Reply::call("add", json!({"a": 1, "b": 1})),
         Reply::Text("done".into()),
@@ -292,9 +301,10 @@ impl shallot::Filter for Observer {
     }
 }
 
+// PEER-CASES O2, H17
 /// O2/H17: a turn filter sees that a return_direct tool answered the turn.
 #[tokio::test]
-async fn o2_h17_a_turn_filter_sees_a_return_direct_answer_as_such() {
+async fn a_turn_filter_sees_a_return_direct_answer_as_such() {
     let observer = Observer::default();
     let seen = observer.seen.clone();
     let model = ScriptedModel::replies(vec![Reply::call("direct", json!({}))]);
@@ -307,10 +317,11 @@ async fn o2_h17_a_turn_filter_sees_a_return_direct_answer_as_such() {
     assert_eq!(seen[0].get("return_direct"), Some(&json!(true)));
 }
 
+// PEER-CASES O8, O9, O10
 /// O8–O10: whether a tool is return_direct is on its spec; it defaults to
 /// false, and a tool the kernel does not have has none.
 #[test]
-fn o8_o10_return_direct_is_on_the_tools_spec_and_off_by_default() {
+fn return_direct_is_on_the_tools_spec_and_off_by_default() {
     let kernel = direct_tools(Kernel::builder()).build().unwrap();
     let direct = |name: &str| {
         kernel
@@ -325,10 +336,11 @@ fn o8_o10_return_direct_is_on_the_tools_spec_and_off_by_default() {
     assert!(!ToolSpec::new("t", "", json!({})).return_direct);
 }
 
+// PEER-CASES O22
 /// O22: a streamed turn's tokens reach the sink in order, and the answer
 /// is their text.
 #[tokio::test]
-async fn o22_a_streamed_turn_delivers_its_tokens_in_order() {
+async fn a_streamed_turn_delivers_its_tokens_in_order() {
     let model = ScriptedModel::replies(vec![Reply::tokens(&["Hel", "lo", "!"])]);
     let kernel = Kernel::builder().model(model).build().unwrap();
     let sink = Collector::default();
@@ -341,8 +353,9 @@ async fn o22_a_streamed_turn_delivers_its_tokens_in_order() {
     assert_eq!(sink.tokens(), ["Hel", "lo", "!"]);
 }
 
+// PEER-CASES O1
 #[tokio::test]
-async fn o1_a_return_direct_tool_is_the_answer_without_another_model_round() {
+async fn a_return_direct_tool_is_the_answer_without_another_model_round() {
     let (kernel, model) = direct_kernel(vec![
         Reply::call("direct", json!({})),
         Reply::Text("llm-answer".into()),
@@ -357,8 +370,9 @@ async fn o1_a_return_direct_tool_is_the_answer_without_another_model_round() {
     assert_eq!(model.calls(), 1);
 }
 
+// PEER-CASES O4
 #[tokio::test]
-async fn o4_several_return_direct_outputs_join_with_newlines() {
+async fn several_return_direct_outputs_join_with_newlines() {
     let calls = vec![
         ("direct".into(), json!({"out": "AA"})),
         ("direct".into(), json!({"out": "BB"})),
@@ -374,8 +388,9 @@ async fn o4_several_return_direct_outputs_join_with_newlines() {
     assert_eq!(model.calls(), 1);
 }
 
+// PEER-CASES O3, O5, O6, O7
 #[tokio::test]
-async fn o3_o5_o6_otherwise_the_model_answers() {
+async fn the_model_answers_unless_every_call_returns_direct_and_succeeds() {
     for calls in [
         vec![("plain".to_owned(), json!({}))],
         vec![("direct".into(), json!({})), ("plain".into(), json!({}))],
@@ -397,8 +412,9 @@ async fn o3_o5_o6_otherwise_the_model_answers() {
     }
 }
 
+// PEER-CASES O25
 #[tokio::test]
-async fn o25_a_failing_or_unknown_tool_goes_back_to_the_model_as_a_json_error() {
+async fn a_failing_or_unknown_tool_goes_back_to_the_model_as_a_json_error() {
     let calls = vec![("broken".into(), json!({})), ("ghost".into(), json!({}))];
     let (kernel, model) = direct_kernel(vec![Reply::Calls(calls), Reply::Text("handled".into())]);
     let done = done(kernel.turn(go("x"), Context::new()).await);
@@ -460,8 +476,9 @@ pub(crate) fn reviser(retries: u32) -> (std::path::PathBuf, shallot::FilterSpec)
     )
 }
 
+// PEER-CASES H7
 #[tokio::test]
-async fn h7_validation_reenters_with_the_run_messages_and_feedback() {
+async fn validation_reenters_with_the_run_messages_and_feedback() {
     let plugins = load(vec![reviser(2)]).await;
     let model = ScriptedModel::replies(vec![Reply::Text("bad".into()), Reply::Text("good".into())]);
     let kernel = Kernel::builder()
@@ -479,8 +496,9 @@ async fn h7_validation_reenters_with_the_run_messages_and_feedback() {
     );
 }
 
+// PEER-CASES H8
 #[tokio::test]
-async fn h8_exhausted_retries_return_the_last_answer() {
+async fn exhausted_retries_return_the_last_answer() {
     let plugins = load(vec![reviser(1)]).await;
     let model = ScriptedModel::answer("bad");
     let kernel = Kernel::builder()
@@ -497,8 +515,9 @@ async fn h8_exhausted_retries_return_the_last_answer() {
     assert_eq!(model.calls(), 2);
 }
 
+// PEER-CASES H16
 #[tokio::test]
-async fn h16_reentry_with_history_stores_and_sends_nothing_twice() {
+async fn reentry_with_history_stores_and_sends_nothing_twice() {
     let plugins = load(vec![reviser(2)]).await;
     let model = ScriptedModel::replies(vec![
         Reply::Text("bad".into()),
@@ -548,8 +567,9 @@ async fn concurrent_tool_calls_see_the_batch_start_state_and_their_writes_fold_i
     }
 }
 
+// PEER-CASES O23
 #[tokio::test]
-async fn o23_a_streamed_turn_streams_every_round_and_keeps_the_original_answer() {
+async fn a_streamed_turn_streams_every_round_and_keeps_the_original_answer() {
     let plugins = load(vec![spec(
         "token_redact",
         "redact",
@@ -628,11 +648,12 @@ async fn slow_call(config: LoopConfig, own: Option<Duration>) -> Result<String, 
     }
 }
 
+// PEER-CASES N40, N41, N42, N43
 /// N40–N43: the loop's default tool timeout bounds a tool that sets none;
 /// a tool's own (even `Duration::MAX`, never) wins; with none anywhere a
 /// slow tool finishes; a batch deadline cuts a batch that hangs.
 #[tokio::test]
-async fn n40_n43_the_loops_tool_and_batch_timeouts() {
+async fn the_loops_tool_and_batch_timeouts_bound_slow_calls() {
     let bounded = LoopConfig {
         tool_timeout: Some(Duration::from_millis(100)),
         ..LoopConfig::default()

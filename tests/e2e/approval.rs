@@ -112,11 +112,12 @@ async fn a_sensitive_tool_pauses_the_turn_and_an_approval_resumes_it() {
     );
 }
 
+// PEER-CASES O47
 /// O47: a pause continues once. Resuming a clone of its interrupt again
 /// (a retried request, a double click) is an error, not a second run of
 /// the sensitive call; a resume of an interrupt that holds no pause too.
 #[tokio::test]
-async fn o47_a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
+async fn a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
     let mut replies = delete_and_list();
     replies.push(Reply::Text("again".into()));
     let model = ScriptedModel::replies(replies);
@@ -155,11 +156,12 @@ async fn o47_a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
     assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
 }
 
+// PEER-CASES O41
 /// O41: a pause keeps the shared context: a tool that wrote beside the
 /// paused call, and a resume given a fresh context, still lets the next
 /// round's reader see it.
 #[tokio::test]
-async fn o41_a_resumed_turn_sees_what_tools_wrote_before_the_pause() {
+async fn a_resumed_turn_sees_what_tools_wrote_before_the_pause() {
     let model = ScriptedModel::replies(vec![
         Reply::Calls(vec![
             ("delete".into(), json!({})),
@@ -244,12 +246,13 @@ async fn a_denial_reaches_the_model_as_the_tool_result() {
     );
 }
 
+// PEER-CASES H5
 /// H5 as written: the interrupt tool `ask_human` pauses the turn, the
 /// turn filter passes the interrupt through; resumed with a reply, the
 /// continuation's answer is rejected and the filter re-enters, which runs
 /// a fresh loop.
 #[tokio::test]
-async fn h5_a_turn_filter_may_reenter_after_the_resumed_turn() {
+async fn a_turn_filter_may_reenter_after_the_resumed_turn() {
     let plugins = load(vec![reviser(1)]).await;
     let model = ScriptedModel::replies(vec![
         Reply::call("ask_human", json!({ "question": "which files?" })),
@@ -287,11 +290,12 @@ fn asking_kernel(model: ScriptedModel) -> (Kernel, Arc<AtomicUsize>) {
     (builder.interrupt_tool(ask).build().unwrap(), deleted)
 }
 
+// PEER-CASES O45, O48
 /// O45, O48: calling an interrupt tool pauses the turn (`tool_request`,
 /// the call's arguments the question) after the batch's other calls ran,
 /// and the reply it is resumed with is the tool's result.
 #[tokio::test]
-async fn o45_o48_an_interrupt_tool_pauses_the_turn_and_the_reply_is_its_result() {
+async fn an_interrupt_tool_pauses_the_turn_and_the_reply_is_its_result() {
     let ask = (
         "ask_human".to_owned(),
         json!({"question": "delete /tmp/x?"}),
@@ -430,11 +434,12 @@ fn policed_kernel(model: ScriptedModel) -> (Kernel, Policed) {
     (kernel, Policed { ran, asked })
 }
 
+// PEER-CASES O46
 /// O46: an `on_tool_call` policy holds a call (`callback`, with its
 /// reason); the batch's safe calls run first, the other calls it holds in
 /// that batch are skipped, and an approval runs the held one.
 #[tokio::test]
-async fn o46_an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds() {
+async fn an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds() {
     let sql = |q: &str| ("sql".to_owned(), json!({ "q": q }));
     let model = ScriptedModel::replies(vec![
         Reply::Calls(vec![
@@ -467,6 +472,7 @@ async fn o46_an_on_tool_call_policy_holds_a_call_and_skips_the_others_it_holds()
     assert!(error.message.contains("skipped"), "{error}");
 }
 
+// PEER-CASES O26
 /// The policy is asked about each call once, though a call it holds
 /// behind a question waits through two pauses; and a policy that panics
 /// (O26: a callback's exception is swallowed) lets its call go on.
@@ -536,11 +542,12 @@ fn deploying(
     (builder.build().unwrap(), runs)
 }
 
+// PEER-CASES O42
 /// O42: with `on_env_error: Pause`, a call failing for its environment
 /// pauses the turn (`env_retry`) before the model sees it, and an
 /// approval runs it again.
 #[tokio::test]
-async fn o42_a_tool_failing_for_its_environment_pauses_and_an_approval_retries_it() {
+async fn a_tool_failing_for_its_environment_pauses_and_an_approval_retries_it() {
     let model = ScriptedModel::replies(vec![
         Reply::call("deploy", json!({})),
         Reply::Text("done".into()),
@@ -574,11 +581,12 @@ async fn o42_a_tool_failing_for_its_environment_pauses_and_an_approval_retries_i
     );
 }
 
+// PEER-CASES O43, O44
 /// O43: by default, with no human in the loop, an environment failure
 /// goes to the model. O44: a semantic failure goes to the model even
 /// when environment failures pause.
 #[tokio::test]
-async fn o43_o44_other_failures_and_unpaused_ones_go_to_the_model() {
+async fn other_failures_and_unpaused_ones_go_to_the_model() {
     let cases = [
         (OnEnvError::Auto, ErrorKind::Auth),
         (OnEnvError::Pause, ErrorKind::InvalidRequest),

@@ -23,8 +23,9 @@ async fn traced_chat(filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>) ->
     strings(&context, "trace")
 }
 
+// PEER-CASES B1
 #[tokio::test]
-async fn b1_earlier_filter_is_the_outer_layer() {
+async fn earlier_filter_is_the_outer_layer() {
     let trace = traced_chat(vec![tracer("a"), tracer("b")]).await;
     assert_eq!(
         trace,
@@ -32,8 +33,9 @@ async fn b1_earlier_filter_is_the_outer_layer() {
     );
 }
 
+// PEER-CASES B2
 #[tokio::test]
-async fn b2_registration_order_is_layer_order() {
+async fn registration_order_is_layer_order() {
     let trace = traced_chat(vec![tracer("b"), tracer("a")]).await;
     assert_eq!(
         trace,
@@ -41,20 +43,23 @@ async fn b2_registration_order_is_layer_order() {
     );
 }
 
+// PEER-CASES B3
 #[tokio::test]
-async fn b3_empty_chain_runs_only_the_terminal() {
+async fn empty_chain_runs_only_the_terminal() {
     assert_eq!(traced_chat(vec![]).await, ["terminal"]);
 }
 
+// PEER-CASES B4
 #[tokio::test]
-async fn b4_filter_without_the_hook_is_skipped() {
+async fn filter_without_the_hook_is_skipped() {
     let tool_only = spec("probe", "t", json!({ "tag": "t", "hooks": ["tool"] }));
     let trace = traced_chat(vec![tracer("c"), tool_only]).await;
     assert_eq!(trace, ["c_before", "terminal", "c_after"]);
 }
 
+// PEER-CASES B6
 #[tokio::test]
-async fn b6_tool_chain_wraps_the_tool() {
+async fn tool_chain_wraps_the_tool() {
     let plugins = load(vec![spec(
         "probe",
         "t",
@@ -84,8 +89,9 @@ async fn b6_tool_chain_wraps_the_tool() {
     );
 }
 
+// PEER-CASES B7
 #[tokio::test]
-async fn b7_terminal_error_is_returned_as_an_error() {
+async fn terminal_error_is_returned_as_an_error() {
     let plugins = load(vec![tracer("a")]).await;
     let boom = ChainError::new(ErrorKind::Transient, "boom");
     let model = ScriptedModel::replies(vec![Reply::Fail(boom.clone())]);
@@ -265,8 +271,9 @@ fn adder() -> (
     })
 }
 
+// PEER-CASES E2
 #[tokio::test]
-async fn e2_tool_runs_and_an_unknown_tool_is_not_found_before_any_filter() {
+async fn tool_runs_and_an_unknown_tool_is_not_found_before_any_filter() {
     let plugins = load(vec![tracer("t")]).await;
     let (add, handler) = adder();
     let kernel = Kernel::builder()
@@ -292,8 +299,9 @@ async fn e2_tool_runs_and_an_unknown_tool_is_not_found_before_any_filter() {
     assert!(strings(&context, "trace").is_empty(), "no filter ran");
 }
 
+// PEER-CASES E3
 #[tokio::test]
-async fn e3_a_tool_reads_the_shared_context() {
+async fn a_tool_reads_the_shared_context() {
     let kernel = Kernel::builder()
         .tool(
             ToolSpec::new("whoami", "", json!({"type": "object"})),
@@ -323,13 +331,15 @@ async fn add_through(config: serde_json::Value) -> String {
     result.unwrap().output
 }
 
+// PEER-CASES E4
 #[tokio::test]
-async fn e4_before_step_rewrites_the_arguments() {
+async fn before_step_rewrites_the_arguments() {
     assert_eq!(add_through(json!({ "double_args": true })).await, "30");
 }
 
+// PEER-CASES E5
 #[tokio::test]
-async fn e5_after_step_rewrites_the_result() {
+async fn after_step_rewrites_the_result() {
     assert_eq!(add_through(json!({ "double_result": true })).await, "30");
 }
 
@@ -418,10 +428,11 @@ impl shallot::Filter for Seeded {
     }
 }
 
+// PEER-CASES A1, A2
 /// A1/A2: a filter's private context starts as an empty map unless the
 /// filter gives its own seed.
 #[tokio::test]
-async fn a1_a2_a_filters_state_starts_empty_or_from_its_seed() {
+async fn a_filters_state_starts_empty_or_from_its_seed() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let kernel = Kernel::builder()
         .filter(crate::tools::Remembers(seen.clone()))

@@ -56,8 +56,9 @@ async fn invokes_do_not_share_a_context() {
     assert_eq!(strings(&second, "trace"), ["p_before", "p_after"]);
 }
 
+// PEER-CASES D2
 #[test]
-fn d2_context_keys_are_sorted_and_values_replace() {
+fn context_keys_are_sorted_and_values_replace() {
     let context = Context::new().with("b", 2).with("a", 1);
     context.set("b", 3);
     assert_eq!(context.keys(), ["a", "b"]);
@@ -88,8 +89,9 @@ fn writes(pairs: &[(&str, Value)]) -> Context {
         .fold(Context::new(), |c, (k, v)| c.with(k, v.clone()))
 }
 
+// PEER-CASES D5, D6, D10
 #[test]
-fn d5_d6_d10_writes_apply_by_index_and_report_conflicts() {
+fn writes_apply_by_index_and_report_conflicts() {
     let context = Context::new();
     let none = context.apply_writes(
         [(1, &Context::new()), (2, &Context::new())],
@@ -115,8 +117,9 @@ fn d5_d6_d10_writes_apply_by_index_and_report_conflicts() {
     );
 }
 
+// PEER-CASES D7, D8, D9
 #[test]
-fn d7_d9_declared_reducers_fold_every_write() {
+fn declared_reducers_fold_every_write() {
     let reducers = Reducers::new()
         .with("notes", json!([]), prepend)
         .with("budget", json!(0), sum);
@@ -140,11 +143,12 @@ fn d7_d9_declared_reducers_fold_every_write() {
     assert_eq!(context.get("n"), Some(json!(15)), "D9: across calls");
 }
 
+// PEER-CASES O30, O31, O32
 /// O30–O32: a batch's tool writes to a key with a reducer fold in call
 /// order at the end of the batch, concurrent or one call at a time, to the
 /// same state.
 #[tokio::test]
-async fn o30_o32_tool_writes_to_a_declared_key_fold_the_same_serial_or_parallel() {
+async fn tool_writes_to_a_declared_key_fold_the_same_serial_or_parallel() {
     for parallel_tools in [true, false] {
         let model = ScriptedModel::replies(vec![
             Reply::Calls(vec![

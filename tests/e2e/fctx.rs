@@ -7,8 +7,9 @@ use shallot::types::{TurnRequest, TurnResult};
 use shallot::{Context, Kernel};
 use shallot_tests::{Reply, ScriptedModel, answering, chat_context, load, spec};
 
+// PEER-CASES C1
 #[tokio::test]
-async fn c1_each_filter_has_its_own_state_under_the_same_key() {
+async fn each_filter_has_its_own_state_under_the_same_key() {
     let plugins = load(vec![
         spec("probe", "a", json!({ "tag": "a", "count": true })),
         spec("probe", "b", json!({ "tag": "b", "count": true })),
@@ -19,8 +20,9 @@ async fn c1_each_filter_has_its_own_state_under_the_same_key() {
     assert_eq!(context.get("fctx:b"), Some(json!({ "n": 1 })));
 }
 
+// PEER-CASES C2
 #[tokio::test]
-async fn c2_state_lives_for_one_invoke_only() {
+async fn state_lives_for_one_invoke_only() {
     let plugins = load(vec![spec(
         "probe",
         "c",
@@ -38,8 +40,9 @@ async fn c2_state_lives_for_one_invoke_only() {
     }
 }
 
+// PEER-CASES C3
 #[tokio::test]
-async fn c3_init_seeds_the_state_on_first_entry() {
+async fn init_seeds_the_state_on_first_entry() {
     let plugins = load(vec![spec(
         "probe",
         "s",
@@ -53,8 +56,9 @@ async fn c3_init_seeds_the_state_on_first_entry() {
     );
 }
 
+// PEER-CASES C5
 #[tokio::test]
-async fn c5_a_hook_that_returns_only_a_response_keeps_the_state() {
+async fn a_hook_that_returns_only_a_response_keeps_the_state() {
     // `calls: 2` makes the outer counter's inner twin run twice; the outer
     // one, which only reads, must not reset what it counted before.
     let plugins = load(vec![

@@ -17,7 +17,7 @@ use shallot_tests::{
 };
 
 use crate::agent::{done, go};
-use crate::builtins::refused;
+use crate::loading::refused;
 
 /// An approval handler's answer to a question.
 type Answer = Box<dyn Fn(&ApprovalRequest) -> bool + Send + Sync>;
@@ -280,16 +280,18 @@ fn not_approved(output: &str) -> Value {
     value
 }
 
+// PEER-CASES I5
 #[tokio::test]
-async fn i5_approval_denies_a_sensitive_tool_with_a_result_the_model_sees() {
+async fn approval_denies_a_sensitive_tool_with_a_result_the_model_sees() {
     let (kernel, runs) = approving(json!({ "default": "deny" }), false, None::<Answer>).await;
     let output = call(&kernel, "delete", json!({})).await;
     assert_eq!(not_approved(&output)["error"]["tool"], "delete");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the tool never ran");
 }
 
+// PEER-CASES I6
 #[tokio::test]
-async fn i6_approval_lets_other_tools_run_untouched() {
+async fn approval_lets_other_tools_run_untouched() {
     let (kernel, runs) = approving(json!({ "default": "deny" }), false, None::<Answer>).await;
     let output = call(&kernel, "list", json!({})).await;
     assert_eq!(
@@ -298,8 +300,9 @@ async fn i6_approval_lets_other_tools_run_untouched() {
     );
 }
 
+// PEER-CASES I7
 #[tokio::test]
-async fn i7_approval_runs_a_sensitive_tool_the_handler_approves() {
+async fn approval_runs_a_sensitive_tool_the_handler_approves() {
     let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = asked.clone();
     let approver = Box::new(move |request: &ApprovalRequest| {

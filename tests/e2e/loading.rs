@@ -1,14 +1,16 @@
 //! Loading plugins: every way a file can be wrong gets its own clear
-//! error; directories and shallot.toml resolve to the documented order.
+//! error; directories and shallot.toml resolve to the documented order; a
+//! configuration its filter refuses fails the load (`refused`, which the
+//! tests of each built-in filter use).
 
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use shallot::{
     CacheState, Context, FilterSpec, Kernel, LoadError, PluginSet, cache_state, compile_plugin,
     read_plugin,
 };
-use shallot_tests::{ScriptedModel, ask, engine, guest, strings};
+use shallot_tests::{ScriptedModel, ask, engine, guest, spec, strings};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = shallot_tests::target_dir()
@@ -26,6 +28,15 @@ async fn load_file(path: &Path) -> Result<PluginSet, LoadError> {
         &mut |_| {},
     )
     .await
+}
+
+/// The error loading `plugin` as filter `name` with `config` fails with.
+pub(crate) async fn refused(plugin: &str, name: &str, config: Value) -> LoadError {
+    let specs = vec![spec(plugin, name, config)];
+    shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        .await
+        .err()
+        .expect("the configuration is refused")
 }
 
 #[tokio::test]
@@ -323,4 +334,32 @@ async fn a_filter_built_for_an_earlier_patch_version_still_loads_and_runs() {
     assert_eq!(response.text(), "ok");
     let error = kernel.chat(ask("fail"), Context::new()).await.unwrap_err();
     assert_eq!(&*error.origin.expect("attributed").filter, "bad");
+}
+
+#[tokio::test]
+async fn the_filters_without_options_and_trace_refuse_a_bad_configuration_at_load() {
+    for (plugin, name, config, says) in [
+        (
+            "logging",
+            "logging",
+            json!({ "level": "debug" }),
+            "unknown field `level`",
+        ),
+        (
+            "final_answer",
+            "final-answer",
+            json!({ "tools": false }),
+            "unknown field `tools`",
+        ),
+        ("trace", "trace", json!({ "turns": "yes" }), "invalid type"),
+        (
+            "trace",
+            "trace",
+            json!({ "sink": "stderr" }),
+            "unknown field `sink`",
+        ),
+    ] {
+        let error = refused(plugin, name, config).await;
+        assert!(error.to_string().contains(says), "{plugin}: {error}");
+    }
 }

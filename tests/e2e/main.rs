@@ -1,12 +1,12 @@
 //! End-to-end tests: real `.wasm` guests (the built-in plugins and the test
-//! guests under tests/guests) through the real host. Cases named `b1_...`,
-//! `i8_...` port the peer's behaviour catalogue (docs/PEER-CASES.md).
+//! guests under tests/guests) through the real host. A test marked
+//! `// PEER-CASES B1` ports that case of the peer's behaviour catalogue
+//! (docs/PEER-CASES.md, which ends with a table from each case to its test).
 //!
 //! Build the guests first: `cargo build-guests`.
 
 mod agent;
 mod approval;
-mod builtins;
 mod chain;
 mod concurrency;
 mod context;
@@ -14,16 +14,19 @@ mod fctx;
 mod fuzz;
 mod gateway;
 mod granted;
+mod guards;
 mod hostile;
-mod library;
 mod loading;
+mod logging;
 mod memory;
 mod polyglot;
 mod provider;
+mod resilience;
 mod sandbox;
 mod schema;
 mod sdk;
 mod soak;
+mod stream_filters;
 mod system_prompt;
 mod tokens;
 mod tool_search;

@@ -66,7 +66,7 @@ fn roles(messages: &[Message]) -> Vec<Role> {
 }
 
 /// PEER-CASES M1 on one store.
-async fn m1_on(store: &str) {
+async fn conversations_keep_order_and_stay_apart_on(store: &str) {
     let store = open_store(store).await.unwrap();
     let (c1, c2) = (conversation("m1"), conversation("m1-other"));
     assert!(store.load(&c1, usize::MAX).await.unwrap().is_empty());
@@ -108,16 +108,18 @@ fn sqlite_file(name: &str) -> String {
     path.display().to_string()
 }
 
+// PEER-CASES M1
 #[tokio::test]
-async fn m1_every_store_keeps_conversations_in_order_and_apart() {
-    m1_on(":memory:").await;
-    m1_on(&sqlite_file("m1")).await;
+async fn every_store_keeps_conversations_in_order_and_apart() {
+    conversations_keep_order_and_stay_apart_on(":memory:").await;
+    conversations_keep_order_and_stay_apart_on(&sqlite_file("m1")).await;
     let redis = RedisServer::start();
-    m1_on(&redis.url()).await;
+    conversations_keep_order_and_stay_apart_on(&redis.url()).await;
 }
 
+// PEER-CASES M9
 #[tokio::test]
-async fn m9_the_model_sees_the_stored_history_and_the_reply_is_stored() {
+async fn the_model_sees_the_stored_history_and_the_reply_is_stored() {
     let store = open_store(":memory:").await.unwrap();
     let c = conversation("m9");
     store.append(&c, &[Message::user("Old")]).await.unwrap();
@@ -135,8 +137,9 @@ async fn m9_the_model_sees_the_stored_history_and_the_reply_is_stored() {
     );
 }
 
+// PEER-CASES M10
 #[tokio::test]
-async fn m10_without_a_conversation_id_it_passes_through_and_stores_nothing() {
+async fn without_a_conversation_id_it_passes_through_and_stores_nothing() {
     let model = ScriptedModel::answer("reply");
     let kernel = kernel(vec![memory_filter(Value::Null, ":memory:")], model.clone()).await;
     kernel
@@ -146,8 +149,9 @@ async fn m10_without_a_conversation_id_it_passes_through_and_stores_nothing() {
     assert_eq!(texts(&model.requests()[0].messages), ["New"]);
 }
 
+// PEER-CASES M2, M3
 #[tokio::test]
-async fn m2_m3_the_window_keeps_system_messages_and_drops_orphan_tool_results() {
+async fn the_window_keeps_system_messages_and_drops_orphan_tool_results() {
     let store = open_store(":memory:").await.unwrap();
     let model = ScriptedModel::answer("ok");
     let filter = memory_filter(json!({ "window": 2 }), ":memory:");
@@ -179,8 +183,9 @@ async fn m2_m3_the_window_keeps_system_messages_and_drops_orphan_tool_results() 
     assert_eq!(sees(m3).await.0, ["U2"]);
 }
 
+// PEER-CASES M12
 #[tokio::test]
-async fn m12_turns_across_invokes_see_the_conversation_grow() {
+async fn turns_across_invokes_see_the_conversation_grow() {
     let model = ScriptedModel::new(|_, request: &ChatRequest| {
         Reply::Text(format!("saw:{}", request.messages.len()))
     });
@@ -388,11 +393,12 @@ async fn memory_refuses_a_bad_configuration_at_load() {
         (json!({ "window": 0 }), "window"),
         (json!({ "windw": 3 }), "unknown field"),
     ] {
-        let error = crate::builtins::refused("memory", "memory", config).await;
+        let error = crate::loading::refused("memory", "memory", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
 }
 
+// PEER-CASES H16
 /// A turn paused for approval and resumed is one turn to the memory
 /// filter: the resumed turn goes on from its count of what it stored, so
 /// the question and the calls are stored once (H16 across a pause), and

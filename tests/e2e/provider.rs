@@ -464,8 +464,9 @@ async fn the_timeout_also_bounds_silence_inside_a_stream() {
     );
 }
 
+// PEER-CASES P25
 #[tokio::test]
-async fn p25_malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
+async fn malformed_tool_call_arguments_go_back_to_the_model_as_an_error() {
     let asked = Canned::Json(
         200,
         json!({
@@ -685,10 +686,11 @@ async fn retry_after_in_milliseconds_or_as_a_date_and_a_408_are_retried() {
     assert_eq!(provider.bodies().len(), 4, "each failure was retried");
 }
 
+// PEER-CASES P1, P3, P4, P5
 /// P1: an empty answer's defaults; P3–P5: whether an answer calls tools,
 /// is complete, or needs a tool call.
 #[test]
-fn p1_p5_an_answers_defaults_and_what_it_asks_for() {
+fn an_answers_defaults_and_what_it_asks_for() {
     use shallot::types::{ChatResponse, ToolCall, Usage};
     let empty = ChatResponse::default();
     assert_eq!(empty.message.content, None);

@@ -8,11 +8,11 @@ use shallot::types::TurnResult;
 use shallot_tests::{ScriptedModel, spec};
 
 use crate::agent::{done, texts};
-use crate::builtins::refused;
+use crate::loading::refused;
 
 async fn validated(config: Value, answers: &[&str]) -> (TurnResult, ScriptedModel) {
     let filter = spec("schema_validation", "schema-validation", config);
-    crate::library::answered(filter, answers).await
+    crate::guards::answered(filter, answers).await
 }
 
 /// What `schema` says of `instance`: `None` when it passes, else the
@@ -74,8 +74,9 @@ fn person() -> Value {
     })
 }
 
+// PEER-CASES H9, H10
 #[tokio::test]
-async fn h9_h10_schema_validation_reenters_with_the_failing_field_named() {
+async fn schema_validation_reenters_with_the_failing_field_named() {
     let config = json!({ "schema": person(), "max_retries": 2 });
     let (result, model) =
         validated(config, &[r#"{"name":"bob"}"#, r#"{"name":"bob","age":30}"#]).await;
@@ -88,8 +89,9 @@ async fn h9_h10_schema_validation_reenters_with_the_failing_field_named() {
     );
 }
 
+// PEER-CASES H11
 #[tokio::test]
-async fn h11_an_answer_that_is_not_json_is_sent_back() {
+async fn an_answer_that_is_not_json_is_sent_back() {
     let config = json!({ "schema": person() });
     let (result, model) = validated(config, &["我想想……", r#"{"name":"a","age":1}"#]).await;
     assert_eq!(done(result).response.text(), r#"{"name":"a","age":1}"#);
@@ -101,8 +103,9 @@ async fn h11_an_answer_that_is_not_json_is_sent_back() {
     );
 }
 
+// PEER-CASES H12, H13
 #[tokio::test]
-async fn h12_h13_a_code_fence_is_stripped_unless_turned_off() {
+async fn a_code_fence_is_stripped_unless_turned_off() {
     let fenced = "Here it is:\n```json\n{\"name\":\"a\",\"age\":1}\n```";
     let (_, model) = validated(json!({ "schema": person() }), &[fenced]).await;
     assert_eq!(model.calls(), 1);
@@ -111,16 +114,18 @@ async fn h12_h13_a_code_fence_is_stripped_unless_turned_off() {
     assert_eq!(model.calls(), 2);
 }
 
+// PEER-CASES H14
 #[tokio::test]
-async fn h14_exhausted_retries_return_the_last_answer_without_an_error() {
+async fn exhausted_retries_return_the_last_answer_without_an_error() {
     let config = json!({ "schema": person(), "max_retries": 1 });
     let (result, model) = validated(config, &["{}"]).await;
     assert_eq!(done(result).response.text(), "{}");
     assert_eq!(model.calls(), 2);
 }
 
+// PEER-CASES J1, J2, J3, J4, J5, J6, J7, J8
 #[tokio::test]
-async fn j1_to_j8_types_unions_and_nullable() {
+async fn the_validator_checks_types_unions_and_nullable() {
     passes(json!({ "type": "string" }), json!("hi")).await;
     assert_eq!(
         failing(json!({ "type": "string" }), json!(1)).await,
@@ -162,8 +167,9 @@ async fn j1_to_j8_types_unions_and_nullable() {
     );
 }
 
+// PEER-CASES J9, J10, J11, J12, J13, J14, J15, J16, J17, J18
 #[tokio::test]
-async fn j9_to_j18_enum_const_numbers_strings_and_arrays() {
+async fn the_validator_checks_enum_const_numbers_strings_and_arrays() {
     passes(json!({ "enum": ["a", "b"] }), json!("b")).await;
     assert_eq!(
         failing(json!({ "enum": ["a", "b"] }), json!("c")).await,
@@ -219,8 +225,9 @@ async fn j9_to_j18_enum_const_numbers_strings_and_arrays() {
     assert_eq!(failing(counts, json!([1, 2, 3])).await, at("#", "maxItems"));
 }
 
+// PEER-CASES J20, J21, J22, J23, J24, J25, J26
 #[tokio::test]
-async fn j20_to_j26_items_objects_and_paths() {
+async fn the_validator_checks_items_and_objects_at_their_paths() {
     let strings = json!({ "type": "array", "items": { "type": "string" } });
     passes(strings.clone(), json!(["a", "b"])).await;
     let mut both = at("/1", "type");
@@ -260,8 +267,9 @@ async fn j20_to_j26_items_objects_and_paths() {
     );
 }
 
+// PEER-CASES J27, J28, J30, J31, J34, J35, J36
 #[tokio::test]
-async fn j27_to_j36_combinators_boolean_schemas_limits_and_rendering() {
+async fn the_validator_checks_combinators_boolean_schemas_limits_and_rendering() {
     let any = json!({ "anyOf": [{ "type": "string" }, { "type": "integer" }] });
     passes(any.clone(), json!("a")).await;
     passes(any.clone(), json!(1)).await;
@@ -297,8 +305,9 @@ async fn j27_to_j36_combinators_boolean_schemas_limits_and_rendering() {
     assert!(root[0].starts_with("#: "), "{root:?}");
 }
 
+// PEER-CASES J32
 #[tokio::test]
-async fn j32_format_is_an_annotation_and_unknown_keywords_are_ignored() {
+async fn format_is_an_annotation_and_unknown_keywords_are_ignored() {
     passes(
         json!({ "type": "string", "format": "email", "weird": 1 }),
         json!("not-an-email"),
@@ -306,8 +315,9 @@ async fn j32_format_is_an_annotation_and_unknown_keywords_are_ignored() {
     .await;
 }
 
+// PEER-CASES J37, J38, J39, J40, J41
 #[tokio::test]
-async fn j37_to_j41_a_tool_style_schema_and_messages_that_name_what_was_expected() {
+async fn a_tool_style_schema_is_checked_and_messages_name_what_was_expected() {
     let tool = json!({
         "type": "object",
         "properties": { "city": { "type": "string" }, "days": { "type": "integer" } },

@@ -12,15 +12,17 @@ fn transform(name: &str, config: serde_json::Value) -> (std::path::PathBuf, shal
     spec("probe", name, config)
 }
 
+// PEER-CASES F1
 #[tokio::test]
-async fn f1_no_transforms_passes_tokens_straight_through() {
+async fn no_transforms_passes_tokens_straight_through() {
     let (result, sink) = stream(vec![], Reply::tokens(&["a", "b"])).await;
     assert_eq!(sink.tokens(), ["a", "b"]);
     assert_eq!(result.unwrap(), "ab");
 }
 
+// PEER-CASES F2
 #[tokio::test]
-async fn f2_a_transform_emits_n_for_one_and_flushes_the_rest_at_the_end() {
+async fn a_transform_emits_n_for_one_and_flushes_the_rest_at_the_end() {
     let tokens = ["1", "2", "3", "4", "5", "6", "7"];
     let (_, sink) = stream(
         vec![transform("batch", json!({ "batch": 3 }))],
@@ -34,8 +36,9 @@ async fn f2_a_transform_emits_n_for_one_and_flushes_the_rest_at_the_end() {
     );
 }
 
+// PEER-CASES F3
 #[tokio::test]
-async fn f3_a_failed_stream_is_not_flushed_so_buffered_tokens_never_leak() {
+async fn a_failed_stream_is_not_flushed_so_buffered_tokens_never_leak() {
     let broken = Reply::BreakAfter(
         vec!["1".into(), "2".into()],
         ChainError::new(ErrorKind::Transient, "connection closed"),
@@ -45,8 +48,9 @@ async fn f3_a_failed_stream_is_not_flushed_so_buffered_tokens_never_leak() {
     assert!(sink.tokens().is_empty());
 }
 
+// PEER-CASES F4
 #[tokio::test]
-async fn f4_the_first_filter_sees_the_raw_token_first() {
+async fn the_first_filter_sees_the_raw_token_first() {
     let filters = vec![
         transform("a", json!({ "prefix": "A" })),
         transform("b", json!({ "prefix": "B" })),
@@ -55,8 +59,9 @@ async fn f4_the_first_filter_sees_the_raw_token_first() {
     assert_eq!(sink.tokens(), ["BAx"]);
 }
 
+// PEER-CASES F6
 #[tokio::test]
-async fn f6_metadata_survives_buffering() {
+async fn metadata_survives_buffering() {
     let tokens = Reply::Tokens(vec![
         ("a".into(), Some(r#"{"k":1}"#.into())),
         ("b".into(), Some(r#"{"k":1}"#.into())),
@@ -68,8 +73,9 @@ async fn f6_metadata_survives_buffering() {
     );
 }
 
+// PEER-CASES F7
 #[tokio::test]
-async fn f7_a_transform_can_swallow_a_token() {
+async fn a_transform_can_swallow_a_token() {
     let (result, sink) = stream(
         vec![transform("drop", json!({ "drop": "secret" }))],
         Reply::tokens(&["a", "secret", "b"]),
@@ -104,8 +110,9 @@ async fn flush_cascades_outer_leftovers_through_inner_steps_before_the_inner_flu
     );
 }
 
+// PEER-CASES G6
 #[tokio::test]
-async fn g6_a_chat_only_filter_leaves_the_stream_alone() {
+async fn a_chat_only_filter_leaves_the_stream_alone() {
     let (_, sink) = stream(
         vec![spec("probe", "chat", json!({ "hooks": ["chat"] }))],
         Reply::tokens(&["a", "b"]),
@@ -114,8 +121,9 @@ async fn g6_a_chat_only_filter_leaves_the_stream_alone() {
     assert_eq!(sink.tokens(), ["a", "b"]);
 }
 
+// PEER-CASES G7
 #[tokio::test]
-async fn g7_the_non_streaming_path_ignores_token_transforms() {
+async fn the_non_streaming_path_ignores_token_transforms() {
     let plugins = load(vec![spec(
         "misbehave",
         "trapper",

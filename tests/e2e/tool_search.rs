@@ -8,7 +8,7 @@ use shallot::{Context, Kernel};
 use shallot_tests::{Reply, ScriptedModel, load, spec};
 
 use crate::agent::{done, go};
-use crate::builtins::refused;
+use crate::loading::refused;
 
 fn chinese_tools() -> Vec<(&'static str, &'static str)> {
     vec![
@@ -96,8 +96,9 @@ async fn offered_after(config: Value, rounds: &[&str]) -> Vec<String> {
     offered(&model.requests()[0])
 }
 
+// PEER-CASES K1, K2, K3, K4, K5, K7, K8
 #[tokio::test]
-async fn k1_to_k8_each_call_is_offered_the_search_tool_and_what_searches_found() {
+async fn each_call_is_offered_the_search_tool_and_what_searches_found() {
     let cases: Vec<(Value, Vec<&str>, Vec<&str>)> = vec![
         (json!(null), vec![], vec!["tool_search"]),
         (
@@ -133,8 +134,9 @@ async fn k1_to_k8_each_call_is_offered_the_search_tool_and_what_searches_found()
     }
 }
 
+// PEER-CASES K10
 #[tokio::test]
-async fn k10_a_request_without_tools_is_left_without_tools() {
+async fn a_request_without_tools_is_left_without_tools() {
     let model = ScriptedModel::answer("ok");
     let kernel = kernel(json!(null), &chinese_tools(), model.clone()).await;
     kernel
@@ -180,8 +182,9 @@ async fn found(config: Value, tools: &[(&str, &str)], query: &str) -> Vec<String
     found_in_turn(config, tools, query).await.0
 }
 
+// PEER-CASES K11, K15, K16
 #[tokio::test]
-async fn k11_k15_k16_a_search_in_a_turn_finds_the_tool_which_is_then_offered() {
+async fn a_search_in_a_turn_finds_the_tool_which_is_then_offered() {
     let (result, offered) =
         found_in_turn(json!(null), &chinese_tools(), "weather forecast 天气").await;
     assert!(result.contains(&"get_weather".to_owned()), "{result:?}");
@@ -197,8 +200,9 @@ async fn k11_k15_k16_a_search_in_a_turn_finds_the_tool_which_is_then_offered() {
     );
 }
 
+// PEER-CASES K12, K13, K14
 #[tokio::test]
-async fn k12_to_k14_results_are_capped_and_an_empty_or_missing_query_finds_nothing() {
+async fn results_are_capped_and_an_empty_or_missing_query_finds_nothing() {
     let many = found(
         json!({ "max_results": 2 }),
         &english_tools(),
@@ -215,8 +219,9 @@ async fn k12_to_k14_results_are_capped_and_an_empty_or_missing_query_finds_nothi
     }
 }
 
+// PEER-CASES K17
 #[tokio::test]
-async fn k17_the_search_tool_can_be_renamed() {
+async fn the_search_tool_can_be_renamed() {
     assert_eq!(
         offered_after(json!({ "tool_name": "find_tool" }), &[]).await,
         ["find_tool"]
@@ -230,8 +235,9 @@ async fn k17_the_search_tool_can_be_renamed() {
     assert_eq!(result[0], "get_weather");
 }
 
+// PEER-CASES L1, L3, L5, L10, L11, L12, L13
 #[tokio::test]
-async fn l1_l3_l5_l10_to_l13_the_regex_index() {
+async fn the_regex_index_finds_tools_by_pattern() {
     let regex = || json!({ "index": "regex" });
     assert_eq!(
         found(regex(), &english_tools(), "weather").await,
@@ -277,8 +283,9 @@ async fn l1_l3_l5_l10_to_l13_the_regex_index() {
     );
 }
 
+// PEER-CASES L2, L4, L7, L8, L9, L13
 #[tokio::test]
-async fn l2_l4_l7_to_l9_l13_the_keyword_index() {
+async fn the_keyword_index_finds_tools_by_word() {
     let tools = english_tools();
     assert_eq!(
         found(json!(null), &tools, "weather").await[0],
@@ -312,8 +319,9 @@ async fn l2_l4_l7_to_l9_l13_the_keyword_index() {
     );
 }
 
+// PEER-CASES L15, L16, L17, L19, L20, L21, L23
 #[tokio::test]
-async fn l15_to_l23_cjk_bigrams_mixed_scripts_and_punctuation() {
+async fn cjk_text_is_indexed_in_bigrams_split_at_other_scripts_and_punctuation() {
     let pair = [
         ("get_weather", "查询指定城市的天气预报"),
         ("send_email", "给收件人发送一封电子邮件"),

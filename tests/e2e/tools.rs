@@ -37,8 +37,9 @@ fn tool(name: &str) -> ToolSpec {
     ToolSpec::new(name, "a test tool", json!({"type": "object"}))
 }
 
+// PEER-CASES N1
 #[tokio::test]
-async fn n1_transient_failures_are_retried_until_the_call_succeeds() {
+async fn transient_failures_are_retried_until_the_call_succeeds() {
     let (kernel, calls) = flaky(tool("flaky").retries(3), 2, ErrorKind::Timeout);
     let response = kernel
         .tool("flaky", json!({}), Context::new())
@@ -48,8 +49,9 @@ async fn n1_transient_failures_are_retried_until_the_call_succeeds() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+// PEER-CASES N2
 #[tokio::test]
-async fn n2_a_semantic_failure_is_not_retried() {
+async fn a_semantic_failure_is_not_retried() {
     let (kernel, calls) = flaky(tool("flaky").retries(3), 5, ErrorKind::InvalidRequest);
     let error = kernel
         .tool("flaky", json!({}), Context::new())
@@ -59,8 +61,9 @@ async fn n2_a_semantic_failure_is_not_retried() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+// PEER-CASES N3
 #[tokio::test]
-async fn n3_retries_that_run_out_return_the_last_failure() {
+async fn retries_that_run_out_return_the_last_failure() {
     let (kernel, calls) = flaky(tool("flaky").retries(2), 99, ErrorKind::Transient);
     let error = kernel
         .tool("flaky", json!({}), Context::new())
@@ -70,8 +73,9 @@ async fn n3_retries_that_run_out_return_the_last_failure() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+// PEER-CASES N4
 #[tokio::test]
-async fn n4_without_retries_a_tool_is_called_once() {
+async fn without_retries_a_tool_is_called_once() {
     let (kernel, calls) = flaky(tool("flaky"), 1, ErrorKind::Transient);
     kernel
         .tool("flaky", json!({}), Context::new())
@@ -97,8 +101,9 @@ fn sleeper(spec: ToolSpec, sleep: Duration) -> (Kernel, Arc<AtomicU32>) {
     (kernel, calls)
 }
 
+// PEER-CASES N6
 #[tokio::test]
-async fn n6_a_tool_past_its_timeout_fails_with_a_timeout_error() {
+async fn a_tool_past_its_timeout_fails_with_a_timeout_error() {
     let (kernel, _) = sleeper(
         tool("slow").timeout(Duration::from_millis(100)),
         Duration::from_secs(3600),
@@ -111,8 +116,9 @@ async fn n6_a_tool_past_its_timeout_fails_with_a_timeout_error() {
     assert_eq!(error.message, "tool 'slow' did not finish within 100 ms");
 }
 
+// PEER-CASES N8
 #[tokio::test]
-async fn n8_a_tool_within_its_timeout_or_without_one_answers() {
+async fn a_tool_within_its_timeout_or_without_one_answers() {
     let (kernel, _) = sleeper(
         tool("slow").timeout(Duration::from_secs(60)),
         Duration::from_millis(20),
@@ -126,8 +132,9 @@ async fn n8_a_tool_within_its_timeout_or_without_one_answers() {
     assert!(kernel.tool("slow", json!({}), Context::new()).await.is_ok());
 }
 
+// PEER-CASES N10
 #[tokio::test]
-async fn n10_a_timeout_is_retried_like_any_transient_failure() {
+async fn a_timeout_is_retried_like_any_transient_failure() {
     let spec = tool("slow").timeout(Duration::from_millis(50)).retries(2);
     let (kernel, calls) = sleeper(spec, Duration::from_secs(3600));
     let error = kernel
@@ -158,8 +165,9 @@ fn panicking() -> Kernel {
         .unwrap()
 }
 
+// PEER-CASES N11
 #[tokio::test]
-async fn n11_a_panicking_handler_fails_its_call_and_the_caller_survives() {
+async fn a_panicking_handler_fails_its_call_and_the_caller_survives() {
     let kernel = panicking();
     let error = kernel
         .tool("boom", json!({"n": 0}), Context::new())
@@ -174,8 +182,9 @@ async fn n11_a_panicking_handler_fails_its_call_and_the_caller_survives() {
     assert_eq!(again.value().unwrap(), json!("fine"));
 }
 
+// PEER-CASES N33
 #[tokio::test]
-async fn n33_a_batch_of_panicking_calls_gives_an_error_record_each_in_order() {
+async fn a_batch_of_panicking_calls_gives_an_error_record_each_in_order() {
     let result = panicking()
         .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
         .await;
@@ -209,7 +218,7 @@ async fn n33_a_batch_of_panicking_calls_gives_an_error_record_each_in_order() {
 /// N35: a turn whose model asks for two calls, through `filters`; each
 /// call fails with a plugin fault from `filter`, and the turn carries on.
 /// The kernel and the failures.
-async fn n35(filters: KernelBuilder, filter: &str) -> (Kernel, Vec<ChainError>) {
+async fn batch_failed_by(filters: KernelBuilder, filter: &str) -> (Kernel, Vec<ChainError>) {
     let model = ScriptedModel::replies(vec![
         Reply::Calls(vec![
             ("echo".into(), json!({"text": "a"})),
@@ -238,15 +247,16 @@ async fn n35(filters: KernelBuilder, filter: &str) -> (Kernel, Vec<ChainError>) 
     (kernel, errors)
 }
 
+// PEER-CASES N35
 #[tokio::test]
-async fn n35_a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_turn() {
+async fn a_trapping_around_tool_filter_fails_each_call_of_the_batch_not_the_turn() {
     let plugins = load(vec![spec(
         "misbehave",
         "bad",
         json!({ "on": "tool", "do": "trap" }),
     )])
     .await;
-    let (kernel, _) = n35(Kernel::builder().plugins(&plugins), "bad").await;
+    let (kernel, _) = batch_failed_by(Kernel::builder().plugins(&plugins), "bad").await;
     let next_turn = kernel
         .turn(
             TurnRequest::new(vec![Message::user("again")]),
@@ -277,11 +287,12 @@ impl shallot::Filter for Panicky {
     }
 }
 
+// PEER-CASES N35
 /// N35 for a native filter: its panic fails each call of the batch with a
 /// typed error naming it, and the turn (and the host) carry on.
 #[tokio::test]
-async fn n35_a_panicking_native_around_tool_filter_fails_each_call_not_the_turn() {
-    let (_, errors) = n35(Kernel::builder().filter(Panicky), "panicky").await;
+async fn a_panicking_native_around_tool_filter_fails_each_call_not_the_turn() {
+    let (_, errors) = batch_failed_by(Kernel::builder().filter(Panicky), "panicky").await;
     for error in errors {
         assert!(
             error.message.contains("panicked: lost {\"text\""),
@@ -392,13 +403,14 @@ async fn tool_writes(config: shallot::LoopConfig) -> (Vec<Option<Value>>, Contex
     (seen, context)
 }
 
+// PEER-CASES O33, O34, O35, O40
 /// O33–O35 and O40: tools' writes to the shared context are folded when
 /// their batch ends: a reader in the same batch sees none of them (O33),
 /// the last writer by call index wins, not the last to finish (O34), a
 /// failed tool's writes are dropped (O35), and the next round sees the
 /// fold (O40) — concurrent or one after another (O30, O32).
 #[tokio::test]
-async fn o33_o35_tools_writes_fold_by_call_index_when_their_batch_ends() {
+async fn tools_writes_fold_by_call_index_when_their_batch_ends() {
     for parallel_tools in [true, false] {
         let config = shallot::LoopConfig {
             parallel_tools,

@@ -21,8 +21,9 @@ fn go() -> TurnRequest {
     TurnRequest::new(vec![Message::user("go")])
 }
 
+// PEER-CASES H1
 #[tokio::test]
-async fn h1_a_turn_filter_adds_a_message_the_model_sees() {
+async fn a_turn_filter_adds_a_message_the_model_sees() {
     let plugins = load(vec![spec(
         "probe",
         "rag",
@@ -43,8 +44,9 @@ async fn h1_a_turn_filter_adds_a_message_the_model_sees() {
     );
 }
 
+// PEER-CASES H2
 #[tokio::test]
-async fn h2_a_turn_filter_sees_the_done_result_with_the_run_messages() {
+async fn a_turn_filter_sees_the_done_result_with_the_run_messages() {
     let plugins = load(vec![spec(
         "probe",
         "observer",
@@ -63,8 +65,9 @@ async fn h2_a_turn_filter_sees_the_done_result_with_the_run_messages() {
     assert_eq!(texts, ["go", "answer-1"]);
 }
 
+// PEER-CASES H4
 #[tokio::test]
-async fn h4_turn_filters_nest_in_list_order() {
+async fn turn_filters_nest_in_list_order() {
     let plugins = load(vec![
         spec(
             "probe",
@@ -88,8 +91,9 @@ async fn h4_turn_filters_nest_in_list_order() {
     );
 }
 
+// PEER-CASES H6
 #[tokio::test]
-async fn h6_a_turn_filter_sees_the_resume_flag() {
+async fn a_turn_filter_sees_the_resume_flag() {
     let plugins = load(vec![spec(
         "probe",
         "probe",
