@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::answer::Answer;
 use super::wire::{ApiError, CompletionRequest, Head};
 use super::{Route, Shared};
-use crate::config::RouteMode;
+use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, TENANT, USER};
 
@@ -168,6 +168,33 @@ pub(super) async fn complete(
         )));
     }
     let place = gateway.place().await?;
+    let context = context_of(&request, key, headers)?;
+    let head = Head::new(&route.model);
+    tracing::Span::current().record("id", head.id.as_str());
+    let answer = Answer {
+        head,
+        mode: route.mode,
+        include_usage: request.include_usage(),
+        context,
+        kernel: route.kernel.clone(),
+        deadline: gateway.config.request_timeout,
+        place: Some(place),
+        shared: gateway.clone(),
+    };
+    if request.stream() {
+        answer.stream(chat).await
+    } else {
+        answer.whole(chat).await
+    }
+}
+
+/// The shared context a request's filters see: the model asked for, the
+/// client's `user`, its key and tenant, and the conversation it names.
+fn context_of(
+    request: &CompletionRequest,
+    key: Option<&ClientKey>,
+    headers: &HeaderMap,
+) -> Result<Context, ApiError> {
     let mut context = Context::new().with("model", request.model.as_str());
     if let Some(user) = &request.user {
         context = context.with(USER, user.as_str());
@@ -188,23 +215,7 @@ pub(super) async fn complete(
         };
         context = context.with(CONVERSATION_ID, id);
     }
-    let head = Head::new(&route.model);
-    tracing::Span::current().record("id", head.id.as_str());
-    let answer = Answer {
-        head,
-        mode: route.mode,
-        include_usage: request.include_usage(),
-        context,
-        kernel: route.kernel.clone(),
-        deadline: gateway.config.request_timeout,
-        place: Some(place),
-        shared: gateway.clone(),
-    };
-    if request.stream() {
-        answer.stream(chat).await
-    } else {
-        answer.whole(chat).await
-    }
+    Ok(context)
 }
 
 /// The request's body, if it arrives whole within the read timeout and

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -13,8 +14,11 @@ use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
 use super::Shared;
+use super::admission::Place;
 use super::answer::{Answer, run};
 use super::wire::ApiError;
+use crate::config::RouteMode;
+use crate::kernel::Kernel;
 use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TokenBatch};
@@ -32,33 +36,22 @@ impl Answer {
             unsent: unsent.clone(),
         };
         let options = InvokeOptions::from(self.context.clone()).stream_to(forward);
-        let (deadline, timed_out) = (self.deadline, self.timed_out());
         // The chat runs on its own, holding the request's place, until it
         // ends, its deadline passes or the client goes away.
-        let place = self.place.take();
-        let span = tracing::Span::current();
-        let backlog = unsent.clone();
-        let chatting = async move {
-            let _place = place;
-            let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
-            tokio::select! {
-                biased;
-                () = backlog.overflow.notified() => {
-                    let _ = sender.send(Streamed::Done(Err(Unsent::error())));
-                }
-                done = chat => {
-                    // The client fell behind as the chat ended: what it
-                    // missed is gone, so the answer must not look whole.
-                    let done = match done {
-                        _ if backlog.overflowed() => Err(Unsent::error()),
-                        done => done.unwrap_or(Err(timed_out)),
-                    };
-                    let _ = sender.send(Streamed::Done(done));
-                }
-                () = sender.closed() => {}
-            }
+        let chatting = Chatting {
+            kernel,
+            mode,
+            deadline: self.deadline,
+            timed_out: self.timed_out(),
+            place: self.place.take(),
+            backlog: unsent.clone(),
+            sender,
         };
-        tokio::spawn(chatting.instrument(span));
+        tokio::spawn(
+            chatting
+                .run(chat, options)
+                .instrument(tracing::Span::current()),
+        );
         let first = tokio::select! {
             first = events.recv() => first,
             () = self.shared.cut() => Some(Streamed::Done(Err(Shared::cut_error()))),
@@ -90,6 +83,50 @@ impl Answer {
         Ok(Sse::new(body)
             .keep_alive(KeepAlive::default())
             .into_response())
+    }
+}
+
+/// A streamed chat on its own task, telling the response body what it
+/// streams and how it ends.
+struct Chatting {
+    kernel: Kernel,
+    mode: RouteMode,
+    deadline: Duration,
+    timed_out: ChainError,
+    place: Option<Place>,
+    backlog: Arc<Unsent>,
+    sender: mpsc::UnboundedSender<Streamed>,
+}
+
+impl Chatting {
+    async fn run(self, chat: ChatRequest, options: InvokeOptions) {
+        let Chatting {
+            kernel,
+            mode,
+            deadline,
+            timed_out,
+            place,
+            backlog,
+            sender,
+        } = self;
+        let _place = place;
+        let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
+        tokio::select! {
+            biased;
+            () = backlog.overflow.notified() => {
+                let _ = sender.send(Streamed::Done(Err(Unsent::error())));
+            }
+            done = chat => {
+                // The client fell behind as the chat ended: what it
+                // missed is gone, so the answer must not look whole.
+                let done = match done {
+                    _ if backlog.overflowed() => Err(Unsent::error()),
+                    done => done.unwrap_or(Err(timed_out)),
+                };
+                let _ = sender.send(Streamed::Done(done));
+            }
+            () = sender.closed() => {}
+        }
     }
 }
 
