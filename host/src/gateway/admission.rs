@@ -7,10 +7,10 @@ use axum::http::StatusCode;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::Shared;
+use super::GatewayState;
 use super::wire::ApiError;
 
-impl Shared {
+impl GatewayState {
     /// Waits for a place among the requests served at once: `429` if too
     /// many already wait, `503` if the wait runs out or the gateway starts
     /// shutting down (those waiting are told at once, to retry elsewhere).
@@ -20,10 +20,10 @@ impl Shared {
     /// queues without bound and without a deadline, the second sheds at
     /// once; neither answers in the OpenAI error shape, counts the queue
     /// for `/metrics`, or wakes its waiters when the gateway drains.
-    pub(super) async fn place(&self) -> Result<Place, ApiError> {
+    pub(super) async fn place(&self) -> Result<ConcurrencyPermit, ApiError> {
         let placed = |permit| {
             self.metrics.in_progress.inc();
-            Place {
+            ConcurrencyPermit {
                 _permit: permit,
                 in_progress: self.metrics.in_progress.clone(),
             }
@@ -76,12 +76,12 @@ impl Shared {
 
 /// A request's place among those served at once, counted until it is
 /// given back.
-pub(super) struct Place {
+pub(super) struct ConcurrencyPermit {
     _permit: OwnedSemaphorePermit,
     in_progress: Gauge,
 }
 
-impl Drop for Place {
+impl Drop for ConcurrencyPermit {
     fn drop(&mut self) {
         self.in_progress.dec();
     }
@@ -89,10 +89,10 @@ impl Drop for Place {
 
 /// One request in the queue, counted until it leaves (served, refused or
 /// dropped with its connection).
-pub(super) struct Waiting<'a>(&'a Shared);
+pub(super) struct Waiting<'a>(&'a GatewayState);
 
 impl<'a> Waiting<'a> {
-    pub(super) fn join(shared: &'a Shared) -> Option<Self> {
+    pub(super) fn join(shared: &'a GatewayState) -> Option<Self> {
         let max = shared.config.max_queued;
         shared
             .queued

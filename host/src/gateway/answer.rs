@@ -7,8 +7,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::Shared;
-use super::admission::Place;
+use super::GatewayState;
+use super::admission::ConcurrencyPermit;
 use super::wire::{self, ApiError, Head};
 use crate::config::RouteMode;
 use crate::context::Context;
@@ -19,8 +19,8 @@ use crate::types::{
 };
 
 /// One admitted request: what its answer needs, and its place.
-pub(super) struct Answer {
-    pub(super) shared: Arc<Shared>,
+pub(super) struct Responder {
+    pub(super) shared: Arc<GatewayState>,
     pub(super) mode: RouteMode,
     /// The kernel being served when the request started.
     pub(super) kernel: Kernel,
@@ -29,10 +29,10 @@ pub(super) struct Answer {
     pub(super) context: Context,
     pub(super) deadline: Duration,
     /// The request's place, held while its chat runs.
-    pub(super) place: Option<Place>,
+    pub(super) place: Option<ConcurrencyPermit>,
 }
 
-impl Answer {
+impl Responder {
     pub(super) fn timed_out(&self) -> ChainError {
         ChainError::new(
             ErrorKind::Timeout,
@@ -81,7 +81,7 @@ impl Answer {
             answer = tokio::time::timeout(self.deadline, answer) => {
                 answer.unwrap_or_else(|_| Err(self.timed_out()))
             }
-            () = self.shared.cut() => Err(Shared::cut_error()),
+            () = self.shared.cut() => Err(GatewayState::cut_error()),
         }
         .map_err(|e| ApiError::chain(&e))?;
         Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response())

@@ -2,11 +2,11 @@
 
 use axum::http::{HeaderMap, StatusCode, header};
 
-use super::routes::Served;
+use super::routes::RouteTable;
 use super::wire::ApiError;
 use crate::config::ClientKey;
 
-impl Served {
+impl RouteTable {
     /// The key a request presents, if keys are required: `401` when it
     /// presents none or an unknown one.
     pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, ApiError> {

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::answer::Answer;
+use super::answer::Responder;
 use super::wire::{ApiError, CompletionRequest, Head};
-use super::{Route, Shared};
+use super::{GatewayState, Route};
 use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, TENANT, USER};
@@ -31,7 +31,10 @@ impl IntoResponse for ApiError {
 }
 
 /// `GET /v1/models`: the models the client's key may use.
-pub(super) async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+pub(super) async fn models(
+    State(gateway): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+) -> Response {
     let served = gateway.served();
     let key = match served.authorize(&headers) {
         Ok(key) => key,
@@ -43,7 +46,7 @@ pub(super) async fn models(State(gateway): State<Arc<Shared>>, headers: HeaderMa
 
 /// `GET /v1/models/{model}`: one of them, or a `404`.
 pub(super) async fn model(
-    State(gateway): State<Arc<Shared>>,
+    State(gateway): State<Arc<GatewayState>>,
     Path(model): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -62,7 +65,7 @@ pub(super) fn model_object(route: &Route) -> Value {
     json!({ "id": route.model, "object": "model", "created": 0, "owned_by": "shallot" })
 }
 
-pub(super) async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
+pub(super) async fn ready(State(gateway): State<Arc<GatewayState>>) -> Response {
     let served = gateway.served();
     let routes: Vec<Value> = served
         .routes
@@ -92,7 +95,7 @@ pub(super) async fn ready(State(gateway): State<Arc<Shared>>) -> Response {
     .into_response()
 }
 
-pub(super) async fn exposition(State(gateway): State<Arc<Shared>>) -> Response {
+pub(super) async fn exposition(State(gateway): State<Arc<GatewayState>>) -> Response {
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     (
         [(header::CONTENT_TYPE, content_type)],
@@ -102,7 +105,7 @@ pub(super) async fn exposition(State(gateway): State<Arc<Shared>>) -> Response {
 }
 
 pub(super) async fn completions(
-    State(gateway): State<Arc<Shared>>,
+    State(gateway): State<Arc<GatewayState>>,
     headers: HeaderMap,
     request: Request,
 ) -> Response {
@@ -144,7 +147,7 @@ pub(super) async fn completions(
 }
 
 pub(super) async fn complete(
-    gateway: Arc<Shared>,
+    gateway: Arc<GatewayState>,
     headers: &HeaderMap,
     body: Result<Bytes, ApiError>,
     routed: &mut Option<String>,
@@ -171,7 +174,7 @@ pub(super) async fn complete(
     let context = context_of(&request, key, headers)?;
     let head = Head::new(&route.model);
     tracing::Span::current().record("id", head.id.as_str());
-    let answer = Answer {
+    let answer = Responder {
         head,
         mode: route.mode,
         include_usage: request.include_usage(),
@@ -224,7 +227,7 @@ fn context_of(
 /// whole response (a stream included) and its body timeout fails as a bare
 /// body error, where this bounds only the body's arrival and answers
 /// `408` in the OpenAI error shape.
-pub(super) async fn read_body(gateway: &Shared, request: Request) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(gateway: &GatewayState, request: Request) -> Result<Bytes, ApiError> {
     let within = gateway.config.read_timeout;
     let read = tokio::time::timeout(within, Bytes::from_request(request, &())).await;
     let Ok(read) = read else {

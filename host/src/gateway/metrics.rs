@@ -80,15 +80,15 @@ fn family<M: EncodeMetric>(
 
 /// The filters of the set being served, read at each scrape.
 #[derive(Default)]
-pub(super) struct Served(Mutex<Vec<Arc<WasmFilter>>>);
+pub(super) struct ServedFilters(Mutex<Vec<Arc<WasmFilter>>>);
 
-impl std::fmt::Debug for Served {
+impl std::fmt::Debug for ServedFilters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("the filters served")
     }
 }
 
-impl Served {
+impl ServedFilters {
     /// Serves `filters` from now on (each once, though routes share them).
     pub fn set<'a>(&self, filters: impl Iterator<Item = &'a Arc<WasmFilter>>) {
         let mut unique: Vec<Arc<WasmFilter>> = Vec::new();
@@ -101,7 +101,7 @@ impl Served {
     }
 }
 
-impl Collector for Served {
+impl Collector for ServedFilters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats: Vec<FilterStats> = self
             .0
@@ -209,7 +209,7 @@ pub(super) struct Metrics {
     pub connections: Gauge,
     reloads: Family<Reload, Counter>,
     /// The filters of the set being served, for the per-filter metrics.
-    pub served: Arc<Served>,
+    pub served: Arc<ServedFilters>,
 }
 
 impl Metrics {
@@ -254,7 +254,7 @@ impl Metrics {
             "Reloads of the filter set, by outcome",
             Family::<Reload, Counter>::default(),
         );
-        let served = Arc::new(Served::default());
+        let served = Arc::new(ServedFilters::default());
         registry.register_collector(Box::new(served.clone()));
         Metrics {
             served,

@@ -55,7 +55,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use self::metrics::Metrics;
-use self::routes::Served;
+use self::routes::RouteTable;
 
 pub use self::build::RouteError;
 pub use self::handlers::CONVERSATION_HEADER;
@@ -115,15 +115,15 @@ impl Default for GatewayConfig {
 /// new kernel while [`serve`](Gateway::serve) runs.
 #[derive(Clone)]
 pub struct Gateway {
-    shared: Arc<Shared>,
+    shared: Arc<GatewayState>,
 }
 
 /// What every request handler shares.
-struct Shared {
+struct GatewayState {
     config: GatewayConfig,
     /// The routes being served; a request takes its route when it starts
     /// and finishes on it, whatever is swapped in meanwhile.
-    served: RwLock<Served>,
+    served: RwLock<RouteTable>,
     /// Places among the requests served at once.
     places: Arc<Semaphore>,
     /// Requests waiting for a place.
@@ -173,10 +173,10 @@ impl Gateway {
     /// A gateway serving `routes`, each under its model name.
     pub fn new(routes: Vec<Route>, config: GatewayConfig) -> Self {
         Gateway {
-            shared: Arc::new(Shared {
+            shared: Arc::new(GatewayState {
                 places: Arc::new(Semaphore::new(config.max_concurrent)),
                 queued: AtomicUsize::new(0),
-                served: RwLock::new(Served {
+                served: RwLock::new(RouteTable {
                     routes: routes.into(),
                     keys: Arc::new([]),
                 }),
@@ -212,7 +212,7 @@ impl Gateway {
         });
     }
 
-    fn replace(&self, change: impl FnOnce(&mut Served)) {
+    fn replace(&self, change: impl FnOnce(&mut RouteTable)) {
         change(
             &mut self
                 .shared
@@ -250,7 +250,7 @@ impl Gateway {
     }
 }
 
-impl Shared {
+impl GatewayState {
     /// Resolves when the drain runs out.
     async fn cut(&self) {
         let mut cut = self.cut.subscribe();
@@ -266,7 +266,7 @@ impl Shared {
         .at(Origin::terminal("gateway"))
     }
 
-    fn served(&self) -> Served {
+    fn served(&self) -> RouteTable {
         self.served
             .read()
             .unwrap_or_else(PoisonError::into_inner)

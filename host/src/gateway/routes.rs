@@ -9,13 +9,13 @@ use super::wire::ApiError;
 use crate::config::ClientKey;
 
 #[derive(Clone)]
-pub(super) struct Served {
+pub(super) struct RouteTable {
     pub(super) routes: Arc<[Route]>,
     /// The keys clients must present; none: the gateway is open.
     pub(super) keys: Arc<[ClientKey]>,
 }
 
-impl Served {
+impl RouteTable {
     /// The routes `key` may use (all of them without keys).
     pub(super) fn routes_for<'a>(
         &'a self,

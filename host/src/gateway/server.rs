@@ -53,7 +53,7 @@ impl Gateway {
             let _ = stream.set_nodelay(true);
             let service = TowerToHyperService::new(app.clone());
             let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-            let open = Open::count(&self.shared.metrics.connections);
+            let open = OpenConnection::count(&self.shared.metrics.connections);
             tokio::spawn(async move {
                 let _ = connection.await;
                 drop((open, place));
@@ -105,16 +105,16 @@ impl Gateway {
 }
 
 /// An open connection, counted while it lives (whatever ends it).
-pub(super) struct Open(Gauge);
+pub(super) struct OpenConnection(Gauge);
 
-impl Open {
+impl OpenConnection {
     pub(super) fn count(gauge: &Gauge) -> Self {
         gauge.inc();
-        Open(gauge.clone())
+        OpenConnection(gauge.clone())
     }
 }
 
-impl Drop for Open {
+impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.dec();
     }

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
-use super::Shared;
-use super::admission::Place;
-use super::answer::{Answer, run};
+use super::GatewayState;
+use super::admission::ConcurrencyPermit;
+use super::answer::{Responder, run};
 use super::wire::ApiError;
 use crate::config::RouteMode;
 use crate::kernel::Kernel;
@@ -23,7 +23,7 @@ use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TokenBatch};
 
-impl Answer {
+impl Responder {
     /// Server-sent chunks. Nothing is sent before the chat's first event,
     /// so a request that fails before any token gets its status, not a
     /// stream.
@@ -54,7 +54,7 @@ impl Answer {
         );
         let first = tokio::select! {
             first = events.recv() => first,
-            () = self.shared.cut() => Some(Streamed::Done(Err(Shared::cut_error()))),
+            () = self.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
         };
         if let Some(Streamed::Done(Err(error))) = &first {
             return Err(ApiError::chain(error));
@@ -93,7 +93,7 @@ struct Chatting {
     mode: RouteMode,
     deadline: Duration,
     timed_out: ChainError,
-    place: Option<Place>,
+    place: Option<ConcurrencyPermit>,
     backlog: Arc<Unsent>,
     sender: mpsc::UnboundedSender<Streamed>,
 }
@@ -196,7 +196,7 @@ impl TokenSink for Forward {
 
 /// The chunks of one streamed answer, event by event.
 pub(super) struct Chunks {
-    answer: Answer,
+    answer: Responder,
     pending: Option<Streamed>,
     events: mpsc::UnboundedReceiver<Streamed>,
     unsent: Arc<Unsent>,
@@ -217,7 +217,7 @@ impl Chunks {
             Some(event) => Some(event),
             None => tokio::select! {
                 event = self.events.recv() => event,
-                () = self.answer.shared.cut() => Some(Streamed::Done(Err(Shared::cut_error()))),
+                () = self.answer.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
             },
         };
         let chunks = match event {

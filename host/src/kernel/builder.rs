@@ -9,7 +9,7 @@ use crate::agent::ToolLoop;
 use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
-use crate::onion::{Approver, Core, Entry, Filter, Terminal, Turn};
+use crate::onion::{Approver, Core, Filter, KernelFilter, Terminal, Turn};
 use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{ChainError, ErrorKind, ToolSpec};
@@ -58,7 +58,7 @@ pub enum BuildError {
 /// Builds a [`Kernel`].
 #[derive(Default)]
 pub struct KernelBuilder {
-    filters: Vec<Entry>,
+    filters: Vec<KernelFilter>,
     /// By position in `filters`: the wasm filter, `None` for a native one.
     wasm: Vec<Option<Arc<WasmFilter>>>,
     model: Option<Arc<dyn ChatModel>>,
@@ -80,7 +80,7 @@ impl KernelBuilder {
 
     /// Appends one wasm filter.
     pub fn wasm(mut self, filter: Arc<WasmFilter>) -> Self {
-        self.filters.push(Entry {
+        self.filters.push(KernelFilter {
             name: filter.name().into(),
             hooks: filter.hooks().to_vec(),
             init: filter.init_fctx().clone(),
@@ -93,7 +93,7 @@ impl KernelBuilder {
     /// Appends a native (Rust) filter.
     pub fn filter(mut self, filter: impl Filter) -> Self {
         let filter: Arc<dyn Filter> = Arc::new(filter);
-        self.filters.push(Entry {
+        self.filters.push(KernelFilter {
             name: filter.name().into(),
             hooks: filter.hooks().to_vec(),
             init: filter.init_fctx(),

@@ -115,12 +115,12 @@ pub struct Invoke {
 
 /// What a shared-context key was before a write: its value, and the
 /// filter that wrote it with the bytes charged to it.
-pub(crate) struct Before {
+pub(crate) struct PriorValue {
     value: Option<Value>,
     writer: Option<(usize, usize)>,
 }
 
-impl Before {
+impl PriorValue {
     /// Whether the key was absent (a removal of it changes nothing).
     pub(crate) fn absent(&self) -> bool {
         self.value.is_none()
@@ -216,7 +216,7 @@ impl Invoke {
         key: &str,
         value: Option<Value>,
         room: usize,
-    ) -> Option<Before> {
+    ) -> Option<PriorValue> {
         let mut ledger = self.ledger();
         let bytes = value.as_ref().map_or(0, |v| key.len() + v.weight());
         let previous = ledger.writers.get(key).copied();
@@ -241,7 +241,7 @@ impl Invoke {
                 self.context.take(key)
             }
         };
-        Some(Before {
+        Some(PriorValue {
             value,
             writer: previous,
         })
@@ -251,7 +251,7 @@ impl Invoke {
     /// wrote it: its value, charged again to the filter that had written
     /// it. A key another filter has written since (a sibling call of a
     /// concurrent batch) keeps that write.
-    pub(crate) fn restore_context(&self, id: usize, key: &str, before: Before) {
+    pub(crate) fn restore_context(&self, id: usize, key: &str, before: PriorValue) {
         let mut ledger = self.ledger();
         if ledger
             .writers

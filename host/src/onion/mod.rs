@@ -25,7 +25,7 @@ pub use approval::{ApprovalRequest, Approver};
 pub(crate) use chain::Chain;
 pub use chain::{ChainKind, Chat, Next, Tool, Turn};
 pub use filter::{Fctx, Filter, FilterScope, Hook, Terminal};
-pub(crate) use invoke::{Before, Branch, tool_context};
+pub(crate) use invoke::{Branch, PriorValue, tool_context};
 pub use invoke::{Invoke, InvokeOptions};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 
@@ -37,7 +37,7 @@ use crate::context::Reducers;
 use crate::types::{ChainError, ResponseLimits, ToolSpec};
 
 /// A filter of a kernel, native or sandboxed.
-pub(crate) struct Entry {
+pub(crate) struct KernelFilter {
     pub name: Arc<str>,
     pub hooks: Vec<Hook>,
     pub init: Fctx,
@@ -46,7 +46,7 @@ pub(crate) struct Entry {
 
 /// The composed kernel, shared by every invoke.
 pub(crate) struct Core {
-    pub filters: Vec<Entry>,
+    pub filters: Vec<KernelFilter>,
     pub chat: Arc<Chain<Chat>>,
     pub tool: Arc<Chain<Tool>>,
     pub turn: Arc<Chain<Turn>>,
@@ -65,7 +65,7 @@ pub(crate) struct Core {
 impl Core {
     /// Composes the onions of `filters` over their terminals.
     pub(crate) fn compose(
-        filters: Vec<Entry>,
+        filters: Vec<KernelFilter>,
         chat: Arc<dyn Terminal<Chat>>,
         tool: Arc<dyn Terminal<Tool>>,
         turn: Arc<dyn Terminal<Turn>>,
@@ -98,7 +98,7 @@ impl Core {
         invoke: &Arc<Invoke>,
         prompts: Vec<String>,
     ) -> Result<Vec<String>, ChainError> {
-        let shapes = |entry: &Entry| entry.hooks.contains(&Hook::SystemPrompt);
+        let shapes = |entry: &KernelFilter| entry.hooks.contains(&Hook::SystemPrompt);
         if !self.filters.iter().any(shapes) {
             return Ok(prompts.into_iter().filter(|p| !p.is_empty()).collect());
         }
@@ -119,7 +119,7 @@ impl Core {
 }
 
 /// The layers of chain `K`: the filters with its hook, in order.
-fn chain<K: ChainKind>(filters: &[Entry], terminal: Arc<dyn Terminal<K>>) -> Arc<Chain<K>> {
+fn chain<K: ChainKind>(filters: &[KernelFilter], terminal: Arc<dyn Terminal<K>>) -> Arc<Chain<K>> {
     let layers = filters
         .iter()
         .enumerate()

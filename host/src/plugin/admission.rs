@@ -183,7 +183,7 @@ struct LeaseState {
     extra: Vec<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
 
-enum Take {
+enum NextInstance {
     Idle(FilterInstance),
     Create,
     Wait,
@@ -217,10 +217,10 @@ impl Lease {
         loop {
             let returned = self.returned.notified();
             match self.try_take(filter) {
-                Take::Idle(instance) => return Ok(instance),
-                Take::Create => break,
-                Take::Wait => returned.await,
-                Take::Queue => {
+                NextInstance::Idle(instance) => return Ok(instance),
+                NextInstance::Create => break,
+                NextInstance::Wait => returned.await,
+                NextInstance::Queue => {
                     // Nothing reserved and nothing of ours will come back
                     // (a call the reservation did not foresee): wait, as a
                     // new invoke would, for a bounded time.
@@ -243,26 +243,26 @@ impl Lease {
             .inspect_err(|_| self.lost())
     }
 
-    fn try_take(&self, filter: &Arc<WasmFilter>) -> Take {
+    fn try_take(&self, filter: &Arc<WasmFilter>) -> NextInstance {
         let mut state = self.lock();
         if let Some(instance) = state.idle.pop() {
-            return Take::Idle(instance);
+            return NextInstance::Idle(instance);
         }
         if state.live < self.reserved + state.extra.len() {
             state.live += 1;
-            return Take::Create;
+            return NextInstance::Create;
         }
         if let Ok(quota) = filter.quota().clone().try_acquire_owned()
             && let Ok(slot) = filter.engine().slots().clone().try_acquire_owned()
         {
             state.extra.push((quota, slot));
             state.live += 1;
-            return Take::Create;
+            return NextInstance::Create;
         }
         if state.live == 0 {
-            Take::Queue
+            NextInstance::Queue
         } else {
-            Take::Wait
+            NextInstance::Wait
         }
     }
 

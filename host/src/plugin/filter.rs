@@ -15,7 +15,9 @@ use super::Grants;
 use super::Plugin;
 use super::admission::Leased;
 use super::host::{Identity, Scope};
-use super::instance::{Blueprint, Description, Fault, Feed, FilterInstance, WasmChain};
+use super::instance::{
+    Description, Fault, FilterInstance, InstanceTemplate, TransformInput, WasmChain,
+};
 use super::stats::FilterStats;
 use crate::engine::Engine;
 use crate::onion::{Chat, Fctx, Filter, FilterScope, Hook, Next, TokenTransform, Tool, Turn};
@@ -53,7 +55,7 @@ impl Isolation {
 pub struct WasmFilter {
     name: Arc<str>,
     plugin: Arc<Plugin>,
-    blueprint: Blueprint,
+    blueprint: InstanceTemplate,
     description: Description,
     isolation: Isolation,
     engine: Engine,
@@ -85,7 +87,7 @@ impl WasmFilter {
     pub(crate) fn new(
         name: Arc<str>,
         plugin: Arc<Plugin>,
-        blueprint: Blueprint,
+        blueprint: InstanceTemplate,
         description: Description,
         isolation: Isolation,
         engine: Engine,
@@ -423,7 +425,7 @@ struct WasmTokenTransform {
 impl WasmTokenTransform {
     /// A token step or the flush. A transform has no inner layers, so
     /// `timeout_ms` does not apply; its own budgets do.
-    async fn call(&mut self, feed: Feed) -> Result<TokenBatch, ChainError> {
+    async fn call(&mut self, feed: TransformInput) -> Result<TokenBatch, ChainError> {
         if self.leased.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
             return Err(error.at(self.identity.origin(Call::Step)));
@@ -449,11 +451,11 @@ impl WasmTokenTransform {
 #[async_trait]
 impl TokenTransform for WasmTokenTransform {
     async fn step(&mut self, tokens: TokenBatch) -> Result<TokenBatch, ChainError> {
-        self.call(Feed::Step(tokens)).await
+        self.call(TransformInput::Step(tokens)).await
     }
 
     async fn flush(&mut self, end: FinishReason) -> Result<TokenBatch, ChainError> {
-        self.call(Feed::Flush(end)).await
+        self.call(TransformInput::Flush(end)).await
     }
 
     /// Drops the transformer in the guest and returns the instance.

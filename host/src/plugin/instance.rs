@@ -26,7 +26,7 @@ use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, FinishReason, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
 /// Everything needed to make a fresh instance of a configured filter.
-pub(crate) struct Blueprint {
+pub(crate) struct InstanceTemplate {
     pub pre: FilterPre<HostState>,
     pub identity: Arc<Identity>,
     pub limits: Limits,
@@ -41,7 +41,7 @@ pub(crate) struct Blueprint {
 
 /// What a token transformer is given: the next tokens, or the end of the
 /// stream (why the model stopped) to flush at.
-pub(crate) enum Feed {
+pub(crate) enum TransformInput {
     Step(TokenBatch),
     Flush(FinishReason),
 }
@@ -86,7 +86,7 @@ enum Quotas {
 
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
-    pub(crate) async fn create(blueprint: &Blueprint) -> Result<Self, ChainError> {
+    pub(crate) async fn create(blueprint: &InstanceTemplate) -> Result<Self, ChainError> {
         let confinement = Confinement::new(&blueprint.limits, blueprint.grants.clock);
         let state = HostState::new(
             blueprint.identity.clone(),
@@ -270,22 +270,22 @@ impl FilterInstance {
         &mut self,
         scope: Scope,
         transformer: ResourceAny,
-        feed: Feed,
+        feed: TransformInput,
     ) -> Result<Result<TokenBatch, ChainError>, Fault> {
         let (call, taken) = match &feed {
-            Feed::Step(tokens) => (Call::Step, tokens.len()),
-            Feed::Flush(_) => (Call::Flush, 0),
+            TransformInput::Step(tokens) => (Call::Step, tokens.len()),
+            TransformInput::Flush(_) => (Call::Flush, 0),
         };
         let result = self
             .call(call, Some(scope), Quotas::Kept, async |store, exports| {
                 let api = exports.shallot_filter_token_filter();
                 let api = api.token_transformer();
                 match feed {
-                    Feed::Step(tokens) => {
+                    TransformInput::Step(tokens) => {
                         let batch = convert::token_batch(tokens);
                         api.call_step(store, transformer, &batch).await
                     }
-                    Feed::Flush(end) => {
+                    TransformInput::Flush(end) => {
                         store.data_mut().stream_end = Some(convert::finish_reason(end));
                         api.call_flush(store, transformer).await
                     }

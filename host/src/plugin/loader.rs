@@ -14,7 +14,7 @@ use super::Grants;
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
 use super::host::{Granted, HostState, Identity};
-use super::instance::{Blueprint, Description, FilterInstance};
+use super::instance::{Description, FilterInstance, InstanceTemplate};
 use super::stats::Stats;
 use crate::cache::CacheState;
 use crate::engine::{Engine, MAX_MEMORY_MIB};
@@ -338,7 +338,7 @@ pub async fn configure(
             message,
         })?;
     let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
-    let mut blueprint = Blueprint {
+    let mut blueprint = InstanceTemplate {
         pre: plugin.pre.clone(),
         identity: Arc::new(Identity {
             name: provisional.into(),
@@ -378,7 +378,7 @@ pub async fn configure(
 /// asks it to describe itself.
 async fn describe(
     engine: &Engine,
-    blueprint: &Blueprint,
+    blueprint: &InstanceTemplate,
     path: &Path,
     source: &Option<String>,
 ) -> Result<Description, LoadError> {

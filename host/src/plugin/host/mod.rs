@@ -40,7 +40,7 @@ use super::bindings::shallot::filter::types as wit;
 use super::convert;
 use super::stats::Stats;
 use crate::escape::{self, TEXT_CAP};
-use crate::onion::{Before, Branch, Invoke};
+use crate::onion::{Branch, Invoke, PriorValue};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
 use crate::types::{Call, ChainError, Origin};
@@ -126,7 +126,7 @@ pub struct HostState {
     /// is cancelled. A key is kept once however often it is written (a
     /// loop of writes must not grow it), and removing an absent key is not
     /// kept.
-    journal: HashMap<String, Before>,
+    journal: HashMap<String, PriorValue>,
     /// What the operator granted beyond the default imports.
     granted: Granted,
     /// What the current call used of its per-call quotas (in a token
