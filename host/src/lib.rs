@@ -89,8 +89,8 @@ pub use onion::{
 };
 pub use plugin::{
     CallStats, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS,
-    Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
-    compile as compile_plugin, configure as configure_filter, read as read_plugin,
+    Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state, compile_plugin,
+    configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
 pub use store::{

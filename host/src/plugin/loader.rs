@@ -56,7 +56,7 @@ impl Plugin {
 }
 
 /// Reads a plugin file and checks that it is a component, without compiling.
-pub fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+pub fn read_plugin(path: &Path) -> Result<Vec<u8>, LoadError> {
     let bytes = std::fs::read(path).map_err(|error| LoadError::Read {
         path: path.into(),
         error,
@@ -175,7 +175,7 @@ fn bounds(bytes: &[u8]) -> Result<(), Bound> {
 /// Compiles (or loads from the cache) and links a plugin. Blocking and, on
 /// a cache miss, slow for big guests: run it off the async executor. A
 /// file not in the cache is first checked against the size bounds.
-pub fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
+pub fn compile_plugin(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
     let invalid = |e: wasmtime::Error| LoadError::Invalid {
         path: path.into(),
         message: format!("{e:#}"),
@@ -316,7 +316,7 @@ pub struct FilterSpec {
 /// Configures a filter from a compiled plugin: instantiates it once to run
 /// `configure` (so a bad configuration fails here, not on a request) and
 /// `describe`.
-pub async fn configure(
+pub async fn configure_filter(
     engine: &Engine,
     plugin: Arc<Plugin>,
     spec: FilterSpec,

@@ -26,7 +26,8 @@ pub use filter::{Isolation, WasmFilter};
 pub use grants::Grants;
 pub(crate) use instance::FilterInstance;
 pub use loader::{
-    FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile, configure, read,
+    FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile_plugin, configure_filter,
+    read_plugin,
 };
 pub use set::{LoadEvent, PluginSet};
 pub use stats::{CallStats, FilterStats, OWN_TIME_BUCKETS};

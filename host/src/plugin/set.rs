@@ -70,7 +70,7 @@ impl PluginSet {
                     loaded
                 }
             };
-            let filter = loader::configure(engine, plugin, spec).await?;
+            let filter = loader::configure_filter(engine, plugin, spec).await?;
             if !names.insert(filter.name().to_owned()) {
                 return Err(LoadError::DuplicateName {
                     name: filter.name().to_owned(),
@@ -120,11 +120,12 @@ async fn compile(
     path: &Path,
     progress: &mut (dyn FnMut(LoadEvent<'_>) + Send),
 ) -> Result<(Arc<Plugin>, Option<Duration>), LoadError> {
-    let bytes = loader::read(path)?;
+    let bytes = loader::read_plugin(path)?;
     let size = bytes.len() as u64;
     let started = Instant::now();
     let (engine, owned) = (engine.clone(), path.to_path_buf());
-    let mut task = tokio::task::spawn_blocking(move || loader::compile(&engine, &owned, &bytes));
+    let mut task =
+        tokio::task::spawn_blocking(move || loader::compile_plugin(&engine, &owned, &bytes));
     let joined = match tokio::time::timeout(SLOW_COMPILE, &mut task).await {
         Ok(joined) => joined,
         Err(_) => {
