@@ -80,7 +80,7 @@ pub enum OnEnvError {
     Proceed,
     /// The turn pauses ([`InterruptKind::EnvRetry`]) before the batch's
     /// results reach the model: fix the environment, then
-    /// [`Decision::Approve`] runs the failed calls again.
+    /// [`Decision::Approve`](crate::types::Decision::Approve) runs the failed calls again.
     Pause,
 }
 
