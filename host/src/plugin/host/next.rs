@@ -116,6 +116,19 @@ impl HostState {
         K::hand(self, output)
     }
 
+    /// Hands the guest the response of a chat or tool `next` (`what`).
+    fn hand_response<T: Weigh + Send + 'static>(
+        &mut self,
+        output: Option<Result<T, ChainError>>,
+        what: &str,
+    ) -> wasmtime::Result<Result<Resource<T>, wit::FilterError>> {
+        Ok(match output {
+            None => Err(self.misuse(what)),
+            Some(Ok(response)) => self.hand_over(response)?,
+            Some(Err(error)) => Err(self.inner_failed(error)),
+        })
+    }
+
     /// Moves a turn result the guest returned out of its table.
     pub(crate) fn take_turn_result(
         &mut self,
@@ -144,11 +157,7 @@ impl NextCall for Chat {
     type Handed = Result<Resource<ChatResponse>, wit::FilterError>;
 
     fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed> {
-        Ok(match output {
-            None => Err(state.misuse("chat")),
-            Some(Ok(response)) => state.hand_over(response)?,
-            Some(Err(error)) => Err(state.inner_failed(error)),
-        })
+        state.hand_response(output, "chat")
     }
 }
 
@@ -156,11 +165,7 @@ impl NextCall for Tool {
     type Handed = Result<Resource<ToolResponse>, wit::FilterError>;
 
     fn hand(state: &mut HostState, output: Option<Self::Output>) -> wasmtime::Result<Self::Handed> {
-        Ok(match output {
-            None => Err(state.misuse("tool")),
-            Some(Ok(response)) => state.hand_over(response)?,
-            Some(Err(error)) => Err(state.inner_failed(error)),
-        })
+        state.hand_response(output, "tool")
     }
 }
 
