@@ -1,5 +1,6 @@
 //! The Rust SDK's one-function form (`#[shallot_guest::around_chat]` on a
-//! `fn`): a filter with no configuration type, loaded and run like any.
+//! `fn`): a filter with no configuration type, loaded and run like any;
+//! and a wasm filter held by an embedder, which runs only in its own layer.
 
 use serde_json::json;
 use shallot::types::FinishReason;
@@ -31,4 +32,53 @@ async fn a_filter_written_as_one_function_runs_its_hook_and_ignores_any_configur
     assert_eq!(blocked.text(), "blocked");
     assert_eq!(blocked.finish_reason, FinishReason::ContentFiltered);
     assert_eq!(model.calls(), 1);
+}
+
+/// Hands its own rest of the chain to a wasm filter's hook: an embedder's
+/// native filter trying to run a sandboxed filter outside its layer.
+struct Borrower(std::sync::Arc<shallot::WasmFilter>);
+
+#[async_trait::async_trait]
+impl shallot::Filter for Borrower {
+    fn name(&self) -> &str {
+        "borrower"
+    }
+
+    async fn around_chat(
+        &self,
+        request: shallot::types::ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, shallot::ChainError> {
+        shallot::Filter::around_chat(&*self.0, request, next).await
+    }
+}
+
+#[tokio::test]
+async fn a_wasm_filters_hook_runs_only_in_its_own_layer() {
+    let plugins = load(vec![spec("passthrough", "pass", json!(null))]).await;
+    let model = ScriptedModel::answer("fine");
+    let kernel = Kernel::builder()
+        .filter(Borrower(plugins.filters()[0].clone()))
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hello"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, shallot::ErrorKind::InvalidRequest, "{error}");
+    assert!(error.message.contains("its own layer"), "{error}");
+    assert_eq!(model.calls(), 0);
+    // The filter in its own layer still runs.
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    assert_eq!(
+        kernel
+            .chat(ask("hello"), Context::new())
+            .await
+            .unwrap()
+            .text(),
+        "fine"
+    );
 }
