@@ -55,7 +55,7 @@ impl Isolation {
 pub struct WasmFilter {
     name: Arc<str>,
     plugin: Arc<Plugin>,
-    blueprint: InstanceTemplate,
+    template: InstanceTemplate,
     description: Description,
     isolation: Isolation,
     engine: Engine,
@@ -87,7 +87,7 @@ impl WasmFilter {
     pub(crate) fn new(
         name: Arc<str>,
         plugin: Arc<Plugin>,
-        blueprint: InstanceTemplate,
+        template: InstanceTemplate,
         description: Description,
         isolation: Isolation,
         engine: Engine,
@@ -95,9 +95,9 @@ impl WasmFilter {
         WasmFilter {
             name,
             plugin,
-            quota: Arc::new(Semaphore::new(blueprint.limits.instances as usize)),
+            quota: Arc::new(Semaphore::new(template.limits.instances as usize)),
             ordinal: ORDINAL.fetch_add(1, Ordering::Relaxed),
-            blueprint,
+            template,
             description,
             isolation,
             engine,
@@ -137,12 +137,12 @@ impl WasmFilter {
 
     /// The resource limits.
     pub fn limits(&self) -> &Limits {
-        &self.blueprint.limits
+        &self.template.limits
     }
 
     /// The capabilities granted.
     pub fn grants(&self) -> &Grants {
-        &self.blueprint.grants
+        &self.template.grants
     }
 
     /// What it did so far: calls and its own CPU time by call, its own
@@ -150,9 +150,9 @@ impl WasmFilter {
     /// instances ready and in use now. Starts from zero for each loaded
     /// filter (a reload makes new ones).
     pub fn stats(&self) -> FilterStats {
-        let stats = &self.blueprint.identity.stats;
+        let stats = &self.template.identity.stats;
         let (tokens_in, tokens_out) = stats.token_counts();
-        let quota = self.blueprint.limits.instances as usize;
+        let quota = self.template.limits.instances as usize;
         FilterStats {
             name: self.name.to_string(),
             calls: stats.calls(),
@@ -196,7 +196,7 @@ impl WasmFilter {
         }
         match spare {
             Some(instance) => Ok(instance),
-            None => FilterInstance::create(&self.blueprint).await,
+            None => FilterInstance::create(&self.template).await,
         }
     }
 
@@ -226,7 +226,7 @@ impl WasmFilter {
             return;
         }
         if self.isolation == Isolation::Warm {
-            let grown = (self.blueprint.limits.memory_mib as usize) << 19;
+            let grown = (self.template.limits.memory_mib as usize) << 19;
             for instance in instances {
                 if instance.memory() > grown || !self.reserve_idle() {
                     continue;
@@ -261,7 +261,7 @@ impl WasmFilter {
                 };
                 drop(retired);
                 if wanted && filter.reserve_idle() {
-                    match FilterInstance::create(&filter.blueprint).await {
+                    match FilterInstance::create(&filter.template).await {
                         Ok(instance) => filter.spares().ready.push(instance),
                         Err(_) => {
                             // The next request makes its own instance and
@@ -299,7 +299,7 @@ impl WasmFilter {
         // wants it), inside the request's span.
         let call: Call = K::HOOK.into();
         let span = tracing::debug_span!("filter", name = &*self.name, call = call.as_str());
-        let result = match self.blueprint.limits.timeout() {
+        let result = match self.template.limits.timeout() {
             None => leased
                 .instance()
                 .around::<K>(id, request, next)
@@ -332,10 +332,10 @@ impl WasmFilter {
         call: impl Future<Output = Result<Result<T, Fault>, tokio::time::error::Elapsed>>,
         hook: Call,
     ) -> Result<T, ChainError> {
-        let origin = || self.blueprint.identity.origin(hook);
+        let origin = || self.template.identity.origin(hook);
         match call.await {
             Ok(done) => done.map_err(ChainError::from),
-            Err(_) => Err(sandbox::timed_out(&self.blueprint.limits, origin())),
+            Err(_) => Err(sandbox::timed_out(&self.template.limits, origin())),
         }
     }
 }
@@ -406,7 +406,7 @@ impl Filter for WasmFilter {
         let mut leased = Leased::take(invoke, id, self).await?;
         let resource = leased.instance().transformer(invoke.clone(), id).await?;
         Ok(Some(Box::new(WasmTokenTransform {
-            identity: self.blueprint.identity.clone(),
+            identity: self.template.identity.clone(),
             id,
             leased,
             resource,

@@ -86,23 +86,23 @@ enum Quotas {
 
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
-    pub(crate) async fn create(blueprint: &InstanceTemplate) -> Result<Self, ChainError> {
-        let confinement = Confinement::new(&blueprint.limits, blueprint.grants.clock);
+    pub(crate) async fn create(template: &InstanceTemplate) -> Result<Self, ChainError> {
+        let confinement = Confinement::new(&template.limits, template.grants.clock);
         let state = HostState::new(
-            blueprint.identity.clone(),
-            blueprint.limits,
+            template.identity.clone(),
+            template.limits,
             confinement,
-            blueprint.declares,
-            blueprint.granted.clone(),
+            template.declares,
+            template.granted.clone(),
         );
-        let mut store = Store::new(blueprint.pre.engine(), state);
-        sandbox::prepare_store(&mut store, &blueprint.limits);
+        let mut store = Store::new(template.pre.engine(), state);
+        sandbox::prepare_store(&mut store, &template.limits);
         let meter = store.data().confinement.meter().clone();
-        let made = sandbox::metered(meter, blueprint.pre.instantiate_async(&mut store)).await;
+        let made = sandbox::metered(meter, template.pre.instantiate_async(&mut store)).await;
         let exports = match made {
             Ok(exports) => exports,
             Err(e) => {
-                let origin = blueprint.identity.origin(Call::Instantiate);
+                let origin = template.identity.origin(Call::Instantiate);
                 let state = store.data();
                 return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
             }
@@ -111,7 +111,7 @@ impl FilterInstance {
             store,
             exports: Box::new(exports),
         };
-        let config = &*blueprint.config;
+        let config = &*template.config;
         let configured = instance
             .call(
                 Call::Configure,
@@ -132,7 +132,7 @@ impl FilterInstance {
                     escape::printable(&message, TEXT_CAP)
                 ),
             )
-            .at(blueprint.identity.origin(Call::Configure))),
+            .at(template.identity.origin(Call::Configure))),
         }
     }
 

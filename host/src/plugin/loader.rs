@@ -338,7 +338,7 @@ pub async fn configure_filter(
             message,
         })?;
     let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
-    let mut blueprint = InstanceTemplate {
+    let mut template = InstanceTemplate {
         pre: plugin.pre.clone(),
         identity: Arc::new(Identity {
             name: provisional.into(),
@@ -351,7 +351,7 @@ pub async fn configure_filter(
         config,
         declares: plugin.declares,
     };
-    let description = describe(engine, &blueprint, &path, &spec.source).await?;
+    let description = describe(engine, &template, &path, &spec.source).await?;
     let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();
     if name.is_empty() {
         return Err(LoadError::Config {
@@ -359,7 +359,7 @@ pub async fn configure_filter(
             message: "the filter has no name; set `name`".to_owned(),
         });
     }
-    blueprint.identity = Arc::new(Identity {
+    template.identity = Arc::new(Identity {
         name: name.clone(),
         plugin: plugin.path.clone(),
         stats: Stats::default(),
@@ -367,18 +367,18 @@ pub async fn configure_filter(
     Ok(Arc::new(WasmFilter::new(
         name,
         plugin,
-        blueprint,
+        template,
         description,
         spec.isolation,
         engine.clone(),
     )))
 }
 
-/// Makes one instance of `blueprint` in an engine slot, configured, and
+/// Makes one instance of `template` in an engine slot, configured, and
 /// asks it to describe itself.
 async fn describe(
     engine: &Engine,
-    blueprint: &InstanceTemplate,
+    template: &InstanceTemplate,
     path: &Path,
     source: &Option<String>,
 ) -> Result<Description, LoadError> {
@@ -396,7 +396,7 @@ async fn describe(
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-    let mut instance = FilterInstance::create(blueprint).await.map_err(failed)?;
+    let mut instance = FilterInstance::create(template).await.map_err(failed)?;
     instance.describe().await.map_err(failed)
 }
 
