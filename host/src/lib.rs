@@ -26,13 +26,13 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: escape context types sandbox store cache compile engine onion plugin tool model agent kernel config gateway
+//! layers: escape context types sandbox conversation cache compile engine onion plugin tool model agent kernel config gateway
 //!
 //! - `escape`: text from guests, models and clients made safe for a
 //!   terminal, a log line or a JSON line.
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
-//! - `sandbox`, `store`, `cache`, `compile`, `engine`: the wasmtime core
+//! - `sandbox`, `conversation`, `cache`, `compile`, `engine`: the wasmtime core
 //!   (limits, meters, faults; the conversation stores the `memory` grant
 //!   opens; compiled-code cache; out-of-process compiles; the engine and
 //!   its instance slots). No plugin state.
@@ -60,6 +60,7 @@ mod cache;
 mod compile;
 mod config;
 mod context;
+mod conversation;
 mod engine;
 mod escape;
 mod gateway;
@@ -68,7 +69,6 @@ mod model;
 mod onion;
 mod plugin;
 mod sandbox;
-mod store;
 mod tool;
 pub mod types;
 
@@ -76,6 +76,10 @@ pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolL
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::{CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, Reducers, TENANT, USER};
+pub use conversation::{
+    CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,
+    open_store,
+};
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_text};
 pub use gateway::{
@@ -89,12 +93,9 @@ pub use onion::{
 };
 pub use plugin::{
     CallStats, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS,
-    Plugin, PluginSet, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state, compile_plugin,
-    configure_filter, read_plugin,
+    Plugin, PluginSet, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
+    compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
-pub use store::{
-    CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, open_store,
-};
 pub use tool::ToolRegistry;
 pub use types::error::{Call, ChainError, ErrorKind, Origin};

@@ -1344,7 +1344,7 @@ async fn two_replicas_share_a_conversation_through_the_memory_filter_over_redis(
         async move {
             let (path, memory) = spec("memory", "memory", json!(null));
             let grants = shallot::Grants {
-                memory: Some(url),
+                memory: Some(url.into()),
                 ..shallot::Grants::default()
             };
             let plugins = shallot_tests::load_in(

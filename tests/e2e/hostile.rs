@@ -1002,7 +1002,7 @@ async fn abuse_granted(action: &str, grants: Grants) -> ChainError {
 
 fn store_grant(store: &str) -> Grants {
     Grants {
-        memory: Some(store.to_owned()),
+        memory: Some(store.into()),
         ..Grants::default()
     }
 }
@@ -1052,7 +1052,7 @@ async fn a_conversation_keeps_its_latest_bytes_in_every_store() {
         for _ in 0..3 {
             kernel.chat(ask("boom-grow"), Context::new()).await.unwrap();
         }
-        let kept = shallot::open_store(&store)
+        let kept = shallot::open_store(store.as_str())
             .await
             .unwrap()
             .load("boom-grow", usize::MAX)
@@ -1282,8 +1282,8 @@ async fn granted_imports_are_refused_outside_the_calls_they_are_for() {
     let all = Grants {
         sleep_ms: 1000,
         approval: true,
-        trace: Some(path.display().to_string()),
-        memory: Some(":memory:misplaced".to_owned()),
+        trace: Some(path.to_path_buf().into()),
+        memory: Some(":memory:misplaced".into()),
         ..Grants::default()
     };
     for (action, import) in [

@@ -29,7 +29,7 @@ fn conversation(name: &str) -> String {
 fn memory_filter(config: Value, store: &str) -> (PathBuf, FilterSpec) {
     let (path, spec) = spec("memory", "memory", config);
     let grants = Grants {
-        memory: Some(store.to_owned()),
+        memory: Some(store.into()),
         ..Grants::default()
     };
     (path, FilterSpec { grants, ..spec })
@@ -469,7 +469,7 @@ async fn a_resumed_turn_stores_nothing_twice() {
 #[tokio::test]
 async fn a_conversation_over_the_cap_loads_its_latest_messages() {
     let file = sqlite_file("over-the-cap");
-    let store = open_store(&file).await.unwrap();
+    let store = open_store(file.as_str()).await.unwrap();
     let c = conversation("over-the-cap");
     let many: Vec<Message> = (0..12_000)
         .map(|i| Message::user(format!("{i:0>100}")))

@@ -214,7 +214,7 @@ pub fn trace_file(name: &str) -> PathBuf {
 /// Grants tracing to `path` (and the clock, so events carry real times).
 pub fn trace_grant(path: &std::path::Path) -> Grants {
     Grants {
-        trace: Some(path.display().to_string()),
+        trace: Some(path.to_path_buf().into()),
         clock: true,
         ..Grants::default()
     }

@@ -48,12 +48,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::conversation::StoreSpec;
 use crate::engine::Engine;
 use crate::model::OpenAiConfig;
-use crate::plugin::Grants;
 use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
+use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
-use crate::store;
 
 mod gateway;
 
@@ -175,23 +175,13 @@ impl Config {
                     })
                     .transpose()?;
                 let mut grants = entry.grants;
-                // A trace file is the operator's, relative to this file.
-                if let Some(trace) = grants.trace.take() {
-                    let trace = match trace.as_str() {
-                        "stderr" => trace,
-                        path => base.join(expand(path).map_err(bad)?).display().to_string(),
-                    };
-                    grants.trace = Some(trace);
+                // A trace file and a SQLite store are the operator's files,
+                // relative to this file.
+                if let Some(TraceTarget::File(path)) = &mut grants.trace {
+                    *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
                 }
-                // A SQLite store is the operator's file, relative to this file.
-                if let Some(memory) = grants.memory.take() {
-                    grants.memory = Some(if store::Kind::of(&memory) == store::Kind::Sqlite {
-                        base.join(expand(&memory).map_err(bad)?)
-                            .display()
-                            .to_string()
-                    } else {
-                        memory
-                    });
+                if let Some(StoreSpec::Sqlite(path)) = &mut grants.memory {
+                    *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
                 }
                 let spec = FilterSpec {
                     name: entry.name,

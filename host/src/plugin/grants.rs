@@ -1,6 +1,11 @@
 //! What an operator grants a filter beyond the default nothing.
 
+use std::fmt;
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
+
+use crate::conversation::StoreSpec;
 
 /// Capabilities an operator grants a filter beyond the default nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,11 +19,55 @@ pub struct Grants {
     /// Whether the filter may ask the host's approval handler (the
     /// `approval` import).
     pub approval: bool,
-    /// Where the filter's `trace` events go: `"stderr"`, or a file that
-    /// is appended to (created if missing). `None`: no tracing.
-    pub trace: Option<String>,
-    /// The conversation store of the `memory` import: a SQLite file's
-    /// path, a `redis://` URL, or `:memory:` (this process only;
-    /// `:memory:<name>` for another one). `None`: no store.
-    pub memory: Option<String>,
+    /// Where the filter's `trace` events go. `None`: no tracing.
+    pub trace: Option<TraceTarget>,
+    /// The conversation store of the `memory` import. `None`: no store.
+    pub memory: Option<StoreSpec>,
+}
+
+/// Where a filter's `trace` events go, parsed once from the operator's
+/// text: `"stderr"`, else a file's path, appended to (created if missing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum TraceTarget {
+    /// The host's standard error.
+    Stderr,
+    /// A file, one JSON line per event.
+    File(PathBuf),
+}
+
+impl From<&str> for TraceTarget {
+    fn from(target: &str) -> Self {
+        match target {
+            "stderr" => TraceTarget::Stderr,
+            path => TraceTarget::File(path.into()),
+        }
+    }
+}
+
+impl From<String> for TraceTarget {
+    fn from(target: String) -> Self {
+        TraceTarget::from(target.as_str())
+    }
+}
+
+impl From<PathBuf> for TraceTarget {
+    fn from(path: PathBuf) -> Self {
+        TraceTarget::File(path)
+    }
+}
+
+impl From<TraceTarget> for String {
+    fn from(target: TraceTarget) -> Self {
+        target.to_string()
+    }
+}
+
+impl fmt::Display for TraceTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceTarget::Stderr => f.write_str("stderr"),
+            TraceTarget::File(path) => write!(f, "{}", path.display()),
+        }
+    }
 }

@@ -20,10 +20,10 @@ mod loader;
 mod set;
 mod stats;
 
-pub(crate) use admission::{CallKind, admit, need};
+pub(crate) use admission::{admit, need};
 pub use error::LoadError;
 pub use filter::{Isolation, WasmFilter};
-pub use grants::Grants;
+pub use grants::{Grants, TraceTarget};
 pub(crate) use instance::FilterInstance;
 pub use loader::{
     FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile_plugin, configure_filter,

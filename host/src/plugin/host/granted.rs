@@ -18,13 +18,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::FutureExt;
 
 use super::HostState;
+use crate::conversation::{self, ConversationStore, open_store};
 use crate::escape;
 use crate::onion::{ApprovalRequest, Approver};
-use crate::plugin::Grants;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
 use crate::plugin::convert;
-use crate::store::{self, ConversationStore, open_store};
+use crate::plugin::{Grants, TraceTarget};
 use crate::types::{Call, ChainError, Weigh};
 
 /// The largest trace event, in bytes.
@@ -102,14 +102,14 @@ impl Granted {
     /// Opens what `grants` name; a trace file or a store that cannot be
     /// opened is an error naming it.
     pub(crate) async fn open(grants: &Grants) -> Result<Self, String> {
-        let trace = match grants.trace.as_deref() {
+        let trace = match &grants.trace {
             None => None,
-            Some("stderr") => Some(Arc::new(TraceSink::Stderr)),
-            Some(path) => Some(Arc::new(TraceSink::open(Path::new(path))?)),
+            Some(TraceTarget::Stderr) => Some(Arc::new(TraceSink::Stderr)),
+            Some(TraceTarget::File(path)) => Some(Arc::new(TraceSink::open(path)?)),
         };
-        let memory = match grants.memory.as_deref() {
+        let memory = match &grants.memory {
             None => None,
-            Some(spec) => Some(open_store(spec).await?),
+            Some(spec) => Some(open_store(spec.clone()).await?),
         };
         Ok(Granted {
             sleep_ms: grants.sleep_ms,
@@ -467,7 +467,7 @@ impl memory::Host for HostState {
         // What one call writes is bounded like what it makes the host
         // hold, as the store keeps it (its encoding can be several times
         // what the guest handed over), so a loop cannot flood the store.
-        let stored = store::stored_size(&conversation, &messages);
+        let stored = conversation::stored_size(&conversation, &messages);
         self.quotas.stored_bytes = self.quotas.stored_bytes.saturating_add(stored);
         if self.quotas.stored_bytes > self.limits.host_bytes() {
             let message = format!(

@@ -24,10 +24,13 @@ mod redis;
 mod sqlite;
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::types::{ChainError, ErrorKind, Message, Weigh};
 
@@ -62,48 +65,76 @@ pub trait ConversationStore: Send + Sync + 'static {
     async fn clear(&self, conversation: &str) -> Result<(), ChainError>;
 }
 
-/// Which kind of store a `grants.memory` spec names.
-#[derive(PartialEq, Eq)]
-pub(crate) enum Kind {
-    InProcess,
-    Redis,
-    /// A file's path.
-    Sqlite,
+/// Which conversation store a filter's `grants.memory` names, parsed
+/// once from the operator's text: `:memory:` (or `:memory:<name>`), a
+/// `redis://` or `rediss://` URL, else a SQLite file's path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum StoreSpec {
+    /// A store in this process, by name (`""` for `:memory:` itself).
+    InProcess(String),
+    /// A Redis server's URL.
+    Redis(String),
+    /// An SQLite file, created when the filter loads.
+    Sqlite(PathBuf),
 }
 
-impl Kind {
-    pub(crate) fn of(spec: &str) -> Self {
-        if spec.starts_with(":memory:") {
-            Kind::InProcess
+impl From<&str> for StoreSpec {
+    fn from(spec: &str) -> Self {
+        if let Some(name) = spec.strip_prefix(":memory:") {
+            StoreSpec::InProcess(name.to_owned())
         } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-            Kind::Redis
+            StoreSpec::Redis(spec.to_owned())
         } else {
-            Kind::Sqlite
+            StoreSpec::Sqlite(spec.into())
+        }
+    }
+}
+
+impl From<String> for StoreSpec {
+    fn from(spec: String) -> Self {
+        StoreSpec::from(spec.as_str())
+    }
+}
+
+impl From<StoreSpec> for String {
+    fn from(spec: StoreSpec) -> Self {
+        spec.to_string()
+    }
+}
+
+impl fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreSpec::InProcess(name) => write!(f, ":memory:{name}"),
+            StoreSpec::Redis(url) => f.write_str(url),
+            StoreSpec::Sqlite(path) => write!(f, "{}", path.display()),
         }
     }
 }
 
 /// Opens the store `spec` names, or shares the one already open.
-pub async fn open_store(spec: &str) -> Result<Arc<dyn ConversationStore>, String> {
-    static OPEN: Mutex<Option<HashMap<String, Weak<dyn ConversationStore>>>> = Mutex::new(None);
+pub async fn open_store(spec: impl Into<StoreSpec>) -> Result<Arc<dyn ConversationStore>, String> {
+    static OPEN: Mutex<Option<HashMap<StoreSpec, Weak<dyn ConversationStore>>>> = Mutex::new(None);
+    let spec = spec.into();
     if let Some(store) = OPEN
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get_or_insert_default()
-        .get(spec)
+        .get(&spec)
         .and_then(Weak::upgrade)
     {
         return Ok(store);
     }
-    let store: Arc<dyn ConversationStore> = match Kind::of(spec) {
-        Kind::InProcess => Arc::new(InProcess::default()),
-        Kind::Redis => Arc::new(redis::Redis::open(spec).await?),
-        Kind::Sqlite => Arc::new(sqlite::Sqlite::open(std::path::Path::new(spec)).await?),
+    let store: Arc<dyn ConversationStore> = match &spec {
+        StoreSpec::InProcess(_) => Arc::new(InProcess::default()),
+        StoreSpec::Redis(url) => Arc::new(redis::Redis::open(url).await?),
+        StoreSpec::Sqlite(path) => Arc::new(sqlite::Sqlite::open(path).await?),
     };
     OPEN.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get_or_insert_default()
-        .insert(spec.to_owned(), Arc::downgrade(&store));
+        .insert(spec, Arc::downgrade(&store));
     Ok(store)
 }
 
