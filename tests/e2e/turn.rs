@@ -116,7 +116,7 @@ struct Pausing(bool);
 
 #[async_trait]
 impl Terminal<Turn> for Pausing {
-    async fn call(&self, _: TurnRequest, _: &Arc<Invoke>) -> TurnResult {
+    async fn call(&self, _: TurnRequest, _: &Arc<Invoke>, _: &Context) -> TurnResult {
         if self.0 {
             TurnResult::Interrupt(TurnInterrupt::new("needs approval", None))
         } else {

@@ -75,6 +75,7 @@ impl Terminal<Chat> for ModelTerminal {
         &self,
         mut request: ChatRequest,
         invoke: &Arc<Invoke>,
+        context: &Context,
     ) -> Result<ChatResponse, ChainError> {
         invoke.offer(request.tools.clone());
         // The system prompts are the innermost layer: after every filter.
@@ -91,12 +92,12 @@ impl Terminal<Chat> for ModelTerminal {
             }
         }
         let Some(sink) = invoke.sink() else {
-            let response = self.model.chat(&request, invoke.context()).await?;
+            let response = self.model.chat(&request, context).await?;
             self.check(&response)?;
             return Ok(response);
         };
         let mut tokens = TokenStream::open(invoke, sink.clone()).await?;
-        match self.pump(&request, invoke.context(), &mut tokens).await {
+        match self.pump(&request, context, &mut tokens).await {
             Ok(response) => {
                 tokens.finish(response.finish_reason).await?;
                 Ok(response)

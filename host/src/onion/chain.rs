@@ -28,6 +28,13 @@ pub trait ChainKind: Send + Sync + Sized + 'static {
     /// What its terminal is called in errors.
     const TERMINAL: &'static str;
 
+    /// How many hook calls of one filter an invoke that starts with this
+    /// chain can have on its stack at once, given which hooks it `has`
+    /// (and whether the invoke streams): one per chain the invoke can
+    /// nest. An invoke reserves that many instances of the filter.
+    #[doc(hidden)]
+    fn depth(has: &dyn Fn(Hook) -> bool, streamed: bool) -> usize;
+
     /// The output for a failure.
     fn fail(error: ChainError) -> Self::Output;
 
@@ -57,6 +64,10 @@ impl ChainKind for Chat {
     const HOOK: Hook = Hook::AroundChat;
     const TERMINAL: &'static str = "model";
 
+    fn depth(has: &dyn Fn(Hook) -> bool, streamed: bool) -> usize {
+        has(Hook::AroundChat) as usize + (streamed && has(Hook::TokenTransform)) as usize
+    }
+
     fn fail(error: ChainError) -> Self::Output {
         Err(error)
     }
@@ -76,6 +87,10 @@ impl ChainKind for Tool {
     const HOOK: Hook = Hook::AroundTool;
     const TERMINAL: &'static str = "tools";
 
+    fn depth(has: &dyn Fn(Hook) -> bool, _: bool) -> usize {
+        has(Hook::AroundTool) as usize
+    }
+
     fn fail(error: ChainError) -> Self::Output {
         Err(error)
     }
@@ -94,6 +109,12 @@ impl ChainKind for Turn {
     type Output = TurnResult;
     const HOOK: Hook = Hook::AroundTurn;
     const TERMINAL: &'static str = "turn";
+
+    /// The tool loop calls the chat chain and the tool chain, one at a
+    /// time.
+    fn depth(has: &dyn Fn(Hook) -> bool, streamed: bool) -> usize {
+        has(Hook::AroundTurn) as usize + Chat::depth(has, streamed).max(Tool::depth(has, streamed))
+    }
 
     fn fail(error: ChainError) -> Self::Output {
         TurnResult::Error(error)
@@ -136,6 +157,9 @@ pub struct Next<K: ChainKind> {
     /// The batch branch private contexts are read and written in, for a
     /// call of a concurrent tool batch.
     branch: Option<Arc<Branch>>,
+    /// The view of the shared context the terminal writes to, for a call
+    /// of a tool batch; otherwise the invoke's context.
+    writes_to: Option<Context>,
 }
 
 impl<K: ChainKind> Clone for Next<K> {
@@ -146,6 +170,7 @@ impl<K: ChainKind> Clone for Next<K> {
             layer: self.layer,
             invoke: self.invoke.clone(),
             branch: self.branch.clone(),
+            writes_to: self.writes_to.clone(),
         }
     }
 }
@@ -159,12 +184,20 @@ impl<K: ChainKind> Next<K> {
             layer: None,
             invoke,
             branch: None,
+            writes_to: None,
         }
     }
 
     /// The same, reading and writing private contexts in `branch`.
     pub(crate) fn in_branch(mut self, branch: Arc<Branch>) -> Self {
         self.branch = Some(branch);
+        self
+    }
+
+    /// The same, its terminal reading and writing `view` of the shared
+    /// context.
+    pub(crate) fn writing_to(mut self, view: Context) -> Self {
+        self.writes_to = Some(view);
         self
     }
 
@@ -252,7 +285,8 @@ impl<K: ChainKind> Next<K> {
         let Some(layer) = self.chain.layers.get(self.index) else {
             // A terminal's panic (a custom one, or a host bug) is its own
             // error, not blamed on the native filter around it.
-            let call = self.chain.terminal.call(request, &self.invoke);
+            let context = self.writes_to.as_ref().unwrap_or(self.invoke.context());
+            let call = self.chain.terminal.call(request, &self.invoke, context);
             let terminal = K::TERMINAL;
             let mut output = match AssertUnwindSafe(call).catch_unwind().await {
                 Ok(output) => output,

@@ -188,7 +188,11 @@ impl FilterScope {
 /// The innermost part of a chain: the model, the tool registry, the loop.
 #[async_trait]
 pub trait Terminal<K: ChainKind>: Send + Sync + 'static {
-    /// Runs the request. `invoke` gives the shared context and, for the
-    /// turn terminal, the chat and tool chains of the same invoke.
-    async fn call(&self, request: K::Request, invoke: &Arc<Invoke>) -> K::Output;
+    /// Runs the request. `invoke` gives, for the turn terminal, the chat
+    /// and tool chains of the same invoke. `context` is the shared context
+    /// this call reads and writes: the invoke's, or, for a call in a batch
+    /// of tool calls, the call's own view of it, folded into the invoke's
+    /// when the batch ends.
+    async fn call(&self, request: K::Request, invoke: &Arc<Invoke>, context: &Context)
+    -> K::Output;
 }

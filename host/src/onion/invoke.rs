@@ -18,7 +18,7 @@ use serde_json::Value;
 
 mod batch;
 
-pub(crate) use batch::{Branch, tool_context};
+pub(crate) use batch::Branch;
 
 use super::{Core, Fctx, Next, TokenSink};
 use crate::context::Context;

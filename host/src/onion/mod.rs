@@ -25,7 +25,7 @@ pub use approval::{ApprovalRequest, Approver};
 pub(crate) use chain::Chain;
 pub use chain::{ChainKind, Chat, Next, Tool, Turn};
 pub use filter::{Fctx, Filter, FilterScope, Hook, Terminal};
-pub(crate) use invoke::{Branch, PriorValue, tool_context};
+pub(crate) use invoke::{Branch, PriorValue};
 pub use invoke::{Invoke, InvokeOptions};
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 

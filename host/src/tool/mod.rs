@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::context::Context;
-use crate::onion::{Invoke, tool_context};
+use crate::onion::Invoke;
 use crate::onion::{Terminal, Tool};
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ToolRequest, ToolResponse, ToolSpec};
@@ -96,7 +96,8 @@ impl Terminal<Tool> for ToolRegistry {
     async fn call(
         &self,
         request: ToolRequest,
-        invoke: &Arc<Invoke>,
+        _: &Arc<Invoke>,
+        context: &Context,
     ) -> Result<ToolResponse, ChainError> {
         let name = &request.tool.name;
         let tool = self.tools.get(name).ok_or_else(|| {
@@ -133,10 +134,7 @@ impl Terminal<Tool> for ToolRegistry {
         let mut tries = 0;
         loop {
             let within = request.tool.timeout_ms;
-            match tool
-                .run(arguments.clone(), tool_context(invoke), within)
-                .await
-            {
+            match tool.run(arguments.clone(), context.clone(), within).await {
                 Ok(output) => return Ok(ToolResponse::json(&output)),
                 Err(e)
                     if tries < tool.spec.retries

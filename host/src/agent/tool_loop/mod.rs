@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::history::{History, MemoryHistory};
-use crate::context::CONVERSATION_ID;
+use crate::context::{CONVERSATION_ID, Context};
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
 use crate::types::{ChainError, ErrorKind};
@@ -372,7 +372,7 @@ pub struct Paused {
 
 #[async_trait]
 impl Terminal<Turn> for ToolLoop {
-    async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>) -> TurnResult {
+    async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>, _: &Context) -> TurnResult {
         let tools = invoke.core().tools.as_slice();
         let offered: Arc<Vec<ToolSpec>> = Arc::new(tools.iter().map(|t| (**t).clone()).collect());
         let history = self.history.as_ref();

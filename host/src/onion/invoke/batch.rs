@@ -32,10 +32,10 @@ impl Invoke {
                 .zip(&branches)
                 .zip(&views)
                 .map(|((request, branch), view)| {
-                    let call = Next::start(self.core.tool.clone(), self.clone())
+                    Next::start(self.core.tool.clone(), self.clone())
                         .in_branch(branch.clone())
-                        .call(request);
-                    TOOL_CONTEXT.scope(view.clone(), call)
+                        .writing_to(view.clone())
+                        .call(request)
                 });
         let mut batch = Batch {
             invoke: self,
@@ -60,7 +60,8 @@ impl Invoke {
         let views: Vec<Context> = requests.iter().map(|_| self.context.view()).collect();
         let mut results = Vec::with_capacity(requests.len());
         for (request, view) in requests.into_iter().zip(&views) {
-            results.push(TOOL_CONTEXT.scope(view.clone(), self.tool(request)).await);
+            let call = Next::start(self.core.tool.clone(), self.clone()).writing_to(view.clone());
+            results.push(call.call(request).await);
         }
         self.fold_writes(&views, &results);
         results
@@ -83,19 +84,6 @@ impl Invoke {
             );
         }
     }
-}
-
-tokio::task_local! {
-    /// The view of the shared context the tool call being run writes to.
-    static TOOL_CONTEXT: Context;
-}
-
-/// The context a tool handler gets: its call's view in a batch of the
-/// tool loop, else the invoke's shared context.
-pub(crate) fn tool_context(invoke: &Invoke) -> Context {
-    TOOL_CONTEXT
-        .try_with(Context::clone)
-        .unwrap_or_else(|_| invoke.context().clone())
 }
 
 /// A concurrent tool batch while it runs. When it ends, its calls' FCtx
