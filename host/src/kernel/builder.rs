@@ -9,8 +9,8 @@ use crate::agent::ToolLoop;
 use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
-use crate::onion::{Approver, Core, Filter, KernelFilter, Terminal, Turn};
-use crate::plugin::{self, CallKind, PluginSet, WasmFilter};
+use crate::onion::{Approver, Chat, Core, Filter, KernelFilter, Terminal, Tool, Turn};
+use crate::plugin::{self, PluginSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{ChainError, ErrorKind, ToolSpec};
 
@@ -236,10 +236,15 @@ impl KernelBuilder {
         }
         if let Some(engine) = &engine {
             let mut total = 0;
-            for call in CallKind::ALL {
+            let starts = [
+                plugin::need::<Chat>,
+                plugin::need::<Tool>,
+                plugin::need::<Turn>,
+            ];
+            for need_in in starts {
                 let mut sum = 0;
                 for filter in self.wasm.iter().flatten() {
-                    let need = plugin::need(filter.hooks(), call, true);
+                    let need = need_in(filter.hooks(), true);
                     let have = filter.limits().instances;
                     if need > have as usize {
                         return Err(BuildError::TooFewInstances {

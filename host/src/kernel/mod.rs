@@ -14,8 +14,10 @@ mod builder;
 pub use builder::{BuildError, KernelBuilder};
 
 use crate::context::Context;
-use crate::onion::{Core, Hook, Invoke, InvokeOptions, Next, TokenSink, TokenStream};
-use crate::plugin::{self, CallKind, WasmFilter};
+use crate::onion::{
+    ChainKind, Chat, Core, Hook, Invoke, InvokeOptions, Next, TokenSink, TokenStream, Tool, Turn,
+};
+use crate::plugin::{self, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Origin, Resumable,
@@ -82,7 +84,7 @@ impl Kernel {
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
-        let invoke = self.admit(CallKind::Chat, options.into(), None).await?;
+        let invoke = self.admit::<Chat>(options.into(), None).await?;
         invoke.chat(request).await
     }
 
@@ -111,7 +113,7 @@ impl Kernel {
             )
             .at(Origin::terminal("tools"))
         })?;
-        let invoke = self.admit(CallKind::Tool, options.into(), None).await?;
+        let invoke = self.admit::<Tool>(options.into(), None).await?;
         invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
             .await
@@ -124,7 +126,7 @@ impl Kernel {
         request: TurnRequest,
         options: impl Into<InvokeOptions>,
     ) -> TurnResult {
-        match self.admit(CallKind::Turn, options.into(), None).await {
+        match self.admit::<Turn>(options.into(), None).await {
             Ok(invoke) => {
                 let result = Next::start(self.core.turn.clone(), invoke.clone())
                     .call(request)
@@ -154,7 +156,7 @@ impl Kernel {
     ) -> Result<TokenStream, ChainError> {
         let options = InvokeOptions::from(context).stream_to(sink);
         let sink = options.sink.clone().expect("just set");
-        let invoke = self.admit(CallKind::Chat, options, None).await?;
+        let invoke = self.admit::<Chat>(options, None).await?;
         TokenStream::open(&invoke, sink).await
     }
 
@@ -206,10 +208,7 @@ impl Kernel {
             let error = ChainError::new(ErrorKind::InvalidRequest, message);
             return TurnResult::Error(error.at(Origin::terminal("kernel")));
         };
-        let invoke = match self
-            .admit(CallKind::Turn, options.into(), Some(&paused))
-            .await
-        {
+        let invoke = match self.admit::<Turn>(options.into(), Some(&paused)).await {
             Ok(invoke) => invoke,
             Err(error) => return TurnResult::Error(error),
         };
@@ -245,14 +244,13 @@ impl Kernel {
     /// Starts an invoke: reserves its instances (waiting, for a bounded
     /// time, while they are taken) and sets up its state, going on from
     /// `paused`'s (a paused turn's) when given.
-    async fn admit(
+    async fn admit<K: ChainKind>(
         &self,
-        call: CallKind,
         options: InvokeOptions,
         paused: Option<&Resumable>,
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
-        let admission = plugin::admit(&self.wasm, call, streamed).await?;
+        let admission = plugin::admit::<K>(&self.wasm, streamed).await?;
         let mut extensions = http::Extensions::new();
         extensions.insert(Arc::new(admission));
         let invoke = Arc::new(Invoke::new(
@@ -271,7 +269,7 @@ impl Kernel {
                 }
             }
         }
-        if call != CallKind::Tool {
+        if K::HOOK != Tool::HOOK {
             let prompts = self
                 .core
                 .system_prompts(&invoke, options.system_prompts)

@@ -28,35 +28,21 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{FilterInstance, WasmFilter};
-use crate::onion::{Hook, Invoke};
+use crate::onion::{ChainKind, Hook, Invoke};
 use crate::types::{ChainError, ErrorKind, Origin};
 
-/// What an invoke starts with; decides how many instances it reserves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CallKind {
-    Chat,
-    Tool,
-    Turn,
-}
-
-impl CallKind {
-    pub(crate) const ALL: [CallKind; 3] = [CallKind::Chat, CallKind::Tool, CallKind::Turn];
-}
-
-/// Instances a filter with `hooks` may need at once in one invoke of
-/// `call`: one per level at which it can be on the stack.
-pub(crate) fn need(hooks: &[Hook], call: CallKind, stream: bool) -> usize {
-    let has = |hook| hooks.contains(&hook) as usize;
-    let token = if stream { has(Hook::TokenTransform) } else { 0 };
-    let chat = has(Hook::AroundChat) + token;
-    let chains = match call {
-        CallKind::Chat => chat,
-        CallKind::Tool => return has(Hook::AroundTool),
-        CallKind::Turn => has(Hook::AroundTurn) + chat.max(has(Hook::AroundTool)),
-    };
-    // The system prompt is shaped before the chains run, and its instance
-    // is back before they start.
-    chains.max(has(Hook::SystemPrompt))
+/// Instances a filter with `hooks` may need at once in one invoke that
+/// starts with chain `K`: one per level at which it can be on the stack.
+pub(crate) fn need<K: ChainKind>(hooks: &[Hook], stream: bool) -> usize {
+    let has = |hook| hooks.contains(&hook);
+    let chains = K::depth(&has, stream);
+    // The system prompt is shaped before the chains run (for any but a
+    // lone tool call), and its instance is back before they start.
+    if K::HOOK == Hook::AroundTool {
+        chains
+    } else {
+        chains.max(has(Hook::SystemPrompt) as usize)
+    }
 }
 
 /// The error for a wait that outlived the engine's queue timeout.
@@ -122,17 +108,16 @@ impl Drop for Admission {
     }
 }
 
-/// Reserves what an invoke of `call` through `filters` (by position, `None`
-/// for a native filter) may need, waiting at most the engine's queue
-/// timeout for each quota and for the engine's slots.
-pub(crate) async fn admit(
+/// Reserves what an invoke that starts with chain `K` through `filters`
+/// (by position, `None` for a native filter) may need, waiting at most the
+/// engine's queue timeout for each quota and for the engine's slots.
+pub(crate) async fn admit<K: ChainKind>(
     filters: &[Option<Arc<WasmFilter>>],
-    call: CallKind,
     stream: bool,
 ) -> Result<Admission, ChainError> {
     let needs: Vec<usize> = filters
         .iter()
-        .map(|filter| filter.as_ref().map_or(0, |f| need(f.hooks(), call, stream)))
+        .map(|filter| filter.as_ref().map_or(0, |f| need::<K>(f.hooks(), stream)))
         .collect();
     let mut order: Vec<(&Arc<WasmFilter>, usize)> = filters
         .iter()
@@ -348,24 +333,24 @@ impl Drop for Leased {
 
 #[cfg(test)]
 mod tests {
-    use super::{CallKind, need};
-    use crate::onion::Hook;
+    use super::need;
+    use crate::onion::{Chat, Hook, Tool, Turn};
 
     #[test]
     fn a_system_prompt_hook_needs_an_instance_in_chats_and_turns() {
         let hooks = [Hook::SystemPrompt];
-        assert_eq!(need(&hooks, CallKind::Chat, false), 1);
-        assert_eq!(need(&hooks, CallKind::Turn, true), 1);
-        assert_eq!(need(&hooks, CallKind::Tool, false), 0);
+        assert_eq!(need::<Chat>(&hooks, false), 1);
+        assert_eq!(need::<Turn>(&hooks, true), 1);
+        assert_eq!(need::<Tool>(&hooks, false), 0);
     }
 
     #[test]
     fn a_filter_needs_one_instance_per_level_it_can_be_on_the_stack() {
         let all = Hook::ALL;
-        assert_eq!(need(&all, CallKind::Turn, true), 3);
-        assert_eq!(need(&all, CallKind::Turn, false), 2);
-        assert_eq!(need(&all, CallKind::Chat, true), 2);
-        assert_eq!(need(&[Hook::AroundTool], CallKind::Turn, false), 1);
-        assert_eq!(need(&[Hook::TokenTransform], CallKind::Chat, false), 0);
+        assert_eq!(need::<Turn>(&all, true), 3);
+        assert_eq!(need::<Turn>(&all, false), 2);
+        assert_eq!(need::<Chat>(&all, true), 2);
+        assert_eq!(need::<Turn>(&[Hook::AroundTool], false), 1);
+        assert_eq!(need::<Chat>(&[Hook::TokenTransform], false), 0);
     }
 }
