@@ -1,7 +1,8 @@
 // shallot-filter: write a shallot filter in JavaScript.
 //
 // Extend `Filter`, override the hooks you need (the others pass through and
-// are never called), and export the component's interfaces:
+// are never called), name it with `exportFilter`, and re-export this module
+// (which holds the component's interfaces):
 //
 //   import { Filter, FilterError, exportFilter, next, textOf } from './shallot.js';
 //
@@ -16,8 +17,8 @@
 //     }
 //   }
 //
-//   export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } =
-//     exportFilter(Guard);
+//   exportFilter(Guard);
+//   export * from './shallot.js';
 //
 // Build with componentize-js against shallot's wit/ (see docs/book/writing-filters-javascript.md), with
 // this file beside app.js. A hook gets the host-owned request and the
@@ -250,68 +251,87 @@ function guarded(call) {
   }
 }
 
-/** The component's exports, bound to `FilterClass`. */
-export function exportFilter(FilterClass) {
-  let current = null;
-  const filter = () => {
-    if (!current) throw new FilterError('internal', 'the host called a hook before configure');
-    return current;
-  };
+// The filter class `exportFilter` named, and its instance once configured.
+let FilterClass = null;
+let current = null;
 
-  class TokenTransformer {
-    #transform = filter().tokenTransform();
+/** Makes `filterClass` (a subclass of `Filter`) the component's filter.
+ * Call it once in app.js, then re-export this module
+ * (`export * from './shallot.js';`), which holds the interfaces below. */
+export function exportFilter(filterClass) {
+  FilterClass = filterClass;
+}
 
-    step(batch) {
-      const out = new TokenOut();
-      guarded(() => this.#transform.step(tokensOf(batch), out));
-      return out.batch();
-    }
+function filter() {
+  if (!current) throw new FilterError('internal', 'the host called a hook before configure');
+  return current;
+}
 
-    flush() {
-      const out = new TokenOut();
-      guarded(() => this.#transform.flush(out));
-      return out.batch();
-    }
+class TokenTransformer {
+  #transform = filter().tokenTransform();
+
+  step(batch) {
+    const out = new TokenOut();
+    guarded(() => this.#transform.step(tokensOf(batch), out));
+    return out.batch();
   }
 
-  return {
-    plugin: {
-      configure(config) {
-        try {
-          current = new FilterClass(JSON.parse(config));
-        } catch (e) {
-          throw String(e && e.message ? e.message : e);
-        }
-      },
-      describe() {
-        const f = filter();
-        const hooks = Object.entries(HOOKS)
-          .filter(([method, hook]) => f[method] !== Filter.prototype[method] && f.wants(hook))
-          .map(([, hook]) => hook);
-        return {
-          name: FilterClass.filterName,
-          version: FilterClass.version,
-          initFctx: JSON.stringify(f.initFctx() ?? null),
-          hooks,
-        };
-      },
-    },
-    chatFilter: { aroundChat: (request) => guarded(() => filter().aroundChat(request, fctx)) },
-    toolFilter: { aroundTool: (request) => guarded(() => filter().aroundTool(request, fctx)) },
-    turnFilter: {
-      aroundTurn(request) {
-        beginHook();
-        try {
-          const result = filter().aroundTurn(request, fctx);
-          const nth = turnErrors.get(result);
-          if (nth !== undefined) wnext.passOn(nth);
-          return result;
-        } catch (e) {
-          return { tag: 'error', val: asWitError(e) };
-        }
-      },
-    },
-    systemPromptFilter: { systemPrompt: (prompt) => guarded(() => filter().systemPrompt(prompt)) },
-    tokenFilter: { TokenTransformer },
-  };
+  flush() {
+    const out = new TokenOut();
+    guarded(() => this.#transform.flush(out));
+    return out.batch();
+  }
 }
+
+// The WIT interfaces the component exports, over the configured filter.
+
+export const plugin = {
+  configure(config) {
+    if (!FilterClass) throw 'app.js names no filter: call exportFilter(YourFilter) in it';
+    try {
+      current = new FilterClass(JSON.parse(config));
+    } catch (e) {
+      throw String(e && e.message ? e.message : e);
+    }
+  },
+  describe() {
+    const f = filter();
+    const hooks = Object.entries(HOOKS)
+      .filter(([method, hook]) => f[method] !== Filter.prototype[method] && f.wants(hook))
+      .map(([, hook]) => hook);
+    return {
+      name: FilterClass.filterName,
+      version: FilterClass.version,
+      initFctx: JSON.stringify(f.initFctx() ?? null),
+      hooks,
+    };
+  },
+};
+
+export const chatFilter = {
+  aroundChat: (request) => guarded(() => filter().aroundChat(request, fctx)),
+};
+
+export const toolFilter = {
+  aroundTool: (request) => guarded(() => filter().aroundTool(request, fctx)),
+};
+
+export const turnFilter = {
+  aroundTurn(request) {
+    beginHook();
+    try {
+      const result = filter().aroundTurn(request, fctx);
+      const nth = turnErrors.get(result);
+      if (nth !== undefined) wnext.passOn(nth);
+      return result;
+    } catch (e) {
+      return { tag: 'error', val: asWitError(e) };
+    }
+  },
+};
+
+export const systemPromptFilter = {
+  systemPrompt: (prompt) => guarded(() => filter().systemPrompt(prompt)),
+};
+
+export const tokenFilter = { TokenTransformer };

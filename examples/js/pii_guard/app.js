@@ -45,4 +45,5 @@ class PiiGuard extends Filter {
   }
 }
 
-export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } = exportFilter(PiiGuard);
+exportFilter(PiiGuard);
+export * from './shallot.js';

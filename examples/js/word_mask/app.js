@@ -55,4 +55,5 @@ class WordMask extends Filter {
   }
 }
 
-export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } = exportFilter(WordMask);
+exportFilter(WordMask);
+export * from './shallot.js';

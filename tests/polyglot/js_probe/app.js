@@ -125,4 +125,5 @@ class Probe extends Filter {
   }
 }
 
-export const { plugin, chatFilter, toolFilter, turnFilter, systemPromptFilter, tokenFilter } = exportFilter(Probe);
+exportFilter(Probe);
+export * from './shallot.js';
