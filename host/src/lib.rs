@@ -7,12 +7,12 @@
 //! hostile or broken filter fails its own request and nothing else.
 //!
 //! ```no_run
-//! use shallot::{Context, Engine, EngineConfig, Kernel, PluginSet};
+//! use shallot::{Context, Engine, EngineConfig, Kernel, FilterSet};
 //! use shallot::types::{ChatRequest, Message};
 //!
 //! # async fn run() -> anyhow::Result<()> {
 //! let engine = Engine::new(EngineConfig::default())?;
-//! let plugins = PluginSet::from_dir(&engine, "plugins".as_ref(), &mut |_| {}).await?;
+//! let plugins = FilterSet::from_dir(&engine, "plugins".as_ref(), &mut |_| {}).await?;
 //! let kernel = Kernel::builder().plugins(&plugins).build()?;
 //! let response = kernel.chat(ChatRequest::new(vec![Message::user("hello")]), Context::new()).await?;
 //! println!("{}", response.text());
@@ -92,8 +92,8 @@ pub use onion::{
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    CallStats, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent, OWN_TIME_BUCKETS,
-    Plugin, PluginSet, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
+    CallStats, FilterSet, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent,
+    OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
     compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;

@@ -17,7 +17,7 @@ use crate::agent::{done, go, reviser, tool_texts};
 /// A kernel builder that pauses before the sensitive `delete` tool, with
 /// `delete` and `list`; how often `delete` ran.
 fn approval_builder(
-    plugins: &shallot::PluginSet,
+    plugins: &shallot::FilterSet,
     model: ScriptedModel,
 ) -> (shallot::KernelBuilder, Arc<AtomicUsize>) {
     let deleted = Arc::new(AtomicUsize::new(0));
@@ -49,7 +49,7 @@ fn approval_builder(
 
 /// [`approval_builder`]'s kernel.
 fn approval_kernel(
-    plugins: &shallot::PluginSet,
+    plugins: &shallot::FilterSet,
     model: ScriptedModel,
 ) -> (Kernel, Arc<AtomicUsize>) {
     let (builder, deleted) = approval_builder(plugins, model);
@@ -121,7 +121,7 @@ async fn a_pause_is_resumed_once_and_a_second_resume_is_an_error() {
     let mut replies = delete_and_list();
     replies.push(Reply::Text("again".into()));
     let model = ScriptedModel::replies(replies);
-    let (kernel, deleted) = approval_kernel(&shallot::PluginSet::default(), model.clone());
+    let (kernel, deleted) = approval_kernel(&shallot::FilterSet::default(), model.clone());
     let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
         panic!("expected an interrupt")
     };
@@ -218,7 +218,7 @@ async fn a_resumed_turn_sees_what_tools_wrote_before_the_pause() {
 #[tokio::test]
 async fn a_denial_reaches_the_model_as_the_tool_result() {
     let model = ScriptedModel::replies(delete_and_list());
-    let (kernel, deleted) = approval_kernel(&shallot::PluginSet::default(), model.clone());
+    let (kernel, deleted) = approval_kernel(&shallot::FilterSet::default(), model.clone());
     let TurnResult::Interrupt(interrupt) = kernel.turn(go("clean up"), Context::new()).await else {
         panic!("expected an interrupt")
     };
@@ -281,7 +281,7 @@ async fn a_turn_filter_may_reenter_after_the_resumed_turn() {
 
 /// [`approval_kernel`] with the interrupt tool `ask_human` too.
 fn asking_kernel(model: ScriptedModel) -> (Kernel, Arc<AtomicUsize>) {
-    let (builder, deleted) = approval_builder(&shallot::PluginSet::default(), model);
+    let (builder, deleted) = approval_builder(&shallot::FilterSet::default(), model);
     let ask = ToolSpec::new(
         "ask_human",
         "asks the user a question",
@@ -653,7 +653,7 @@ async fn a_return_direct_batch_paused_midway_answers_with_every_output() {
         ]),
         Reply::Text("the model was asked".into()),
     ]);
-    let (builder, _) = approval_builder(&shallot::PluginSet::default(), model.clone());
+    let (builder, _) = approval_builder(&shallot::FilterSet::default(), model.clone());
     let direct = |name: &str| ToolSpec::new(name, name, json!({})).return_direct();
     let kernel = builder
         .tool(direct("status"), |_, _| async { Ok(json!("green")) })

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use serde_json::json;
 use shallot::types::{Message, ToolSpec, TurnRequest, TurnResult};
 use shallot::{
-    ChainError, Context, Engine, EngineConfig, ErrorKind, FilterSpec, Kernel, PluginSet,
+    ChainError, Context, Engine, EngineConfig, ErrorKind, FilterSet, FilterSpec, Kernel,
 };
 use shallot_tests::{Collector, Reply, ScriptedModel, ask, guest, load, spec};
 
@@ -54,7 +54,7 @@ fn load_and_run(bytes: &[u8]) {
             config: Some(json!({})),
             ..FilterSpec::default()
         };
-        let Ok(plugins) = PluginSet::from_specs(&engine(), vec![(path, spec)], &mut |_| {}).await
+        let Ok(plugins) = FilterSet::from_specs(&engine(), vec![(path, spec)], &mut |_| {}).await
         else {
             return;
         };

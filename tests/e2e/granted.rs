@@ -547,7 +547,7 @@ async fn a_trace_file_that_cannot_be_opened_fails_the_load_naming_it() {
         ..Grants::default()
     };
     let specs = vec![granted(spec("trace", "trace", Value::Null), grants)];
-    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+    let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
         .await
         .err()
         .expect("refused");

@@ -16,8 +16,8 @@ use shallot::types::{
     ChatRequest, ChatResponse, FinishReason, Message, ToolCall, ToolSpec, TurnRequest, TurnResult,
 };
 use shallot::{
-    ApprovalRequest, ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSpec,
-    Grants, Kernel, Limits, LoadError, LoopConfig, MemoryHistory, ModelEvent, PluginSet, ToolLoop,
+    ApprovalRequest, ChainError, ChatModel, Context, Engine, EngineConfig, ErrorKind, FilterSet,
+    FilterSpec, Grants, Kernel, Limits, LoadError, LoopConfig, MemoryHistory, ModelEvent, ToolLoop,
 };
 use shallot_tests::{
     Collector, RedisServer, Reply, ScriptedModel, ask, granted, lines, load, load_in, resident_mib,
@@ -34,7 +34,7 @@ fn hostile(on: &str, action: &str, limits: Limits) -> (PathBuf, FilterSpec) {
     (path, spec)
 }
 
-fn kernel(plugins: &PluginSet, model: impl ChatModel) -> Kernel {
+fn kernel(plugins: &FilterSet, model: impl ChatModel) -> Kernel {
     Kernel::builder()
         .plugins(plugins)
         .model(model)
@@ -505,7 +505,7 @@ async fn a_configure_that_sleeps_fails_the_load() {
         json!({ "on": "configure", "do": "sleep" }),
     );
     spec.limits = drowsy();
-    let error = PluginSet::from_specs(&shallot_tests::engine(), vec![(path, spec)], &mut |_| {})
+    let error = FilterSet::from_specs(&shallot_tests::engine(), vec![(path, spec)], &mut |_| {})
         .await
         .err()
         .expect("refused");
@@ -1298,7 +1298,7 @@ async fn granted_imports_are_refused_outside_the_calls_they_are_for() {
             json!({ "on": "configure", "do": action }),
         );
         let filter = granted(at_configure, all.clone());
-        let refused = PluginSet::from_specs(&shallot_tests::engine(), vec![filter], &mut |_| {})
+        let refused = FilterSet::from_specs(&shallot_tests::engine(), vec![filter], &mut |_| {})
             .await
             .err()
             .unwrap_or_else(|| panic!("{action} in configure is refused"))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use shallot::{
-    CacheState, Context, FilterSpec, Kernel, LoadError, PluginSet, cache_state, compile_plugin,
+    CacheState, Context, FilterSet, FilterSpec, Kernel, LoadError, cache_state, compile_plugin,
     read_plugin,
 };
 use shallot_tests::{ScriptedModel, ask, engine, guest, spec, strings};
@@ -21,8 +21,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-async fn load_file(path: &Path) -> Result<PluginSet, LoadError> {
-    PluginSet::from_specs(
+async fn load_file(path: &Path) -> Result<FilterSet, LoadError> {
+    FilterSet::from_specs(
         &engine(),
         vec![(path.to_path_buf(), FilterSpec::default())],
         &mut |_| {},
@@ -33,7 +33,7 @@ async fn load_file(path: &Path) -> Result<PluginSet, LoadError> {
 /// The error loading `plugin` as filter `name` with `config` fails with.
 pub(crate) async fn refused(plugin: &str, name: &str, config: Value) -> LoadError {
     let specs = vec![spec(plugin, name, config)];
-    shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+    shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
         .await
         .err()
         .expect("the configuration is refused")
@@ -129,7 +129,7 @@ async fn a_plugins_directory_layers_in_file_name_order_with_sidecar_configs() {
         .collect();
     assert_eq!(names, ["10-first.wasm", "20-second.wasm"]);
     // Both are the probe plugin: directory mode names filters after the plugin, so they clash.
-    let error = PluginSet::from_dir(&engine(), &dir, &mut |_| {})
+    let error = FilterSet::from_dir(&engine(), &dir, &mut |_| {})
         .await
         .err()
         .unwrap();
@@ -167,7 +167,7 @@ grants = {{ clock = true }}
         ),
     )
     .unwrap();
-    let set = PluginSet::from_config(&engine(), &config, &mut |_| {})
+    let set = FilterSet::from_config(&engine(), &config, &mut |_| {})
         .await
         .unwrap();
     let inner = &set.filters()[1];
@@ -202,7 +202,7 @@ async fn a_bad_shallot_toml_names_the_problem() {
         "[[filter]]\nplugin = \"x.wasm\"\nisolaton = \"warm\"\n",
     )
     .unwrap();
-    let error = PluginSet::from_config(&engine(), &config, &mut |_| {})
+    let error = FilterSet::from_config(&engine(), &config, &mut |_| {})
         .await
         .err()
         .unwrap();
@@ -237,7 +237,7 @@ async fn filter_names_must_be_unique_in_a_kernel() {
 async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
     let mut warnings = Vec::new();
     let specs = vec![shallot_tests::spec("probe", "idle", json!({ "hooks": [] }))];
-    let set = PluginSet::from_specs(&engine(), specs, &mut |event| {
+    let set = FilterSet::from_specs(&engine(), specs, &mut |event| {
         if let shallot::LoadEvent::Warning { message } = event {
             warnings.push(message.to_owned());
         }
@@ -250,7 +250,7 @@ async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
 
     warnings.clear();
     let dir = scratch("empty-plugins");
-    PluginSet::from_dir(&engine(), &dir, &mut |event| {
+    FilterSet::from_dir(&engine(), &dir, &mut |event| {
         if let shallot::LoadEvent::Warning { message } = event {
             warnings.push(message.to_owned());
         }
@@ -267,7 +267,7 @@ async fn a_filter_that_joins_no_chain_and_an_empty_set_are_warned_about() {
 async fn a_sidecar_without_its_plugin_is_an_error() {
     let dir = scratch("orphan-sidecar");
     std::fs::write(dir.join("20-guard.json"), "{}").unwrap();
-    let error = PluginSet::from_dir(&engine(), &dir, &mut |_| {})
+    let error = FilterSet::from_dir(&engine(), &dir, &mut |_| {})
         .await
         .err()
         .expect("refused");
@@ -312,7 +312,7 @@ async fn a_filter_built_for_an_earlier_patch_version_still_loads_and_runs() {
             },
         )
     };
-    let plugins = PluginSet::from_specs(
+    let plugins = FilterSet::from_specs(
         &engine(),
         vec![
             as_filter("outer", json!({ "on": "tool", "do": "mimic" })),

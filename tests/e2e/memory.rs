@@ -360,7 +360,7 @@ async fn a_store_that_cannot_be_opened_fails_the_load_with_a_clear_error() {
         ("redis://[bad".to_owned(), "not a Redis URL"),
     ] {
         let specs = vec![memory_filter(Value::Null, &store)];
-        let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
             .await
             .err()
             .expect("refused");

@@ -323,7 +323,7 @@ async fn a_faulting_token_step_ends_the_stream_without_a_flush() {
 async fn a_bad_configuration_is_rejected_at_load_with_the_filters_message() {
     for plugin in ["py_probe", "js_probe", "pii_guard_py", "pii_guard_js"] {
         let specs = vec![spec(plugin, "bad", json!({ "colour": "red" }))];
-        let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
             .await
             .err()
             .unwrap_or_else(|| panic!("{plugin} accepted a bad configuration"));

@@ -16,7 +16,7 @@ fn misbehave(on: &str, action: &str) -> (std::path::PathBuf, shallot::FilterSpec
     )
 }
 
-fn kernel(plugins: &shallot::PluginSet) -> Kernel {
+fn kernel(plugins: &shallot::FilterSet) -> Kernel {
     Kernel::builder()
         .plugins(plugins)
         .model(ScriptedModel::answer("fine"))
@@ -180,7 +180,7 @@ async fn a_configure_that_loops_fails_the_load_not_the_host() {
         "bad",
         json!({ "on": "configure", "do": "loop" }),
     )];
-    let error = shallot::PluginSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+    let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
         .await
         .err()
         .expect("refused");

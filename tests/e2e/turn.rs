@@ -9,7 +9,7 @@ use shallot::types::{Message, TurnDone, TurnInterrupt, TurnRequest, TurnResult};
 use shallot::{Context, Invoke, Kernel, Terminal, Turn};
 use shallot_tests::{ScriptedModel, load, spec, strings};
 
-fn kernel(plugins: &shallot::PluginSet, model: ScriptedModel) -> Kernel {
+fn kernel(plugins: &shallot::FilterSet, model: ScriptedModel) -> Kernel {
     Kernel::builder()
         .plugins(plugins)
         .model(model)

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 use shallot::types::{ChatRequest, Message};
-use shallot::{ChainError, Context, Engine, EngineConfig, Isolation, PluginSet};
+use shallot::{ChainError, Context, Engine, EngineConfig, FilterSet, Isolation};
 use shallot::{FilterSpec, Grants};
 
 pub use model::{Reply, ScriptedModel};
@@ -87,14 +87,14 @@ pub fn warm(plugin: &str, name: &str, config: Value) -> (PathBuf, FilterSpec) {
 }
 
 /// Loads filters into `engine`, in order.
-pub async fn load_in(engine: &Engine, specs: Vec<(PathBuf, FilterSpec)>) -> PluginSet {
-    PluginSet::from_specs(engine, specs, &mut |_| {})
+pub async fn load_in(engine: &Engine, specs: Vec<(PathBuf, FilterSpec)>) -> FilterSet {
+    FilterSet::from_specs(engine, specs, &mut |_| {})
         .await
         .expect("the test filters load")
 }
 
 /// Loads filters into the shared engine, in order.
-pub async fn load(specs: Vec<(PathBuf, FilterSpec)>) -> PluginSet {
+pub async fn load(specs: Vec<(PathBuf, FilterSpec)>) -> FilterSet {
     load_in(&engine(), specs).await
 }
 
@@ -145,7 +145,7 @@ pub fn push(context: &Context, key: &str, item: &str) {
 }
 
 /// A kernel of `plugins` over a model that always answers `answer`.
-pub fn answering(plugins: &PluginSet, answer: &str) -> shallot::Kernel {
+pub fn answering(plugins: &FilterSet, answer: &str) -> shallot::Kernel {
     shallot::Kernel::builder()
         .plugins(plugins)
         .model(ScriptedModel::answer(answer))

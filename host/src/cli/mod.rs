@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::{Config, Engine, EngineConfig, LoadEvent, OpenAiConfig, PluginSet};
+use shallot::{Config, Engine, EngineConfig, FilterSet, LoadEvent, OpenAiConfig};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///
@@ -98,16 +98,16 @@ impl Source {
         &self,
         engine: &Engine,
         config: Option<&Config>,
-    ) -> anyhow::Result<PluginSet> {
+    ) -> anyhow::Result<FilterSet> {
         let mut progress = |event: LoadEvent<'_>| report(&event);
         let set = match (&self.plugins, config) {
-            (Some(dir), _) => PluginSet::from_dir(engine, dir, &mut progress).await?,
+            (Some(dir), _) => FilterSet::from_dir(engine, dir, &mut progress).await?,
             (_, Some(config)) => {
-                PluginSet::from_specs(engine, config.filters()?, &mut progress).await?
+                FilterSet::from_specs(engine, config.filters()?, &mut progress).await?
             }
             (None, None) => {
                 eprintln!("note: no --plugins or --config: the prompts go to the model unfiltered");
-                PluginSet::default()
+                FilterSet::default()
             }
         };
         Ok(set)

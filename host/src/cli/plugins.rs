@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use shallot::{
-    CacheState, Engine, FilterSpec, Hook, LoadEvent, PluginSet, WIT_PACKAGE, WIT_VERSION,
+    CacheState, Engine, FilterSet, FilterSpec, Hook, LoadEvent, WIT_PACKAGE, WIT_VERSION,
     cache_state, read_config, read_dir, read_plugin,
 };
 
@@ -52,7 +52,7 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
         }
     }
     let mut compile_times = HashMap::new();
-    let set = PluginSet::from_specs(engine, specs, &mut |event| {
+    let set = FilterSet::from_specs(engine, specs, &mut |event| {
         report(&event);
         if let LoadEvent::Loaded {
             filter,
@@ -96,7 +96,7 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
 }
 
 /// The resolved order of every chain, so nobody has to work it out.
-fn print_chains(set: &PluginSet) {
+fn print_chains(set: &FilterSet) {
     let with = |hook: Hook| -> Vec<&str> {
         set.filters()
             .iter()
@@ -140,7 +140,7 @@ async fn check(
         config,
         ..FilterSpec::default()
     };
-    let set = PluginSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
+    let set = FilterSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
         if let LoadEvent::Compiling { .. } = event {
             report(&event);
         }

@@ -1,6 +1,6 @@
 //! Configuration, at the head of the flow: a `shallot.toml` (an explicit,
 //! ordered list of filters, and the model) or a plugins directory, read into
-//! the specs a [`PluginSet`] loads.
+//! the specs a [`FilterSet`] loads.
 //!
 //! ```toml
 //! # Plugin paths are relative to this directory, itself relative to this
@@ -51,7 +51,7 @@ use serde::Deserialize;
 use crate::conversation::StoreSpec;
 use crate::engine::Engine;
 use crate::model::OpenAiConfig;
-use crate::plugin::{FilterSpec, Isolation, LoadError, LoadEvent, PluginSet};
+use crate::plugin::{FilterSet, FilterSpec, Isolation, LoadError, LoadEvent};
 use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
 
@@ -297,7 +297,7 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
         .collect()
 }
 
-impl PluginSet {
+impl FilterSet {
     /// Loads every `*.wasm` of `dir` in file-name order (sidecar `<stem>.json`
     /// configs), each in `invoke` isolation.
     pub async fn from_dir(

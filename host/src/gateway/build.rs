@@ -7,7 +7,7 @@ use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Upstream};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel};
-use crate::plugin::{LoadError, PluginSet};
+use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
 use super::Route;
@@ -56,7 +56,7 @@ impl Route {
     /// `plugins` and `default`, under that model's name.
     pub fn from_config(
         config: Option<&Config>,
-        plugins: &PluginSet,
+        plugins: &FilterSet,
         default: Option<OpenAiConfig>,
     ) -> Result<(Vec<Route>, Vec<ClientKey>), RouteError> {
         let (keys, specs) = match config {

@@ -9,8 +9,8 @@ use crate::agent::ToolLoop;
 use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
-use crate::onion::{Approver, Chat, Core, Filter, KernelFilter, Terminal, Tool, Turn};
-use crate::plugin::{self, PluginSet, WasmFilter};
+use crate::onion::{Approver, Chat, Filter, KernelFilter, Onion, Terminal, Tool, Turn};
+use crate::plugin::{self, FilterSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{ChainError, ErrorKind, ToolSpec};
 
@@ -71,7 +71,7 @@ pub struct KernelBuilder {
 
 impl KernelBuilder {
     /// Appends the filters of `plugins`, in order.
-    pub fn plugins(mut self, plugins: &PluginSet) -> Self {
+    pub fn plugins(mut self, plugins: &FilterSet) -> Self {
         for filter in plugins.filters() {
             self = self.wasm(filter.clone());
         }
@@ -203,18 +203,18 @@ impl KernelBuilder {
             model,
             limits: self.response_limits,
         });
-        let mut core = Core::compose(
+        let mut onion = Onion::compose(
             self.filters,
             chat,
             tools.clone(),
             turn,
             tools.shared_specs(),
         );
-        core.approver = self.approver;
-        core.response_limits = self.response_limits;
-        core.reducers = self.reducers;
+        onion.approver = self.approver;
+        onion.response_limits = self.response_limits;
+        onion.reducers = self.reducers;
         Ok(Kernel {
-            core: Arc::new(core),
+            onion: Arc::new(onion),
             wasm: self.wasm.into(),
             tools,
         })

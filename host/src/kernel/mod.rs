@@ -15,7 +15,7 @@ pub use builder::{BuildError, KernelBuilder};
 
 use crate::context::Context;
 use crate::onion::{
-    ChainKind, Chat, Core, Hook, Invoke, InvokeOptions, Next, TokenSink, TokenStream, Tool, Turn,
+    ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, TokenSink, TokenStream, Tool, Turn,
 };
 use crate::plugin::{self, WasmFilter};
 use crate::tool::ToolRegistry;
@@ -43,7 +43,7 @@ fn paused_with_state(mut result: TurnResult, invoke: &Invoke) -> TurnResult {
 /// private contexts.
 #[derive(Clone)]
 pub struct Kernel {
-    core: Arc<Core>,
+    onion: Arc<Onion>,
     /// By filter position: the wasm filter, whose instances an invoke
     /// reserves on admission.
     wasm: Arc<[Option<Arc<WasmFilter>>]>,
@@ -58,7 +58,7 @@ impl Kernel {
 
     /// The filters, outermost first, with their hooks.
     pub fn filters(&self) -> impl Iterator<Item = (&str, &[Hook])> {
-        self.core
+        self.onion
             .filters
             .iter()
             .map(|entry| (&*entry.name, entry.hooks.as_slice()))
@@ -128,7 +128,7 @@ impl Kernel {
     ) -> TurnResult {
         match self.admit::<Turn>(options.into(), None).await {
             Ok(invoke) => {
-                let result = Next::start(self.core.turn.clone(), invoke.clone())
+                let result = Next::start(self.onion.turn.clone(), invoke.clone())
                     .call(request)
                     .await;
                 paused_with_state(result, &invoke)
@@ -166,7 +166,7 @@ impl Kernel {
     /// original text; show a person or a client this instead, and a
     /// redaction filter holds whether you stream or not.
     pub async fn delivered_text(&self, text: &str, context: Context) -> Result<String, ChainError> {
-        if self.core.token_layers.is_empty() {
+        if self.onion.token_layers.is_empty() {
             return Ok(text.to_owned());
         }
         let shown = Arc::new(Mutex::new(String::new()));
@@ -223,7 +223,7 @@ impl Kernel {
             resume: true,
             ..TurnRequest::new(Vec::new())
         };
-        let result = Next::start(self.core.turn.clone(), invoke.clone())
+        let result = Next::start(self.onion.turn.clone(), invoke.clone())
             .call(request)
             .await;
         paused_with_state(result, &invoke)
@@ -254,7 +254,7 @@ impl Kernel {
         let mut extensions = http::Extensions::new();
         extensions.insert(Arc::new(admission));
         let invoke = Arc::new(Invoke::new(
-            self.core.clone(),
+            self.onion.clone(),
             options.context,
             options.sink,
             options.model_options,
@@ -271,7 +271,7 @@ impl Kernel {
         }
         if K::HOOK != Tool::HOOK {
             let prompts = self
-                .core
+                .onion
                 .system_prompts(&invoke, options.system_prompts)
                 .await?;
             invoke.set_system_prompts(prompts);

@@ -20,7 +20,7 @@ mod batch;
 
 pub(crate) use batch::Branch;
 
-use super::{Core, Fctx, Next, TokenSink};
+use super::{Fctx, Next, Onion, TokenSink};
 use crate::context::Context;
 use crate::types::{Carried, ChainError};
 use crate::types::{
@@ -94,7 +94,7 @@ impl From<Context> for InvokeOptions {
 /// A call in progress. Terminals get it to reach the shared context and,
 /// for the turn terminal, the chat and tool chains of the same invoke.
 pub struct Invoke {
-    core: Arc<Core>,
+    onion: Arc<Onion>,
     context: Context,
     fctx: Mutex<Vec<Option<Fctx>>>,
     ledger: Mutex<Ledger>,
@@ -139,15 +139,15 @@ struct Ledger {
 
 impl Invoke {
     pub(crate) fn new(
-        core: Arc<Core>,
+        onion: Arc<Onion>,
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
         model_options: JsonMap,
         extensions: Extensions,
     ) -> Self {
-        let filters = core.filters.len();
+        let filters = onion.filters.len();
         Invoke {
-            core,
+            onion,
             context,
             fctx: Mutex::new(vec![None; filters]),
             ledger: Mutex::new(Ledger {
@@ -281,20 +281,20 @@ impl Invoke {
     /// Runs the chat chain within this invoke (the turn loop's model call).
     /// Tokens stream to the invoke's sink, if it has one.
     pub async fn chat(self: &Arc<Self>, request: ChatRequest) -> Result<ChatResponse, ChainError> {
-        Next::start(self.core.chat.clone(), self.clone())
+        Next::start(self.onion.chat.clone(), self.clone())
             .call(request)
             .await
     }
 
     /// Runs the tool chain within this invoke.
     pub async fn tool(self: &Arc<Self>, request: ToolRequest) -> Result<ToolResponse, ChainError> {
-        Next::start(self.core.tool.clone(), self.clone())
+        Next::start(self.onion.tool.clone(), self.clone())
             .call(request)
             .await
     }
 
-    pub(crate) fn core(&self) -> &Arc<Core> {
-        &self.core
+    pub(crate) fn onion(&self) -> &Arc<Onion> {
+        &self.onion
     }
 
     pub(crate) fn sink(&self) -> Option<&Arc<dyn TokenSink>> {
@@ -353,12 +353,12 @@ impl Invoke {
             Some(branch) => branch.get(id),
             None => self.states()[id].clone(),
         };
-        state.unwrap_or_else(|| self.core.filters[id].init.clone())
+        state.unwrap_or_else(|| self.onion.filters[id].init.clone())
     }
 
     /// Every filter's private context as it is now, by filter name.
     pub(crate) fn fctx_states(&self) -> Carried {
-        let names = self.core.filters.iter().map(|entry| entry.name.clone());
+        let names = self.onion.filters.iter().map(|entry| entry.name.clone());
         names.zip(self.states().iter().cloned()).collect()
     }
 
@@ -367,7 +367,7 @@ impl Invoke {
     /// with other filters, or the same in another order, are ignored: a
     /// filter never gets another's.
     pub(crate) fn carry_fctx(&self, carried: &Carried) {
-        let filters = &self.core.filters;
+        let filters = &self.onion.filters;
         if carried.len() != filters.len()
             || !carried
                 .iter()

@@ -45,7 +45,7 @@ pub(crate) struct KernelFilter {
 }
 
 /// The composed kernel, shared by every invoke.
-pub(crate) struct Core {
+pub(crate) struct Onion {
     pub filters: Vec<KernelFilter>,
     pub chat: Arc<Chain<Chat>>,
     pub tool: Arc<Chain<Tool>>,
@@ -62,7 +62,7 @@ pub(crate) struct Core {
     pub reducers: Reducers,
 }
 
-impl Core {
+impl Onion {
     /// Composes the onions of `filters` over their terminals.
     pub(crate) fn compose(
         filters: Vec<KernelFilter>,
@@ -71,7 +71,7 @@ impl Core {
         turn: Arc<dyn Terminal<Turn>>,
         tools: Vec<Arc<ToolSpec>>,
     ) -> Self {
-        Core {
+        Onion {
             chat: chain(&filters, chat),
             tool: chain(&filters, tool),
             turn: chain(&filters, turn),

@@ -79,11 +79,11 @@ impl TokenStream {
         invoke: &Arc<Invoke>,
         sink: Arc<dyn TokenSink>,
     ) -> Result<Self, ChainError> {
-        let core = invoke.core();
-        let mut layers = Vec::with_capacity(core.token_layers.len());
-        for &id in &core.token_layers {
+        let onion = invoke.onion();
+        let mut layers = Vec::with_capacity(onion.token_layers.len());
+        for &id in &onion.token_layers {
             let scope = FilterScope::new(invoke.clone(), id);
-            if let Some(transform) = core.filters[id].filter.token_transform(&scope).await? {
+            if let Some(transform) = onion.filters[id].filter.token_transform(&scope).await? {
                 layers.push(transform);
             }
         }

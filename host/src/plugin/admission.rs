@@ -265,14 +265,14 @@ impl Lease {
 /// An instance taken from an invoke's lease for one call. Dropped without
 /// `release` (a fault, or the call was cancelled mid-way), the instance is
 /// discarded rather than returned.
-pub(crate) struct Leased {
+pub(crate) struct Checkout {
     invoke: Arc<Invoke>,
     admission: Arc<Admission>,
     id: usize,
     instance: Option<FilterInstance>,
 }
 
-impl Leased {
+impl Checkout {
     /// Takes an instance of `filter`, filter `id` of `invoke`.
     pub(crate) async fn take(
         invoke: &Arc<Invoke>,
@@ -286,7 +286,7 @@ impl Leased {
             );
         };
         let instance = admission.leases[id].take().await?;
-        Ok(Leased {
+        Ok(Checkout {
             invoke: invoke.clone(),
             admission,
             id,
@@ -301,7 +301,7 @@ impl Leased {
     pub(crate) fn instance(&mut self) -> &mut FilterInstance {
         self.instance
             .as_mut()
-            .expect("a Leased holds its instance until it is released")
+            .expect("a Checkout holds its instance until it is released")
     }
 
     /// The instance faulted: drop it now.
@@ -323,7 +323,7 @@ impl Leased {
     }
 }
 
-impl Drop for Leased {
+impl Drop for Checkout {
     fn drop(&mut self) {
         if self.instance.take().is_some() {
             self.admission.leases[self.id].lost();

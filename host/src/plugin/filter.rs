@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::Grants;
 use super::Plugin;
-use super::admission::Leased;
+use super::admission::Checkout;
 use super::host::{Identity, Scope};
 use super::instance::{
     Description, Fault, FilterInstance, InstanceTemplate, TransformInput, WasmChain,
@@ -288,8 +288,8 @@ impl WasmFilter {
     async fn around<K: WasmChain>(&self, request: K::Request, next: Next<K>) -> K::Output {
         let id = next.layer().unwrap_or(usize::MAX);
         let invoke = next.invoke().clone();
-        let mut leased = match Leased::take(&invoke, id, self).await {
-            Ok(leased) => leased,
+        let mut checkout = match Checkout::take(&invoke, id, self).await {
+            Ok(checkout) => checkout,
             Err(error) => return K::fail(error),
         };
         // The call's future is built in place in each branch: held in a
@@ -300,14 +300,14 @@ impl WasmFilter {
         let call: Call = K::HOOK.into();
         let span = tracing::debug_span!("filter", name = &*self.name, call = call.as_str());
         let result = match self.template.limits.timeout() {
-            None => leased
+            None => checkout
                 .instance()
                 .around::<K>(id, request, next)
                 .instrument(span)
                 .await
                 .map_err(ChainError::from),
             Some(timeout) => {
-                let call = leased.instance().around::<K>(id, request, next);
+                let call = checkout.instance().around::<K>(id, request, next);
                 self.bounded(
                     Box::pin(tokio::time::timeout(timeout, call).instrument(span)),
                     K::HOOK.into(),
@@ -317,10 +317,10 @@ impl WasmFilter {
         };
         match result {
             Ok(output) => {
-                leased.release();
+                checkout.release();
                 output
             }
-            // `leased` drops here: a faulted instance is never reused.
+            // `checkout` drops here: a faulted instance is never reused.
             Err(error) => K::fail(error),
         }
     }
@@ -389,12 +389,12 @@ impl Filter for WasmFilter {
         scope: &FilterScope,
     ) -> Result<String, ChainError> {
         let invoke = scope.invoke();
-        let mut leased = Leased::take(invoke, scope.id(), self).await?;
-        let instance = leased.instance();
+        let mut checkout = Checkout::take(invoke, scope.id(), self).await?;
+        let instance = checkout.instance();
         let output = instance
             .system_prompt(invoke.clone(), scope.id(), &prompt)
             .await?;
-        leased.release();
+        checkout.release();
         output
     }
 
@@ -403,12 +403,12 @@ impl Filter for WasmFilter {
         scope: &FilterScope,
     ) -> Result<Option<Box<dyn TokenTransform>>, ChainError> {
         let (invoke, id) = (scope.invoke(), scope.id());
-        let mut leased = Leased::take(invoke, id, self).await?;
-        let resource = leased.instance().transformer(invoke.clone(), id).await?;
+        let mut checkout = Checkout::take(invoke, id, self).await?;
+        let resource = checkout.instance().transformer(invoke.clone(), id).await?;
         Ok(Some(Box::new(WasmTokenTransform {
             identity: self.template.identity.clone(),
             id,
-            leased,
+            checkout,
             resource,
         })))
     }
@@ -418,7 +418,7 @@ impl Filter for WasmFilter {
 struct WasmTokenTransform {
     identity: Arc<Identity>,
     id: usize,
-    leased: Leased,
+    checkout: Checkout,
     resource: ResourceAny,
 }
 
@@ -426,13 +426,13 @@ impl WasmTokenTransform {
     /// A token step or the flush. A transform has no inner layers, so
     /// `timeout_ms` does not apply; its own budgets do.
     async fn call(&mut self, feed: TransformInput) -> Result<TokenBatch, ChainError> {
-        if self.leased.is_poisoned() {
+        if self.checkout.is_poisoned() {
             let error = ChainError::new(ErrorKind::PluginFault, "faulted earlier in this stream");
             return Err(error.at(self.identity.origin(Call::Step)));
         }
-        let scope = Scope::outside_chains(self.leased.invoke().clone(), self.id);
+        let scope = Scope::outside_chains(self.checkout.invoke().clone(), self.id);
         match self
-            .leased
+            .checkout
             .instance()
             .transform(scope, self.resource, feed)
             .await
@@ -441,7 +441,7 @@ impl WasmTokenTransform {
             Err(fault) => {
                 // The store is poisoned: make sure the instance is dropped,
                 // not returned, whatever the caller does next.
-                self.leased.poison();
+                self.checkout.poison();
                 Err(fault.into())
             }
         }
@@ -460,12 +460,16 @@ impl TokenTransform for WasmTokenTransform {
 
     /// Drops the transformer in the guest and returns the instance.
     async fn close(mut self: Box<Self>) {
-        if self.leased.is_poisoned() {
+        if self.checkout.is_poisoned() {
             return;
         }
-        let dropped = self.leased.instance().drop_transformer(self.resource).await;
+        let dropped = self
+            .checkout
+            .instance()
+            .drop_transformer(self.resource)
+            .await;
         if dropped.is_ok() {
-            self.leased.release();
+            self.checkout.release();
         }
     }
 }

@@ -17,7 +17,7 @@ use super::bindings::exports::shallot::filter::plugin::Hook as WitHook;
 use super::bindings::shallot::filter::types::FilterError as WitError;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
-use super::host::{Continuation, Granted, HostState, Identity, Scope};
+use super::host::{Continuation, GrantedServices, HostState, Identity, Scope};
 use crate::escape::{self, TEXT_CAP};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
@@ -32,7 +32,7 @@ pub(crate) struct InstanceTemplate {
     pub limits: Limits,
     pub grants: Grants,
     /// What the grants give at run time (the opened trace sink).
-    pub granted: Granted,
+    pub services: GrantedServices,
     /// The operator's configuration, JSON text.
     pub config: Arc<str>,
     /// Whether the component declares the errors it passes on.
@@ -93,7 +93,7 @@ impl FilterInstance {
             template.limits,
             confinement,
             template.declares,
-            template.granted.clone(),
+            template.services.clone(),
         );
         let mut store = Store::new(template.pre.engine(), state);
         sandbox::prepare_store(&mut store, &template.limits);

@@ -13,7 +13,7 @@ use crate::compile::CompileError;
 use super::Grants;
 use super::bindings::FilterPre;
 use super::filter::{Isolation, WasmFilter};
-use super::host::{Granted, HostState, Identity};
+use super::host::{GrantedServices, HostState, Identity};
 use super::instance::{Description, FilterInstance, InstanceTemplate};
 use super::stats::Stats;
 use crate::cache::CacheState;
@@ -331,7 +331,7 @@ pub async fn configure_filter(
         .as_ref()
         .map_or_else(|| "null".to_owned(), |c| c.to_string())
         .into();
-    let granted = Granted::open(&spec.grants)
+    let services = GrantedServices::open(&spec.grants)
         .await
         .map_err(|message| LoadError::Config {
             path: path.clone(),
@@ -347,7 +347,7 @@ pub async fn configure_filter(
         }),
         limits,
         grants: spec.grants,
-        granted,
+        services,
         config,
         declares: plugin.declares,
     };

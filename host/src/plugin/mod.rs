@@ -29,5 +29,5 @@ pub use loader::{
     FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile_plugin, configure_filter,
     read_plugin,
 };
-pub use set::{LoadEvent, PluginSet};
+pub use set::{FilterSet, LoadEvent};
 pub use stats::{CallStats, FilterStats, OWN_TIME_BUCKETS};

@@ -41,11 +41,11 @@ pub enum LoadEvent<'a> {
 
 /// Configured wasm filters, outermost first.
 #[derive(Clone, Default)]
-pub struct PluginSet {
+pub struct FilterSet {
     filters: Vec<Arc<WasmFilter>>,
 }
 
-impl PluginSet {
+impl FilterSet {
     /// Loads filters from plugin files and specs, in order. Each file is
     /// compiled once even if several filters use it.
     pub async fn from_specs(
@@ -90,12 +90,12 @@ impl PluginSet {
             }
             filters.push(filter);
         }
-        Ok(PluginSet { filters })
+        Ok(FilterSet { filters })
     }
 
     /// A set of already configured filters.
     pub fn new(filters: Vec<Arc<WasmFilter>>) -> Self {
-        PluginSet { filters }
+        FilterSet { filters }
     }
 
     /// The filters, outermost first.

@@ -12,7 +12,7 @@ pub(super) const TABLE_ELEMENTS: usize = 1 << 20;
 /// runtime with a garbage collector (JavaScript's) collects and goes on;
 /// a guest that cannot go on traps, and `denied` makes that trap a
 /// memory-cap fault.
-pub(super) struct Limiter {
+pub(super) struct GrowthCaps {
     memory_cap: usize,
     pub(super) memory: usize,
     table_elements: usize,
@@ -20,7 +20,7 @@ pub(super) struct Limiter {
     pub(super) denied: bool,
 }
 
-impl ResourceLimiter for Limiter {
+impl ResourceLimiter for GrowthCaps {
     fn memory_growing(
         &mut self,
         current: usize,
@@ -51,9 +51,9 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-impl Limiter {
+impl GrowthCaps {
     pub(super) fn new(memory_mib: u32) -> Self {
-        Limiter {
+        GrowthCaps {
             memory_cap: (memory_mib as usize) << 20,
             memory: 0,
             table_elements: 0,

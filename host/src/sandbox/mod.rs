@@ -40,7 +40,7 @@ use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 
 use clock::FrozenClock;
-use limiter::Limiter;
+use limiter::GrowthCaps;
 use stderr::Stderr;
 
 pub(crate) use fault::{HostMemoryExceeded, fault, timed_out};
@@ -59,7 +59,7 @@ pub(crate) trait Sandboxed: Send + 'static {
 /// The parts of a store's data that belong to the sandbox.
 pub(crate) struct Confinement {
     pub wasi: WasiCtx,
-    limiter: Limiter,
+    limiter: GrowthCaps,
     meter: Meter,
     stderr: Stderr,
 }
@@ -76,7 +76,7 @@ impl Confinement {
         }
         Confinement {
             wasi: wasi.build(),
-            limiter: Limiter::new(limits.memory_mib),
+            limiter: GrowthCaps::new(limits.memory_mib),
             meter: Meter::new(),
             stderr,
         }

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use serde_json::{Value, json};
-use shallot::{Context, Kernel, PluginSet};
+use shallot::{Context, FilterSet, Kernel};
 use shallot_bench::{conversation, criterion, median, model, report_failures, runtime, survive};
 use shallot_tests::{engine, spec, target_dir, warm};
 use tokio::runtime::Runtime;
 
 /// The five filters of the `ready` benchmark, loaded into `engine`.
-fn five(rt: &Runtime, engine: &shallot::Engine, isolated: bool) -> PluginSet {
+fn five(rt: &Runtime, engine: &shallot::Engine, isolated: bool) -> FilterSet {
     let specs = [
         ("logging", "logging", Value::Null),
         ("safeguard", "safeguard", json!({ "words": ["bomb"] })),

@@ -373,7 +373,7 @@ pub struct Paused {
 #[async_trait]
 impl Terminal<Turn> for ToolLoop {
     async fn call(&self, request: TurnRequest, invoke: &Arc<Invoke>, _: &Context) -> TurnResult {
-        let tools = invoke.core().tools.as_slice();
+        let tools = invoke.onion().tools.as_slice();
         let offered: Arc<Vec<ToolSpec>> = Arc::new(tools.iter().map(|t| (**t).clone()).collect());
         let history = self.history.as_ref();
         // Only the first run of a resumed invoke continues the paused turn;

@@ -161,7 +161,7 @@ impl ToolLoop {
         // A filter may answer in the model's place: its answer is
         // bounded as the model's is before its calls run.
         let calls = response.message.tool_calls.len();
-        let limits = invoke.core().response_limits;
+        let limits = invoke.onion().response_limits;
         if let Err(error) = limits.check_as("tool-loop", calls, response.weight()) {
             return Some(Ended::Turn(TurnResult::Error(error)));
         }

@@ -32,7 +32,7 @@ impl Invoke {
                 .zip(&branches)
                 .zip(&views)
                 .map(|((request, branch), view)| {
-                    Next::start(self.core.tool.clone(), self.clone())
+                    Next::start(self.onion.tool.clone(), self.clone())
                         .in_branch(branch.clone())
                         .writing_to(view.clone())
                         .call(request)
@@ -60,7 +60,7 @@ impl Invoke {
         let views: Vec<Context> = requests.iter().map(|_| self.context.view()).collect();
         let mut results = Vec::with_capacity(requests.len());
         for (request, view) in requests.into_iter().zip(&views) {
-            let call = Next::start(self.core.tool.clone(), self.clone()).writing_to(view.clone());
+            let call = Next::start(self.onion.tool.clone(), self.clone()).writing_to(view.clone());
             results.push(call.call(request).await);
         }
         self.fold_writes(&views, &results);
@@ -76,7 +76,7 @@ impl Invoke {
             .enumerate()
             .filter(|(_, (_, result))| result.is_ok())
             .map(|(index, (view, _))| (index, view));
-        let conflicts = self.context.apply_writes(succeeded, &self.core.reducers);
+        let conflicts = self.context.apply_writes(succeeded, &self.onion.reducers);
         if !conflicts.is_empty() {
             tracing::debug!(
                 ?conflicts,
@@ -98,7 +98,7 @@ struct Batch<'a> {
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        let filters = self.invoke.core.filters.len();
+        let filters = self.invoke.onion.filters.len();
         // Per filter: the bytes its calls' writes were charged, and the
         // weight of the write that wins.
         let mut released = vec![0; filters];

@@ -91,14 +91,14 @@ impl Service {
 /// What a filter's grants give it at run time: the grants, and the trace
 /// sink opened for it when it was loaded.
 #[derive(Clone, Default)]
-pub(crate) struct Granted {
+pub(crate) struct GrantedServices {
     pub sleep_ms: u32,
     pub approval: bool,
     pub trace: Option<Arc<TraceSink>>,
     pub memory: Option<Arc<dyn ConversationStore>>,
 }
 
-impl Granted {
+impl GrantedServices {
     /// Opens what `grants` name; a trace file or a store that cannot be
     /// opened is an error naming it.
     pub(crate) async fn open(grants: &Grants) -> Result<Self, String> {
@@ -111,7 +111,7 @@ impl Granted {
             None => None,
             Some(spec) => Some(open_store(spec.clone()).await?),
         };
-        Ok(Granted {
+        Ok(GrantedServices {
             sleep_ms: grants.sleep_ms,
             approval: grants.approval,
             trace,
@@ -194,7 +194,7 @@ impl model_stream::Host for HostState {
 
 impl timer::Host for HostState {
     async fn sleep(&mut self, ms: u32) -> wasmtime::Result<Result<(), wit::FilterError>> {
-        if self.granted.sleep_ms == 0 {
+        if self.services.sleep_ms == 0 {
             return Ok(Err(not_granted("timer", "sleep_ms = 30000")));
         }
         if let Some(refused) = self.out_of_place(Service::Timer) {
@@ -207,10 +207,10 @@ impl timer::Host for HostState {
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
         let total = quotas.slept.saturating_add(ms.max(1));
-        if total > self.granted.sleep_ms {
+        if total > self.services.sleep_ms {
             let message = format!(
                 "sleeping {ms} ms more would take this hook call to {total} ms, past its grant of {} ms",
-                self.granted.sleep_ms
+                self.services.sleep_ms
             );
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
@@ -231,7 +231,7 @@ impl approval::Host for HostState {
         reason: String,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<bool, wit::FilterError>> {
-        if !self.granted.approval {
+        if !self.services.approval {
             return Ok(Err(not_granted("approval", "approval = true")));
         }
         if let Some(refused) = self.out_of_place(Service::Approval) {
@@ -259,7 +259,7 @@ impl approval::Host for HostState {
                 "approval.ask called outside a hook",
             )));
         };
-        let Some(approver) = scope.invoke.core().approver.clone() else {
+        let Some(approver) = scope.invoke.onion().approver.clone() else {
             return Ok(Ok(false));
         };
         let request = ApprovalRequest {
@@ -316,7 +316,7 @@ impl HostState {
 
 impl trace::Host for HostState {
     fn write(&mut self, event: String) -> wasmtime::Result<Result<(), wit::FilterError>> {
-        let Some(sink) = self.granted.trace.clone() else {
+        let Some(sink) = self.services.trace.clone() else {
             return Ok(Err(not_granted("trace", "trace = \"stderr\"")));
         };
         if let Some(refused) = self.out_of_place(Service::Trace) {
@@ -366,7 +366,7 @@ impl HostState {
         &mut self,
         conversation: &str,
     ) -> Result<Arc<dyn ConversationStore>, wit::FilterError> {
-        let Some(store) = self.granted.memory.clone() else {
+        let Some(store) = self.services.memory.clone() else {
             return Err(not_granted("memory", "memory = \"conversations.db\""));
         };
         if let Some(refused) = self.out_of_place(Service::Memory) {

@@ -46,7 +46,7 @@ use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
 use crate::types::{Call, ChainError, Origin};
 use crate::types::{JsonMap, Weigh, json_weight};
 
-pub(crate) use granted::Granted;
+pub(crate) use granted::GrantedServices;
 
 /// Which filter an instance belongs to, for logs and error attribution.
 #[derive(Debug)]
@@ -128,7 +128,7 @@ pub struct HostState {
     /// kept.
     journal: HashMap<String, PriorValue>,
     /// What the operator granted beyond the default imports.
-    granted: Granted,
+    services: GrantedServices,
     /// What the current call used of its per-call quotas (in a token
     /// transformer's steps: of its stream's).
     quotas: Quotas,
@@ -180,7 +180,7 @@ impl HostState {
         limits: Limits,
         confinement: Confinement,
         declares: bool,
-        granted: Granted,
+        services: GrantedServices,
     ) -> Self {
         let mut table = ResourceTable::new();
         table.set_max_capacity(sandbox::HANDLES);
@@ -198,7 +198,7 @@ impl HostState {
             next_calls: 0,
             call: None,
             journal: HashMap::new(),
-            granted,
+            services,
             quotas: Quotas::default(),
             stream_end: None,
         }
@@ -384,7 +384,13 @@ mod tests {
             stats: Stats::default(),
         });
         let confinement = Confinement::new(&limits, false);
-        let mut state = HostState::new(identity, limits, confinement, declares, Granted::default());
+        let mut state = HostState::new(
+            identity,
+            limits,
+            confinement,
+            declares,
+            GrantedServices::default(),
+        );
         let origin = Identity {
             name: "inner".into(),
             plugin: Arc::from(Path::new("inner.wasm")),
