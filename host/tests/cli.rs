@@ -491,11 +491,18 @@ fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String)
     (status, body)
 }
 
+/// Everything a gateway said on stderr so far, and a signal for each line.
+#[derive(Default)]
+struct Said {
+    text: std::sync::Mutex<String>,
+    line: std::sync::Condvar,
+}
+
 /// A served gateway: the child, and everything it says on stderr (drained
 /// as it comes, so the pipe never fills).
 struct Gateway {
     child: std::process::Child,
-    said: std::sync::Arc<std::sync::Mutex<String>>,
+    said: std::sync::Arc<Said>,
     reader: Option<JoinHandle<()>>,
     address: String,
 }
@@ -513,15 +520,17 @@ impl Gateway {
 
     /// The same, with more environment variables.
     fn start_in(config: &std::path::Path, more: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::launch(config, more, env, |_| {})
+        Self::launch(config, more, env, |_| {}, |_, _| {})
     }
 
-    /// The same, calling `spawned` with the process id as soon as it runs.
+    /// The same, calling `spawned` with the process id as soon as it runs,
+    /// and `heard` with it and each line it says, as it says it.
     fn launch(
         config: &std::path::Path,
         more: &[&str],
         env: &[(&str, &str)],
         spawned: impl FnOnce(u32),
+        mut heard: impl FnMut(u32, &str) + Send + 'static,
     ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shallot"))
             .args(["serve", "--config"])
@@ -536,19 +545,22 @@ impl Gateway {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("shallot runs");
-        spawned(child.id());
-        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let pid = child.id();
+        spawned(pid);
+        let said = std::sync::Arc::new(Said::default());
         let (found, address) = std::sync::mpsc::channel();
         let stderr = BufReader::new(child.stderr.take().unwrap());
         let reader = {
             let said = said.clone();
             std::thread::spawn(move || {
                 for line in stderr.lines().map_while(Result::ok) {
+                    heard(pid, &line);
                     {
-                        let mut said = said.lock().unwrap();
-                        said.push_str(&line);
-                        said.push('\n');
+                        let mut text = said.text.lock().unwrap();
+                        text.push_str(&line);
+                        text.push('\n');
                     }
+                    said.line.notify_all();
                     if let Some(rest) = line.strip_prefix("shallot serve: http://") {
                         let _ = found.send(rest.split_once("/v1").unwrap().0.to_owned());
                     }
@@ -557,7 +569,7 @@ impl Gateway {
         };
         let address = address
             .recv_timeout(std::time::Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("no address: {}", said.lock().unwrap()));
+            .unwrap_or_else(|_| panic!("no address: {}", said.text.lock().unwrap()));
         Gateway {
             child,
             said,
@@ -567,7 +579,37 @@ impl Gateway {
     }
 
     fn said(&self) -> String {
-        self.said.lock().unwrap().clone()
+        self.said.text.lock().unwrap().clone()
+    }
+
+    /// Waits until it has said `count` lines starting with `prefix`, and
+    /// returns them; fails the test after a minute.
+    fn lines(&self, prefix: &str, count: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut text = self.said.text.lock().unwrap();
+        loop {
+            let found: Vec<String> = text
+                .lines()
+                .filter(|line| line.starts_with(prefix))
+                .map(str::to_owned)
+                .collect();
+            if found.len() >= count {
+                return found;
+            }
+            let left = deadline
+                .checked_duration_since(std::time::Instant::now())
+                .unwrap_or_else(|| panic!("never said '{prefix}' {count} times: {text}"));
+            text = self.said.line.wait_timeout(text, left).unwrap().0;
+        }
+    }
+
+    /// Sends it SIGHUP.
+    fn hang_up(&self) {
+        // SAFETY: signals the child this test started and still owns.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) },
+            0
+        );
     }
 
     /// Stops it with SIGTERM; everything it said.
@@ -600,6 +642,7 @@ impl Drop for Gateway {
 #[test]
 fn a_sighup_while_the_first_set_compiles_reloads_it_after_start() {
     let dir = std::env::temp_dir().join(format!("shallot-early-hup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("shallot.toml");
     let plugin = guest("schema_validation");
@@ -611,26 +654,32 @@ fn a_sighup_while_the_first_set_compiles_reloads_it_after_start() {
         ),
     )
     .unwrap();
-    let cache = dir.join("cache");
+    // Outside the config's directory: a directory made beside the config
+    // is a change that reloads too.
+    let cache = dir.with_extension("cache");
+    let _ = std::fs::remove_dir_all(&cache);
     let cache = cache.to_str().unwrap();
-    let gateway = Gateway::launch(&config, &["--cache-dir", cache], &[], |pid| {
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(400));
+    let hang_up_while_compiling = |pid: u32, line: &str| {
+        if line.starts_with("compiling ") {
             // SAFETY: signals the child this test started and still owns.
             unsafe { libc::kill(pid as i32, libc::SIGHUP) };
-        });
-    });
+        }
+    };
+    let gateway = Gateway::launch(
+        &config,
+        &["--cache-dir", cache],
+        &[],
+        |_| {},
+        hang_up_while_compiling,
+    );
     let (status, _) = http(&gateway.address, "GET", "/healthz", "");
     assert!(status.contains("200"), "{status}");
-    for _ in 0..600 {
-        if gateway.said().contains("reloaded") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let reloaded = gateway.lines("shallot serve: reloaded", 1);
+    assert_eq!(asked(&reloaded[0]), "SIGHUP", "{reloaded:?}");
     let said = gateway.terminate();
-    assert!(said.contains("reloaded"), "{said}");
+    assert!(said.contains("compiling "), "{said}");
     std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(cache).unwrap();
 }
 
 /// The soft open-file limit of process `pid`, and its hard limit.
@@ -651,7 +700,7 @@ fn open_files(pid: i32) -> (u64, u64) {
 #[test]
 fn serve_raises_its_open_file_limit_to_the_hard_limit() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/shallot.toml");
-    let gateway = Gateway::launch(&config, &[], &[], |pid| {
+    let lower_the_limit = |pid: u32| {
         let (_, hard) = open_files(pid as i32);
         let low = libc::rlimit {
             rlim_cur: hard.min(1024) / 2,
@@ -661,7 +710,8 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
         let set =
             unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &low, std::ptr::null_mut()) };
         assert_eq!(set, 0);
-    });
+    };
+    let gateway = Gateway::launch(&config, &[], &[], lower_the_limit, |_, _| {});
     let (soft, hard) = open_files(gateway.child.id() as i32);
     assert_eq!(soft, hard, "{}", gateway.said());
     gateway.terminate();
@@ -921,38 +971,31 @@ fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_reques
             (served, failed)
         })
     };
-    let until = |wanted: &str| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while refusal(&address).as_deref() != Some(wanted) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never saw {wanted}: {}",
-                gateway.said()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+    // Each reload is swapped in before it is announced.
+    let mut reloads = 0;
+    let mut reloaded = || {
+        reloads += 1;
+        gateway.lines("shallot serve: reloaded", reloads);
     };
     for round in 1..=20 {
         if round == 10 {
             // A broken plugin: the reload fails, the last good set serves.
             std::fs::write(&plugin, b"\0asm not really").unwrap();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            loop {
-                let (_, ready) = http(&address, "GET", "/readyz", "");
-                if ready.contains("\"last_error\":\"") {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the failed reload is not reported: {ready}"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
+            gateway.lines("shallot serve: reload failed", 1);
+            let (_, ready) = http(&address, "GET", "/readyz", "");
+            assert!(
+                ready.contains("\"last_error\":\""),
+                "the failed reload is not reported: {ready}"
+            );
             assert_eq!(refusal(&address).as_deref(), Some("no-9"));
             std::fs::write(&plugin, &good).unwrap();
+            reloaded();
+            assert_eq!(refusal(&address).as_deref(), Some("no-9"));
         }
-        write_config(&format!("no-{round}"));
-        until(&format!("no-{round}"));
+        let wanted = format!("no-{round}");
+        write_config(&wanted);
+        reloaded();
+        assert_eq!(refusal(&address), Some(wanted));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (served, failed) = load.join().unwrap();
@@ -964,6 +1007,12 @@ fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_reques
     assert!(served > 20, "{served} requests");
     assert!(said.contains("reload failed"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What asked for the reload a `reloaded` line reports.
+fn asked(line: &str) -> &str {
+    line.split_once("; asked by ")
+        .map_or("", |(_, asked)| asked)
 }
 
 /// The swaps `/readyz` reports.
@@ -994,24 +1043,19 @@ fn serve_watches_the_plugin_directory_a_reload_moves_to() {
     };
     write_config("p1", "no-1");
     let gateway = Gateway::start(&config);
-    let until = |done: &dyn Fn(Option<String>) -> bool| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !done(refusal(&gateway.address)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no reload: {}",
-                gateway.said()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    until(&|answer| answer.as_deref() == Some("no-1"));
+    assert_eq!(refusal(&gateway.address).as_deref(), Some("no-1"));
     write_config("p2", "no-2");
-    until(&|answer| answer.as_deref() == Some("no-2"));
+    gateway.lines("shallot serve: reloaded", 1);
+    assert_eq!(refusal(&gateway.address).as_deref(), Some("no-2"));
     let staged = dir.join("p2").join("passthrough.tmp");
     std::fs::copy(guest("passthrough"), &staged).unwrap();
     std::fs::rename(&staged, dir.join("p2").join("safeguard.wasm")).unwrap();
-    until(&|answer| answer.is_some_and(|a| a.contains("bomb")));
+    gateway.lines("shallot serve: reloaded", 2);
+    let answer = refusal(&gateway.address);
+    assert!(
+        answer.as_ref().is_some_and(|a| a.contains("bomb")),
+        "{answer:?}"
+    );
     gateway.terminate();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -1039,29 +1083,26 @@ fn serve_reloads_for_its_config_and_plugins_not_for_other_files_beside_them() {
                 .unwrap();
             writeln!(out, "line {n}").unwrap();
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    assert_eq!(swapped(&address), 0, "{}", gateway.said());
+    // The first reload is the SIGHUP's alone: had the writes asked for one,
+    // it would have come first or named them.
+    gateway.hang_up();
+    let reloaded = gateway.lines("shallot serve: reloaded", 1);
+    assert_eq!(asked(&reloaded[0]), "SIGHUP", "{reloaded:?}");
 
-    // The config and a plugin still do, once each.
-    for changed in [config.clone(), dir.join("safeguard.wasm")] {
-        let before = swapped(&address);
+    // The config and a plugin still do, once each: a SIGHUP after them
+    // reloads for itself alone.
+    for (n, changed) in [(2, config.clone()), (3, dir.join("safeguard.wasm"))] {
         let bytes = std::fs::read(&changed).unwrap();
         std::fs::write(&changed, bytes).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while swapped(&address) == before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} changed, no reload: {}",
-                changed.display(),
-                gateway.said()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let reloaded = gateway.lines("shallot serve: reloaded", n);
+        let path = changed.display().to_string();
+        assert_eq!(asked(&reloaded[n - 1]), path, "{reloaded:?}");
     }
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    assert_eq!(swapped(&address), 2, "{}", gateway.said());
+    gateway.hang_up();
+    let reloaded = gateway.lines("shallot serve: reloaded", 4);
+    assert_eq!(asked(&reloaded[3]), "SIGHUP", "{reloaded:?}");
+    assert_eq!(swapped(&address), 4, "{}", gateway.said());
     gateway.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }

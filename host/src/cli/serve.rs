@@ -194,10 +194,10 @@ fn describe(routes: &[Route]) -> String {
 }
 
 /// What asks for a reload: SIGHUP, and changes to the config file or a
-/// plugin.
+/// plugin (each sent as the path that changed).
 struct Reloads {
-    changes: mpsc::UnboundedReceiver<()>,
-    changed: mpsc::UnboundedSender<()>,
+    changes: mpsc::UnboundedReceiver<String>,
+    changed: mpsc::UnboundedSender<String>,
     hangups: Signal,
     /// Kept alive for as long as changes are wanted.
     watcher: Option<notify::RecommendedWatcher>,
@@ -235,20 +235,29 @@ impl Reloads {
     /// Waits for the next reload to be asked for, and for its changes to
     /// settle (an editor or a copy writes in several steps): until no
     /// change came for `SETTLE`, or `SETTLED` after the first one for a
-    /// file that keeps changing.
-    async fn next(&mut self) {
+    /// file that keeps changing. Says what asked for it: `SIGHUP` and the
+    /// files that changed, each once, in the order they came.
+    async fn next(&mut self) -> String {
+        let mut asked = Vec::new();
+        let mut ask = |why: String| {
+            if !asked.contains(&why) {
+                asked.push(why);
+            }
+        };
         tokio::select! {
-            _ = self.changes.recv() => {}
-            _ = self.hangups.recv() => {}
+            Some(path) = self.changes.recv() => ask(path),
+            _ = self.hangups.recv() => ask("SIGHUP".to_owned()),
         }
         let settled = tokio::time::Instant::now() + SETTLED;
         loop {
             let quiet = (tokio::time::Instant::now() + SETTLE).min(settled);
             tokio::select! {
-                Some(()) = self.changes.recv() => {}
+                Some(path) = self.changes.recv() => ask(path),
+                _ = self.hangups.recv() => ask("SIGHUP".to_owned()),
                 () = tokio::time::sleep_until(quiet) => break,
             }
         }
+        asked.join(", ")
     }
 }
 
@@ -257,7 +266,7 @@ impl Reloads {
 /// is reported.
 async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
     loop {
-        reloads.next().await;
+        let asked = reloads.next().await;
         let config = args.source.config();
         let built = match &config {
             Ok(config) => build(&engine, &args, config.as_ref()).await,
@@ -268,12 +277,15 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
             Ok((routes, keys)) => {
                 let described = describe(&routes);
                 gateway.swap_with_keys(routes, keys);
-                eprintln!("shallot serve: reloaded ({described})");
+                eprintln!("shallot serve: reloaded ({described}); asked by {asked}");
             }
             Err(e) => {
                 let error = format!("{e:#}");
-                eprintln!("shallot serve: reload failed, still serving the previous set: {error}");
-                gateway.reload_failed(error);
+                // Reported in /readyz before it is announced.
+                gateway.reload_failed(error.clone());
+                eprintln!(
+                    "shallot serve: reload failed (asked by {asked}), still serving the previous set: {error}"
+                );
             }
         }
     }
@@ -288,7 +300,7 @@ const SETTLED: Duration = Duration::from_secs(5);
 fn watch(
     source: &Source,
     config: Option<&Config>,
-    changed: mpsc::UnboundedSender<()>,
+    changed: mpsc::UnboundedSender<String>,
 ) -> notify::Result<notify::RecommendedWatcher> {
     let changes = source.changes(config);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -302,8 +314,15 @@ fn watch(
             e.kind == EventKind::Access(AccessKind::Close(AccessMode::Write))
         };
         let wanted = |e: &notify::Event| !e.kind.is_access() || closed_written(e);
-        if event.is_ok_and(|e| wanted(&e) && concerned(&e)) {
-            let _ = changed.send(());
+        if let Ok(e) = event
+            && wanted(&e)
+            && concerned(&e)
+        {
+            let what = match e.paths.iter().find(|p| changes.concern(p)) {
+                Some(path) if !e.need_rescan() => path.display().to_string(),
+                _ => "a change the file watcher lost track of".to_owned(),
+            };
+            let _ = changed.send(what);
         }
     })?;
     for dir in source.watched(config) {
