@@ -165,7 +165,7 @@ impl<F: Export> token_filter::GuestTokenTransformer for Transformer<F> {
         let mut out = TokenOut::default();
         self.inner
             .borrow_mut()
-            .flush(&mut out)
+            .flush(crate::tokens::stream_end(), &mut out)
             .map_err(FilterError::returned)?;
         Ok(out.into_batch())
     }

@@ -14,8 +14,8 @@
 //! (JSON lines to the operator's sink) and [`memory`] (a conversation
 //! store); without the grant each call returns an `auth` error naming it.
 //! [`validate::reenter`] runs a turn until a check passes, and
-//! [`HeldTokens`] holds a stream's tokens back (with [`stream_end`] telling
-//! why the stream ended).
+//! [`HeldTokens`] holds a stream's tokens back, to release or drop when the
+//! stream ends ([`TokenTransform::flush`] is told why it did).
 //!
 //! This crate owns the guest side of the `shallot:filter` WIT contract; it
 //! must not grow host logic: the host owns ordering, private state (FCtx)
@@ -119,4 +119,4 @@ pub use filter::Filter;
 pub use granted::{approval, memory, timer, trace};
 pub use next::Next;
 pub use shallot_guest_macro::{around_chat, around_tool, around_turn, filter};
-pub use tokens::{HeldTokens, PassThrough, Token, TokenOut, TokenTransform, Tokens, stream_end};
+pub use tokens::{HeldTokens, PassThrough, Token, TokenOut, TokenTransform, Tokens};

@@ -154,11 +154,13 @@ pub trait TokenTransform {
     /// drop, pass, expand, or buffer them for a later step or `flush`.
     fn step(&mut self, tokens: Tokens, out: &mut TokenOut) -> Result<(), FilterError>;
 
-    /// The stream ended normally: emit whatever is still buffered
-    /// ([`stream_end`] says why the model stopped). Not called when the
-    /// stream fails, so buffered tokens never leak then.
-    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
-        let _ = out;
+    /// The stream ended normally, the model having stopped for `end`
+    /// (e.g. [`FinishReason::ToolUse`] for a round of the tool loop that
+    /// asks for tools rather than answering): emit whatever is still
+    /// buffered. Not called when the stream fails, so buffered tokens
+    /// never leak then.
+    fn flush(&mut self, end: FinishReason, out: &mut TokenOut) -> Result<(), FilterError> {
+        let _ = (end, out);
         Ok(())
     }
 }
@@ -173,9 +175,8 @@ impl TokenTransform for PassThrough {
     }
 }
 
-/// Why the model stopped, in [`TokenTransform::flush`]: e.g.
-/// [`FinishReason::ToolUse`] for a round of the tool loop that asks for
-/// tools rather than answering. `None` in [`TokenTransform::step`].
-pub fn stream_end() -> Option<FinishReason> {
-    model_stream::end()
+/// Why the model stopped, for [`TokenTransform::flush`]: the host says it
+/// before every flush.
+pub(crate) fn stream_end() -> FinishReason {
+    model_stream::end().unwrap_or(FinishReason::Complete)
 }

@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 use shallot_guest::{
-    Filter, FilterError, FinishReason, HeldTokens, TokenOut, TokenTransform, Tokens, stream_end,
+    Filter, FilterError, FinishReason, HeldTokens, TokenOut, TokenTransform, Tokens,
 };
 
 #[derive(Deserialize)]
@@ -39,8 +39,8 @@ impl TokenTransform for Round {
         Ok(())
     }
 
-    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
-        if stream_end() != Some(FinishReason::ToolUse) {
+    fn flush(&mut self, end: FinishReason, out: &mut TokenOut) -> Result<(), FilterError> {
+        if end != FinishReason::ToolUse {
             self.tokens.release(out);
         }
         Ok(())

@@ -10,7 +10,9 @@
 
 use regex_lite::{Regex, RegexBuilder};
 use serde::Deserialize;
-use shallot_guest::{Filter, FilterError, HeldTokens, TokenOut, TokenTransform, Tokens};
+use shallot_guest::{
+    Filter, FilterError, FinishReason, HeldTokens, TokenOut, TokenTransform, Tokens,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,7 +83,7 @@ impl TokenTransform for Held {
         Ok(())
     }
 
-    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
+    fn flush(&mut self, _: FinishReason, out: &mut TokenOut) -> Result<(), FilterError> {
         let text = self.tokens.text();
         let folded = if self.case_sensitive {
             text.clone()

@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use regex_lite::Regex;
 use serde::Deserialize;
-use shallot_guest::{Filter, FilterError, TokenOut, TokenTransform, Tokens};
+use shallot_guest::{Filter, FilterError, FinishReason, TokenOut, TokenTransform, Tokens};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,7 +76,7 @@ impl TokenTransform for Redactor {
         Ok(())
     }
 
-    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
+    fn flush(&mut self, _: FinishReason, out: &mut TokenOut) -> Result<(), FilterError> {
         self.emit(out, true);
         Ok(())
     }

@@ -415,7 +415,7 @@ impl TokenTransform for Transform {
         Ok(())
     }
 
-    fn flush(&mut self, _out: &mut TokenOut) -> Result<(), FilterError> {
+    fn flush(&mut self, _: FinishReason, _: &mut TokenOut) -> Result<(), FilterError> {
         self.0.strike("flush", "")
     }
 }

@@ -326,7 +326,7 @@ impl TokenTransform for Transform {
         Ok(())
     }
 
-    fn flush(&mut self, out: &mut TokenOut) -> Result<(), FilterError> {
+    fn flush(&mut self, _: FinishReason, out: &mut TokenOut) -> Result<(), FilterError> {
         self.emit_buffer(out);
         Ok(())
     }
