@@ -77,7 +77,6 @@ impl Terminal<Chat> for ModelTerminal {
         invoke: &Arc<Invoke>,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        invoke.offer(request.tools.clone());
         // The system prompts are the innermost layer: after every filter.
         let prompts = invoke.system_prompts();
         if !prompts.is_empty() {

@@ -3,7 +3,7 @@
 //! deadlines and attribution of errors are written once, over any kind.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -160,7 +160,13 @@ pub struct Next<K: ChainKind> {
     /// The view of the shared context the terminal writes to, for a call
     /// of a tool batch; otherwise the invoke's context.
     writes_to: Option<Context>,
+    /// Where the request is kept as it reaches the terminal, for a caller
+    /// that asks ([`Next::call_reaching`]).
+    reached: Option<Reached<K>>,
 }
+
+/// The request of a call as it last reached the terminal.
+type Reached<K> = Arc<Mutex<Option<<K as ChainKind>::Request>>>;
 
 impl<K: ChainKind> Clone for Next<K> {
     fn clone(&self) -> Self {
@@ -171,6 +177,7 @@ impl<K: ChainKind> Clone for Next<K> {
             invoke: self.invoke.clone(),
             branch: self.branch.clone(),
             writes_to: self.writes_to.clone(),
+            reached: self.reached.clone(),
         }
     }
 }
@@ -185,6 +192,7 @@ impl<K: ChainKind> Next<K> {
             invoke,
             branch: None,
             writes_to: None,
+            reached: None,
         }
     }
 
@@ -210,6 +218,27 @@ impl<K: ChainKind> Next<K> {
     pub fn call(&self, request: K::Request) -> BoxFuture<'static, K::Output> {
         let this = self.clone();
         Box::pin(async move { this.run(request).await })
+    }
+
+    /// Calls the inner layers and the terminal, and returns with the
+    /// output the request as the filters left it when it last reached the
+    /// terminal (`None` if a filter answered in its place): for the chat
+    /// chain, the tools the model was offered.
+    pub(crate) async fn call_reaching(
+        &self,
+        request: K::Request,
+    ) -> (K::Output, Option<K::Request>) {
+        let reached = Reached::<K>::default();
+        let next = Next {
+            reached: Some(reached.clone()),
+            ..self.clone()
+        };
+        let output = next.call(request).await;
+        let request = reached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        (output, request)
     }
 
     /// Calls the inner layers, giving up with a `timeout` error after
@@ -285,6 +314,9 @@ impl<K: ChainKind> Next<K> {
         let Some(layer) = self.chain.layers.get(self.index) else {
             // A terminal's panic (a custom one, or a host bug) is its own
             // error, not blamed on the native filter around it.
+            if let Some(reached) = &self.reached {
+                *reached.lock().unwrap_or_else(PoisonError::into_inner) = Some(request.clone());
+            }
             let context = self.writes_to.as_ref().unwrap_or(self.invoke.context());
             let call = self.chain.terminal.call(request, &self.invoke, context);
             let terminal = K::TERMINAL;

@@ -24,8 +24,7 @@ use super::{Fctx, Next, Onion, TokenSink};
 use crate::context::Context;
 use crate::types::{Carried, ChainError};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, ToolSpec,
-    Weigh,
+    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
@@ -107,10 +106,6 @@ pub struct Invoke {
     model_options: JsonMap,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Resumable, Decision)>>,
-    /// The tools the model was last offered, as the chat filters left
-    /// them: a tool a filter added (and serves in its around-tool) can be
-    /// called although it is not registered.
-    offered: Mutex<Option<Arc<Vec<ToolSpec>>>>,
 }
 
 /// What a shared-context key was before a write: its value, and the
@@ -160,7 +155,6 @@ impl Invoke {
             system_prompts: OnceLock::new(),
             model_options,
             resumed: Mutex::new(None),
-            offered: Mutex::new(None),
         }
     }
 
@@ -286,6 +280,18 @@ impl Invoke {
             .await
     }
 
+    /// The same, and the request as it reached the model (the tools the
+    /// model was offered, as the chat filters left them); `None` if a
+    /// filter answered in the model's place.
+    pub(crate) async fn chat_reaching(
+        self: &Arc<Self>,
+        request: ChatRequest,
+    ) -> (Result<ChatResponse, ChainError>, Option<ChatRequest>) {
+        Next::start(self.onion.chat.clone(), self.clone())
+            .call_reaching(request)
+            .await
+    }
+
     /// Runs the tool chain within this invoke.
     pub async fn tool(self: &Arc<Self>, request: ToolRequest) -> Result<ToolResponse, ChainError> {
         Next::start(self.onion.tool.clone(), self.clone())
@@ -324,18 +330,6 @@ impl Invoke {
 
     pub(crate) fn set_resumed(&self, paused: Resumable, decision: Decision) {
         *self.resumed.lock().unwrap_or_else(PoisonError::into_inner) = Some((paused, decision));
-    }
-
-    /// Records the tools the model is offered in a call.
-    pub(crate) fn offer(&self, tools: Arc<Vec<ToolSpec>>) {
-        *self.offered.lock().unwrap_or_else(PoisonError::into_inner) = Some(tools);
-    }
-
-    /// The spec of `name` among the tools the model was last offered.
-    pub(crate) fn offered(&self, name: &str) -> Option<Arc<ToolSpec>> {
-        let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
-        let spec = offered.as_ref()?.iter().find(|tool| tool.name == name)?;
-        Some(Arc::new(spec.clone()))
     }
 
     pub(crate) fn set_system_prompts(&self, prompts: Vec<String>) {

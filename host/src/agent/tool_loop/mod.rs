@@ -247,7 +247,8 @@ impl ToolLoop {
         calls: Vec<ToolCall>,
     ) -> Option<TurnResult> {
         let triage = self.triage(run, tools, calls);
-        let outcomes = self.run_tools(invoke, tools, &triage.free).await;
+        let offered = run.offered.clone().unwrap_or_default();
+        let outcomes = self.run_tools(invoke, tools, &offered, &triage.free).await;
         let ran = Ran {
             calls: triage.free,
             outcomes,

@@ -20,6 +20,10 @@ pub(super) struct Run<'a> {
     pub(super) calls: Vec<ToolCallRecord>,
     pub(super) rounds: u32,
     pub(super) last: Option<ChatResponse>,
+    /// The tools the model was last offered, as the chat filters left
+    /// them: a tool a filter added (and serves in its around-tool) can be
+    /// called although it is not registered.
+    pub(super) offered: Option<Arc<Vec<ToolSpec>>>,
     /// The `on_tool_call` policy's verdict on each call it was asked about.
     pub(super) verdicts: Vec<(ToolCall, Option<String>)>,
     /// The outputs of the current batch's calls so far, while each was to
@@ -48,6 +52,7 @@ impl<'a> Run<'a> {
             calls: Vec::new(),
             rounds: 0,
             last: None,
+            offered: None,
             verdicts: Vec::new(),
             direct: None,
         };
@@ -70,6 +75,7 @@ impl<'a> Run<'a> {
             calls: paused.calls.clone(),
             rounds: paused.rounds,
             last: Some(paused.last.clone()),
+            offered: None,
             verdicts: paused.verdicts.clone(),
             direct: paused.direct.clone(),
         }

@@ -19,8 +19,8 @@ impl ToolLoop {
     /// offered, or the error of a tool that is neither.
     fn requests(
         &self,
-        invoke: &Invoke,
         tools: &[Arc<ToolSpec>],
+        offered: &[ToolSpec],
         calls: &[ToolCall],
     ) -> Vec<Result<ToolRequest, ChainError>> {
         // Each name is looked up once a batch: an offered spec is copied
@@ -32,7 +32,10 @@ impl ToolLoop {
                 let spec = specs.entry(call.name.as_str()).or_insert_with(|| {
                     spec_of(tools, &call.name)
                         .cloned()
-                        .or_else(|| invoke.offered(&call.name))
+                        .or_else(|| {
+                            let spec = offered.iter().find(|tool| tool.name == call.name)?;
+                            Some(Arc::new(spec.clone()))
+                        })
                         .map(|spec| self.bounded(spec))
                 });
                 match spec.clone() {
@@ -61,9 +64,10 @@ impl ToolLoop {
         &self,
         invoke: &Arc<Invoke>,
         tools: &[Arc<ToolSpec>],
+        offered: &[ToolSpec],
         calls: &[ToolCall],
     ) -> Vec<Result<String, ChainError>> {
-        let requests = self.requests(invoke, tools, calls);
+        let requests = self.requests(tools, offered, calls);
         let serial = !self.config.parallel_tools
             || requests.iter().flatten().any(|request| request.tool.serial);
         let runnable: Vec<ToolRequest> = requests.iter().flatten().cloned().collect();
@@ -116,7 +120,10 @@ impl ToolLoop {
     ) -> Option<TurnResult> {
         let pending = paused.pending.clone();
         let outcomes = match decision {
-            Decision::Approve => self.run_tools(invoke, tools, &pending).await,
+            Decision::Approve => {
+                let offered = run.offered.clone().unwrap_or_default();
+                self.run_tools(invoke, tools, &offered, &pending).await
+            }
             Decision::Deny(reason) => pending.iter().map(|_| Err(denied(&reason))).collect(),
             Decision::Reply(text) => {
                 let reply = serde_json::Value::String(text).to_string();
@@ -154,7 +161,11 @@ impl ToolLoop {
             tools: offered.clone(),
             ..Default::default()
         };
-        let response = match invoke.chat(chat).await {
+        let (response, reached) = invoke.chat_reaching(chat).await;
+        if let Some(reached) = reached {
+            run.offered = Some(reached.tools);
+        }
+        let response = match response {
             Ok(response) => response,
             Err(error) => return Some(Ended::Turn(TurnResult::Error(error))),
         };
