@@ -99,18 +99,19 @@ pub const MAX_MEMORY_MIB: u32 = 4096;
 /// The shared wasmtime engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    pub(crate) inner: Arc<EngineInner>,
+    inner: Arc<EngineInner>,
 }
 
-pub(crate) struct EngineInner {
-    pub wasmtime: wasmtime::Engine,
-    pub cache: Option<Cache>,
-    pub slots: Arc<Semaphore>,
-    pub slot_count: u32,
-    pub idle: AtomicUsize,
-    pub idle_cap: usize,
-    pub prepared: usize,
-    pub queue_timeout: Duration,
+struct EngineInner {
+    wasmtime: wasmtime::Engine,
+    cache: Option<Cache>,
+    slots: Arc<Semaphore>,
+    slot_count: u32,
+    /// Instances kept ready in all (idle warm ones, prepared fresh ones).
+    idle: AtomicUsize,
+    idle_cap: usize,
+    prepared: usize,
+    queue_timeout: Duration,
     compile_memory_mib: u32,
     compile_timeout: Duration,
     stop_ticker: Arc<AtomicBool>,
@@ -200,6 +201,39 @@ impl Engine {
     /// How long an invoke may wait for instances.
     pub(crate) fn queue_timeout(&self) -> Duration {
         self.inner.queue_timeout
+    }
+
+    /// The instance slots in all.
+    pub(crate) fn slot_count(&self) -> u32 {
+        self.inner.slot_count
+    }
+
+    /// Fresh instances each `invoke` filter keeps prepared.
+    pub(crate) fn prepared(&self) -> usize {
+        self.inner.prepared
+    }
+
+    /// Takes room for one more ready instance in the idle budget; `false`
+    /// when it is full.
+    pub(crate) fn reserve_idle(&self) -> bool {
+        let inner = &self.inner;
+        inner
+            .idle
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < inner.idle_cap).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back the room of `count` ready instances (taken for a call, or
+    /// dropped).
+    pub(crate) fn release_idle(&self, count: usize) {
+        self.inner.idle.fetch_sub(count, Ordering::Relaxed);
+    }
+
+    /// Whether `other` is this same engine (not a copy of its config).
+    pub(crate) fn same(&self, other: &Engine) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 

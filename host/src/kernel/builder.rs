@@ -228,7 +228,7 @@ impl KernelBuilder {
         for filter in self.wasm.iter().flatten() {
             match &engine {
                 None => engine = Some(filter.engine().clone()),
-                Some(ours) if !Arc::ptr_eq(&ours.inner, &filter.engine().inner) => {
+                Some(ours) if !ours.same(filter.engine()) => {
                     return Err(BuildError::MixedEngines);
                 }
                 Some(_) => {}
@@ -257,10 +257,10 @@ impl KernelBuilder {
                 }
                 total = total.max(sum);
             }
-            if total > engine.inner.slot_count as usize {
+            if total > engine.slot_count() as usize {
                 return Err(BuildError::TooFewSlots {
                     need: total,
-                    have: engine.inner.slot_count,
+                    have: engine.slot_count(),
                 });
             }
         }

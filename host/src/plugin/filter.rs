@@ -189,7 +189,7 @@ impl WasmFilter {
     pub(crate) async fn instantiate(self: &Arc<Self>) -> Result<FilterInstance, ChainError> {
         let spare = self.spares().ready.pop();
         if spare.is_some() {
-            self.engine.inner.idle.fetch_sub(1, Ordering::Relaxed);
+            self.engine.release_idle(1);
         }
         if self.isolation == Isolation::Invoke {
             self.refill();
@@ -202,17 +202,6 @@ impl WasmFilter {
 
     fn spares(&self) -> MutexGuard<'_, Spares> {
         self.spares.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Reserves room for one more idle instance in the engine's budget.
-    fn reserve_idle(&self) -> bool {
-        let engine = &self.engine.inner;
-        engine
-            .idle
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < engine.idle_cap).then_some(n + 1)
-            })
-            .is_ok()
     }
 
     /// Takes back an ended invoke's instances: a `warm` filter keeps them
@@ -228,7 +217,7 @@ impl WasmFilter {
         if self.isolation == Isolation::Warm {
             let grown = (self.template.limits.memory_mib as usize) << 19;
             for instance in instances {
-                if instance.memory() > grown || !self.reserve_idle() {
+                if instance.memory() > grown || !self.engine.reserve_idle() {
                     continue;
                 }
                 self.spares().ready.push(instance);
@@ -256,17 +245,17 @@ impl WasmFilter {
             loop {
                 let (retired, wanted) = {
                     let mut spares = filter.spares();
-                    let wanted = spares.ready.len() < filter.engine.inner.prepared;
+                    let wanted = spares.ready.len() < filter.engine.prepared();
                     (std::mem::take(&mut spares.retired), wanted)
                 };
                 drop(retired);
-                if wanted && filter.reserve_idle() {
+                if wanted && filter.engine.reserve_idle() {
                     match FilterInstance::create(&filter.template).await {
                         Ok(instance) => filter.spares().ready.push(instance),
                         Err(_) => {
                             // The next request makes its own instance and
                             // reports the error; stop preparing meanwhile.
-                            filter.engine.inner.idle.fetch_sub(1, Ordering::Relaxed);
+                            filter.engine.release_idle(1);
                             filter.spares().refilling = false;
                             return;
                         }
@@ -345,7 +334,7 @@ impl Drop for WasmFilter {
     /// budget goes back (a set reloaded over and over must not use it up).
     fn drop(&mut self) {
         let ready = self.spares().ready.len();
-        self.engine.inner.idle.fetch_sub(ready, Ordering::Relaxed);
+        self.engine.release_idle(ready);
     }
 }
 

@@ -388,8 +388,7 @@ async fn describe(
         configured_in: source.clone(),
     };
     let _slot = engine
-        .inner
-        .slots
+        .slots()
         .acquire()
         .await
         .map_err(|e| LoadError::Config {
