@@ -8,11 +8,6 @@ use std::sync::OnceLock;
 pub use serde;
 pub use wit_bindgen;
 
-/// The inner layers, for the function of a one-function filter.
-pub const fn next() -> crate::Next {
-    crate::Next::new()
-}
-
 pub use crate::bindings::__export_filter_world as export_world;
 use crate::bindings::exports::shallot::filter::{
     chat_filter, plugin, system_prompt_filter, token_filter, tool_filter, turn_filter,
@@ -22,7 +17,7 @@ use crate::bindings::shallot::filter::types::{
     TurnResult as WitTurnResult,
 };
 use crate::{ChatResponse, ToolResponse};
-use crate::{Fctx, Filter, FilterError, Hook, TokenOut, TokenTransform, Tokens, next};
+use crate::{Filter, FilterError, Hook, Next, TokenOut, TokenTransform, Tokens, next};
 
 /// What the attribute knows about the filter type it was put on.
 pub trait Export: Filter {
@@ -102,7 +97,7 @@ impl<F: Export> chat_filter::Guest for Adapter<F> {
     fn around_chat(request: &ChatRequest) -> Result<ChatResponse, WitError> {
         next::begin_hook();
         configured::<F>()
-            .around_chat(request, &Fctx::new())
+            .around_chat(request, Next::new())
             .map_err(FilterError::returned)
     }
 }
@@ -111,7 +106,7 @@ impl<F: Export> tool_filter::Guest for Adapter<F> {
     fn around_tool(request: &ToolRequest) -> Result<ToolResponse, WitError> {
         next::begin_hook();
         configured::<F>()
-            .around_tool(request, &Fctx::new())
+            .around_tool(request, Next::new())
             .map_err(FilterError::returned)
     }
 }
@@ -120,7 +115,7 @@ impl<F: Export> turn_filter::Guest for Adapter<F> {
     fn around_turn(request: &TurnRequest) -> WitTurnResult {
         next::begin_hook();
         configured::<F>()
-            .around_turn(request, &Fctx::new())
+            .around_turn(request, Next::new())
             .returned()
     }
 }

@@ -4,8 +4,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::{
-    ChatRequest, ChatResponse, Fctx, FilterError, Hook, PassThrough, TokenTransform, ToolRequest,
-    ToolResponse, TurnRequest, TurnResult, next,
+    ChatRequest, ChatResponse, FilterError, Hook, Next, PassThrough, TokenTransform, ToolRequest,
+    ToolResponse, TurnRequest, TurnResult,
 };
 
 /// A shallot filter.
@@ -14,7 +14,7 @@ use crate::{
 /// config is deserialized into it (`null` or `{}` when the operator gives
 /// none), then [`Filter::configure`] runs once per instance. Hooks take
 /// `&self`: anything that must outlive one hook call belongs in the private
-/// context ([`Fctx`]), never in the filter value, because the host may run
+/// context ([`Next::fctx`]), never in the filter value, because the host may run
 /// each invoke in a fresh instance.
 ///
 /// Put `#[shallot_guest::filter]` on the impl block: it exports the
@@ -46,32 +46,29 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
         Self::State::default()
     }
 
-    /// Around one model call. Call [`next::chat`] zero times (short-circuit),
-    /// once, or several times (retry).
+    /// Around one model call. Call [`Next::chat`] zero times
+    /// (short-circuit), once, or several times (retry).
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &Fctx<Self::State>,
+        next: Next<Self::State>,
     ) -> Result<ChatResponse, FilterError> {
-        let _ = fctx;
-        next::chat(request)
+        next.chat(request)
     }
 
     /// Around one tool execution.
     fn around_tool(
         &self,
         request: &ToolRequest,
-        fctx: &Fctx<Self::State>,
+        next: Next<Self::State>,
     ) -> Result<ToolResponse, FilterError> {
-        let _ = fctx;
-        next::tool(request)
+        next.tool(request)
     }
 
     /// Around a whole agent turn. Pass `Interrupt` and `Error` results
     /// through untouched; re-enter only on `Done`.
-    fn around_turn(&self, request: &TurnRequest, fctx: &Fctx<Self::State>) -> TurnResult {
-        let _ = fctx;
-        next::turn(request)
+    fn around_turn(&self, request: &TurnRequest, next: Next<Self::State>) -> TurnResult {
+        next.turn(request)
     }
 
     /// Shapes the system prompt, once per invoke, before any model call:

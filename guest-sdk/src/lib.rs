@@ -26,8 +26,8 @@
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
 //! use shallot_guest::{
-//!     ChatRequest, ChatResponse, Filter, FilterError, Fctx, FinishReason, Message, TokenOut,
-//!     TokenTransform, Tokens, log, next,
+//!     ChatRequest, ChatResponse, Filter, FilterError, FinishReason, Message, Next, TokenOut,
+//!     TokenTransform, Tokens, log,
 //! };
 //!
 //! /// The configuration the operator gives, e.g. `{"word": "bomb"}`.
@@ -46,14 +46,15 @@
 //! impl Filter for Guard {
 //!     type State = Calls;
 //!
-//!     fn around_chat(&self, req: &ChatRequest, fctx: &Fctx<Calls>) -> Result<ChatResponse, FilterError> {
+//!     fn around_chat(&self, req: &ChatRequest, next: Next<Calls>) -> Result<ChatResponse, FilterError> {
+//!         let fctx = next.fctx();
 //!         fctx.update(|calls| calls.n += 1);
 //!         let asked = req.messages().iter().any(|m| m.text().contains(&self.word));
 //!         if asked {
 //!             // Short-circuit: the model is never called.
 //!             return Ok(ChatResponse::new(&Message::assistant("I can't help with that."), FinishReason::ContentFiltered));
 //!         }
-//!         let response = next::chat(req)?;
+//!         let response = next.chat(req)?;
 //!         log::debug(&format!("model answered, call #{} of this invoke", fctx.get().n));
 //!         Ok(response)
 //!     }
@@ -86,7 +87,7 @@ mod fctx;
 mod filter;
 mod granted;
 pub mod log;
-pub mod next;
+mod next;
 pub mod retry;
 mod tokens;
 mod types;

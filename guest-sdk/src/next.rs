@@ -1,18 +1,15 @@
 //! The inner layers of the chain the current hook belongs to: the next
 //! filter, or the terminal (the model, the tool, the tool loop).
-//!
-//! Only the function of the hook's own chain may be called (`chat` from
-//! `around_chat`, ...); any other returns an `invalid-request` error. A hook
-//! may call it zero times (short-circuit), once, or several times (retry).
-//! An inner failure comes back as a [`FilterError`]: return it unchanged
-//! (with `?`) and it keeps its origin, the filter or terminal that failed;
-//! change it, or build your own, and it is this filter's error.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::bindings::shallot::filter::next as wit;
 use crate::bindings::shallot::filter::types::{self as wtypes, TurnRequest};
-use crate::{ChatRequest, ChatResponse, FilterError, ToolRequest, ToolResponse, TurnResult};
+use crate::{ChatRequest, ChatResponse, Fctx, FilterError, ToolRequest, ToolResponse, TurnResult};
 
 thread_local! {
     /// Calls through `next` in the current hook call, counted as the host
@@ -39,60 +36,89 @@ fn inner<T>(result: Result<T, wtypes::FilterError>, nth: u32) -> Result<T, Filte
 }
 
 /// Calls the inner layers of the chat chain.
-pub fn chat(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
+pub(crate) fn chat(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
     let nth = count();
     inner(wit::chat(request), nth)
 }
 
 /// As [`chat`], but gives up after `timeout_ms` with a `timeout` error; the
 /// inner call is cancelled.
-pub fn chat_within(request: &ChatRequest, timeout_ms: u32) -> Result<ChatResponse, FilterError> {
+pub(crate) fn chat_within(
+    request: &ChatRequest,
+    timeout_ms: u32,
+) -> Result<ChatResponse, FilterError> {
     let nth = count();
     inner(wit::chat_within(request, timeout_ms), nth)
 }
 
 /// Calls the inner layers of the tool chain.
-pub fn tool(request: &ToolRequest) -> Result<ToolResponse, FilterError> {
+pub(crate) fn tool(request: &ToolRequest) -> Result<ToolResponse, FilterError> {
     let nth = count();
     inner(wit::tool(request), nth)
 }
 
 /// As [`tool`], bounded by `timeout_ms`.
-pub fn tool_within(request: &ToolRequest, timeout_ms: u32) -> Result<ToolResponse, FilterError> {
+pub(crate) fn tool_within(
+    request: &ToolRequest,
+    timeout_ms: u32,
+) -> Result<ToolResponse, FilterError> {
     let nth = count();
     inner(wit::tool_within(request, timeout_ms), nth)
 }
 
 /// Calls the inner layers of the turn chain: the rest of the turn filters,
 /// then the tool loop. Failures are a [`TurnResult::Error`], not an `Err`.
-pub fn turn(request: &TurnRequest) -> TurnResult {
+pub(crate) fn turn(request: &TurnRequest) -> TurnResult {
     let nth = count();
     TurnResult::inner(wit::turn(request), nth)
 }
 
 /// As [`turn`], bounded by `timeout_ms`.
-pub fn turn_within(request: &TurnRequest, timeout_ms: u32) -> TurnResult {
+pub(crate) fn turn_within(request: &TurnRequest, timeout_ms: u32) -> TurnResult {
     let nth = count();
     TurnResult::inner(wit::turn_within(request, timeout_ms), nth)
 }
 
-/// The inner layers as a value, for a filter written as one function
-/// (`#[shallot_guest::around_chat]` and its siblings): each method is the
-/// free function of the same name.
-#[derive(Debug, Clone, Copy)]
-pub struct Next(());
+/// The inner layers of the chain a hook belongs to: the next filter, or
+/// the terminal (the model, the tool, the tool loop), and the filter's
+/// private context ([`Next::fctx`]), as a native filter's `Next` is.
+///
+/// Only the method of the hook's own chain may be called (`chat` from
+/// `around_chat`, ...); any other returns an `invalid-request` error. A hook
+/// may call it zero times (short-circuit), once, or several times (retry).
+/// An inner failure comes back as a [`FilterError`]: return it unchanged
+/// (with `?`) and it keeps its origin, the filter or terminal that failed;
+/// change it, or build your own, and it is this filter's error.
+pub struct Next<S = ()> {
+    state: PhantomData<fn() -> S>,
+}
 
-impl Next {
+impl<S> Clone for Next<S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Next<S> {}
+
+impl<S> std::fmt::Debug for Next<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Next")
+    }
+}
+
+impl<S> Next<S> {
     pub(crate) const fn new() -> Self {
-        Next(())
+        Next { state: PhantomData }
     }
 
-    /// Calls the inner layers of the chat chain ([`chat`]).
+    /// Calls the inner layers of the chat chain.
     pub fn chat(self, request: &ChatRequest) -> Result<ChatResponse, FilterError> {
         chat(request)
     }
 
-    /// As [`Next::chat`], bounded by `timeout_ms` ([`chat_within`]).
+    /// As [`Next::chat`], but gives up after `timeout_ms` with a `timeout`
+    /// error; the inner call is cancelled.
     pub fn chat_within(
         self,
         request: &ChatRequest,
@@ -101,12 +127,12 @@ impl Next {
         chat_within(request, timeout_ms)
     }
 
-    /// Calls the inner layers of the tool chain ([`tool`]).
+    /// Calls the inner layers of the tool chain.
     pub fn tool(self, request: &ToolRequest) -> Result<ToolResponse, FilterError> {
         tool(request)
     }
 
-    /// As [`Next::tool`], bounded by `timeout_ms` ([`tool_within`]).
+    /// As [`Next::tool`], bounded by `timeout_ms`.
     pub fn tool_within(
         self,
         request: &ToolRequest,
@@ -115,14 +141,23 @@ impl Next {
         tool_within(request, timeout_ms)
     }
 
-    /// Calls the inner layers of the turn chain ([`turn`]).
+    /// Calls the inner layers of the turn chain: the rest of the turn
+    /// filters, then the tool loop. Failures are a [`TurnResult::Error`],
+    /// not an `Err`.
     pub fn turn(self, request: &TurnRequest) -> TurnResult {
         turn(request)
     }
 
-    /// As [`Next::turn`], bounded by `timeout_ms` ([`turn_within`]).
+    /// As [`Next::turn`], bounded by `timeout_ms`.
     pub fn turn_within(self, request: &TurnRequest, timeout_ms: u32) -> TurnResult {
         turn_within(request, timeout_ms)
+    }
+}
+
+impl<S: Serialize + DeserializeOwned + Default> Next<S> {
+    /// The filter's private context (FCtx) in this invoke.
+    pub fn fctx(self) -> Fctx<S> {
+        Fctx::new()
     }
 }
 

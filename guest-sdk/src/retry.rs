@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! use serde::Deserialize;
-//! use shallot_guest::{Fctx, Filter, FilterError, TurnRequest, TurnResult, next, retry};
+//! use shallot_guest::{Filter, FilterError, Next, TurnRequest, TurnResult, retry};
 //!
 //! /// Retries a whole turn at once, at most twice by default.
 //! struct TurnDefaults;
@@ -32,8 +32,8 @@
 //!         self.0.check()
 //!     }
 //!
-//!     fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
-//!         let run = self.0.run("the turn", || match next::turn(request) {
+//!     fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
+//!         let run = self.0.run("the turn", || match next.turn(request) {
 //!             TurnResult::Error(error) => Err(error),
 //!             other => Ok(other),
 //!         });

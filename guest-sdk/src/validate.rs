@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use serde::Deserialize;
-//! use shallot_guest::{Fctx, Filter, TurnRequest, TurnResult, validate};
+//! use shallot_guest::{Filter, Next, TurnRequest, TurnResult, validate};
 //!
 //! /// `{"max_retries": 2}`: answers must end with a full stop.
 //! #[derive(Deserialize)]
@@ -17,8 +17,8 @@
 //!
 //! #[shallot_guest::filter(name = "full-stop")]
 //! impl Filter for FullStop {
-//!     fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
-//!         validate::reenter(request, self.max_retries, validate::feedback, |done| {
+//!     fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
+//!         validate::reenter(next, request, self.max_retries, validate::feedback, |done| {
 //!             let text = done.response().text();
 //!             if text.trim_end().ends_with('.') {
 //!                 Ok(())
@@ -32,7 +32,7 @@
 
 use serde::Deserialize;
 
-use crate::{Message, TurnDone, TurnRequest, TurnResult, next};
+use crate::{Message, Next, TurnDone, TurnRequest, TurnResult};
 
 /// The default feedback: what the model is told when its answer failed a
 /// check for `reason`.
@@ -78,13 +78,14 @@ impl Feedback {
 /// the stored history again and as a fresh run (not a resume). After
 /// `max_retries` re-entries the last result is returned unchanged. An
 /// interrupted or failed turn is returned as it is, never re-entered.
-pub fn reenter(
+pub fn reenter<S>(
+    next: Next<S>,
     request: &TurnRequest,
     max_retries: u32,
     feedback: impl Fn(&str) -> String,
     check: impl Fn(&TurnDone) -> Result<(), String>,
 ) -> TurnResult {
-    let mut result = next::turn(request);
+    let mut result = next.turn(request);
     for _ in 0..max_retries {
         let TurnResult::Done(done) = &result else {
             break;
@@ -97,7 +98,7 @@ pub fn reenter(
         let again = TurnRequest::new(&messages);
         again.set_load_history(false);
         again.set_resume(false);
-        result = next::turn(&again);
+        result = next.turn(&again);
     }
     result
 }

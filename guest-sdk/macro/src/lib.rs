@@ -187,9 +187,9 @@ fn one_hook(
             fn #hook(
                 &self,
                 request: &::shallot_guest::#request,
-                _: &::shallot_guest::Fctx<()>,
+                next: ::shallot_guest::Next,
             ) -> #output {
-                #ident(request, ::shallot_guest::__private::next())
+                #ident(request, next)
             }
         }
     }

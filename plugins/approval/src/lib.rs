@@ -22,7 +22,7 @@ use regex_lite::Regex;
 use serde::Deserialize;
 use serde_json::json;
 use shallot_guest::{
-    ErrorKind, Fctx, Filter, FilterError, ToolRequest, ToolResponse, approval, log, next,
+    ErrorKind, Filter, FilterError, Next, ToolRequest, ToolResponse, approval, log,
 };
 
 #[derive(Deserialize)]
@@ -128,14 +128,10 @@ impl Filter for Approval {
         Ok(())
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         let spec = request.tool();
         if !spec.sensitive {
-            return next::tool(request);
+            return next.tool(request);
         }
         let arguments = request.arguments();
         let action = match self.decide(&spec.name, &arguments) {
@@ -174,7 +170,7 @@ impl Filter for Approval {
             action => action,
         };
         match action {
-            Action::Allow => next::tool(request),
+            Action::Allow => next.tool(request),
             _ => Ok(self.denied(&spec.name, "denied by policy")),
         }
     }

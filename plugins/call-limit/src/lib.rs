@@ -9,7 +9,7 @@
 //! 20 and `halt`).
 
 use serde::{Deserialize, Serialize};
-use shallot_guest::{ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, log, next};
+use shallot_guest::{ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, log};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,8 +45,9 @@ impl Filter for CallLimit {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &Fctx<Calls>,
+        next: Next<Calls>,
     ) -> Result<ChatResponse, FilterError> {
+        let fctx = next.fctx();
         let made = fctx.update(|calls| {
             calls.made += 1;
             calls.made
@@ -61,6 +62,6 @@ impl Filter for CallLimit {
                 OnLimit::Warn => log::warn(&message),
             }
         }
-        next::chat(request)
+        next.chat(request)
     }
 }

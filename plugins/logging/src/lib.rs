@@ -6,8 +6,8 @@
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, ToolRequest, ToolResponse, TurnRequest,
-    TurnResult, log, next,
+    ChatRequest, ChatResponse, Filter, FilterError, Next, ToolRequest, ToolResponse, TurnRequest,
+    TurnResult, log,
 };
 
 #[derive(Deserialize)]
@@ -20,13 +20,9 @@ fn failed(what: &str, error: &FilterError) {
 
 #[shallot_guest::filter(name = "logging")]
 impl Filter for Logging {
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
         log::debug(&format!("chat: {} messages", request.message_count()));
-        let result = next::chat(request);
+        let result = next.chat(request);
         match &result {
             Ok(response) => log::debug(&format!(
                 "chat done: finish reason {}, {} tool calls",
@@ -38,14 +34,10 @@ impl Filter for Logging {
         result
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         let name = request.name();
         log::debug(&format!("tool: {name}({})", request.arguments()));
-        let result = next::tool(request);
+        let result = next.tool(request);
         match &result {
             Ok(_) => log::debug(&format!("tool {name} done")),
             Err(error) => failed(&format!("tool {name}"), error),
@@ -53,9 +45,9 @@ impl Filter for Logging {
         result
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
         log::debug(&format!("turn: {} new messages", request.message_count()));
-        let result = next::turn(request);
+        let result = next.turn(request);
         match &result {
             TurnResult::Done(done) => log::debug(&format!(
                 "turn done: {} tool calls, {} model rounds",

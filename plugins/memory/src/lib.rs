@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, Message, Role, context, memory, next,
+    ChatRequest, ChatResponse, Filter, FilterError, Message, Next, Role, context, memory,
 };
 
 #[derive(Deserialize)]
@@ -76,17 +76,18 @@ impl Filter for Memory {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &Fctx<Stored>,
+        next: Next<Stored>,
     ) -> Result<ChatResponse, FilterError> {
+        let fctx = next.fctx();
         let Some(conversation) = context::get::<String>(&self.conversation_key) else {
-            return next::chat(request);
+            return next.chat(request);
         };
         let messages = request.messages();
         let stored = fctx.get().messages.min(messages.len());
         memory::append(&conversation, &messages[stored..])?;
         let history = memory::load(&conversation)?;
         request.set_messages(&windowed(history, self.window));
-        let response = next::chat(request)?;
+        let response = next.chat(request)?;
         let reply = response.message();
         let mut counted = messages.len();
         if reply.content.is_some() || !reply.tool_calls.is_empty() {

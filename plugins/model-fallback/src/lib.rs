@@ -11,7 +11,7 @@
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use shallot_guest::{ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, log, next};
+use shallot_guest::{ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, log};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,12 +71,8 @@ impl Filter for ModelFallback {
         !self.models.is_empty()
     }
 
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
-        let mut error = match next::chat(request) {
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
+        let mut error = match next.chat(request) {
             Ok(response) => return Ok(response),
             Err(error) => error,
         };
@@ -99,7 +95,7 @@ impl Filter for ModelFallback {
             request
                 .set_options(&Value::Object(options.clone()).to_string())
                 .map_err(FilterError::invalid)?;
-            error = match next::chat(request) {
+            error = match next.chat(request) {
                 Ok(response) => return Ok(response),
                 Err(error) => error,
             };

@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 use shallot_guest::retry::{Defaults, Retry};
-use shallot_guest::{ChatRequest, ChatResponse, Fctx, Filter, FilterError, next};
+use shallot_guest::{ChatRequest, ChatResponse, Filter, FilterError, Next};
 
 struct ModelDefaults;
 
@@ -35,11 +35,7 @@ impl Filter for ModelRetry {
         self.0.max_retries > 0
     }
 
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
-        self.0.run("the model call", || next::chat(request))
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
+        self.0.run("the model call", || next.chat(request))
     }
 }

@@ -12,7 +12,7 @@
 //! Config: `{"words": ["bomb"], "case_sensitive": false, "failure_response": "..."}`.
 
 use serde::Deserialize;
-use shallot_guest::{ChatRequest, ChatResponse, Fctx, Filter, FilterError, FinishReason, next};
+use shallot_guest::{ChatRequest, ChatResponse, Filter, FilterError, FinishReason, Next};
 
 #[derive(Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -58,17 +58,13 @@ impl Filter for Safeguard {
         Ok(())
     }
 
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
         if self.words.is_empty() {
-            return next::chat(request);
+            return next.chat(request);
         }
         let text: String = request.messages().iter().map(|m| m.text()).collect();
         if !self.blocks(&text) {
-            return next::chat(request);
+            return next.chat(request);
         }
         let response = ChatResponse::from_text(
             self.failure_response.as_str(),

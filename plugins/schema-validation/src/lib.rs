@@ -15,7 +15,7 @@ use jsonschema::Validator;
 use regex_lite::Regex;
 use serde::Deserialize;
 use serde_json::Value;
-use shallot_guest::{Fctx, Filter, TurnRequest, TurnResult, validate};
+use shallot_guest::{Filter, Next, TurnRequest, TurnResult, validate};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,9 +121,9 @@ impl Filter for SchemaValidation {
         Ok(())
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
         let feedback = |reason: &str| self.feedback.message(reason);
-        validate::reenter(request, self.max_retries, feedback, |done| {
+        validate::reenter(next, request, self.max_retries, feedback, |done| {
             self.check(&done.response().text())
         })
     }

@@ -7,7 +7,7 @@
 //! Config: `{"timeout_ms": 5000}` (required, greater than 0).
 
 use serde::Deserialize;
-use shallot_guest::{Fctx, Filter, FilterError, ToolRequest, ToolResponse, next};
+use shallot_guest::{Filter, FilterError, Next, ToolRequest, ToolResponse};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,11 +24,7 @@ impl Filter for Timeout {
         Ok(())
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
-        next::tool_within(request, self.timeout_ms)
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
+        next.tool_within(request, self.timeout_ms)
     }
 }

@@ -17,7 +17,7 @@
 
 use serde::Deserialize;
 use shallot_guest::retry::{Defaults, Retry};
-use shallot_guest::{Fctx, Filter, FilterError, ToolRequest, ToolResponse, next};
+use shallot_guest::{Filter, FilterError, Next, ToolRequest, ToolResponse};
 
 struct ToolDefaults;
 
@@ -40,12 +40,8 @@ impl Filter for ToolRetry {
         self.0.max_retries > 0
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         let what = format!("tool {}", request.name());
-        self.0.run(&what, || next::tool(request))
+        self.0.run(&what, || next.tool(request))
     }
 }

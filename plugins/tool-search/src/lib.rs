@@ -17,8 +17,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, Role, ToolRequest, ToolResponse,
-    ToolSpec, next,
+    ChatRequest, ChatResponse, Filter, FilterError, Next, Role, ToolRequest, ToolResponse, ToolSpec,
 };
 
 use index::{Bm25, Doc};
@@ -177,11 +176,12 @@ impl Filter for ToolSearch {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &Fctx<Catalogue>,
+        next: Next<Catalogue>,
     ) -> Result<ChatResponse, FilterError> {
+        let fctx = next.fctx();
         let tools = request.tools();
         if tools.is_empty() {
-            return next::chat(request);
+            return next.chat(request);
         }
         let indexed =
             |tool: &ToolSpec| tool.name != self.tool_name && !self.unindexed.contains(&tool.name);
@@ -198,16 +198,17 @@ impl Filter for ToolSearch {
             tool.name != self.tool_name && (!indexed(tool) || selected.contains(&tool.name))
         }));
         request.set_tools(&offered).map_err(FilterError::invalid)?;
-        next::chat(request)
+        next.chat(request)
     }
 
     fn around_tool(
         &self,
         request: &ToolRequest,
-        fctx: &Fctx<Catalogue>,
+        next: Next<Catalogue>,
     ) -> Result<ToolResponse, FilterError> {
+        let fctx = next.fctx();
         if request.name() != self.tool_name {
-            return next::tool(request);
+            return next.tool(request);
         }
         let arguments: Value = serde_json::from_str(&request.arguments()).unwrap_or_default();
         let query = arguments

@@ -16,8 +16,8 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, Message, ToolRequest, ToolResponse,
-    TurnRequest, TurnResult, context, log, next, trace,
+    ChatRequest, ChatResponse, Filter, FilterError, Message, Next, ToolRequest, ToolResponse,
+    TurnRequest, TurnResult, context, log, trace,
 };
 
 #[derive(Deserialize)]
@@ -76,11 +76,7 @@ impl Filter for Trace {
         }
     }
 
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
         let messages = request.messages();
         let mut event = object(json!({
             "event": "chat",
@@ -89,7 +85,7 @@ impl Filter for Trace {
             "tools_offered": request.tools().len(),
         }));
         let started = Instant::now();
-        let result = next::chat(request);
+        let result = next.chat(request);
         match &result {
             Ok(response) => {
                 let usage = response.usage();
@@ -114,11 +110,7 @@ impl Filter for Trace {
         result
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         let mut event = object(json!({
             "event": "tool",
             "tool": request.name(),
@@ -126,7 +118,7 @@ impl Filter for Trace {
             "arguments_bytes": request.arguments().len(),
         }));
         let started = Instant::now();
-        let result = next::tool(request);
+        let result = next.tool(request);
         match &result {
             Ok(response) => {
                 event.insert("output_bytes".into(), json!(response.output().len()));
@@ -139,7 +131,7 @@ impl Filter for Trace {
         result
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
         let messages = request.messages();
         let mut event = object(json!({
             "event": "turn",
@@ -148,7 +140,7 @@ impl Filter for Trace {
             "resume": request.resume(),
         }));
         let started = Instant::now();
-        let result = next::turn(request);
+        let result = next.turn(request);
         match &result {
             TurnResult::Done(done) => {
                 let response = done.response();

@@ -9,7 +9,7 @@
 
 use regex_lite::Regex;
 use serde::Deserialize;
-use shallot_guest::{Fctx, Filter, TurnRequest, TurnResult, validate};
+use shallot_guest::{Filter, Next, TurnRequest, TurnResult, validate};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,9 +89,9 @@ impl Filter for Validation {
         Ok(())
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
         let feedback = |reason: &str| self.feedback.message(reason);
-        validate::reenter(request, self.max_retries, feedback, |done| {
+        validate::reenter(next, request, self.max_retries, feedback, |done| {
             self.check(&done.response().text())
         })
     }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use shallot_guest::{
-    ChatRequest, ChatResponse, ErrorKind, Fctx, Filter, FilterError, FinishReason, Message,
+    ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Message, Next,
     TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval,
-    context, log, memory, next, timer, trace,
+    context, log, memory, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -249,7 +249,11 @@ impl Misbehave {
     }
 
     /// Attacks through `next`; `None` if this is not one of those actions.
-    fn through_next(&self, request: &ChatRequest) -> Option<Result<ChatResponse, FilterError>> {
+    fn through_next(
+        &self,
+        request: &ChatRequest,
+        next: Next,
+    ) -> Option<Result<ChatResponse, FilterError>> {
         if !self.armed("chat", &last_text(request.messages())) {
             return None;
         }
@@ -257,10 +261,10 @@ impl Misbehave {
             // About 5 ms of own work after every inner call: the budget
             // must count it however it interleaves with next.
             "next-and-work" => {
-                let mut last = next::chat(request);
+                let mut last = next.chat(request);
                 for _ in 0..100 {
                     work(5_000_000);
-                    last = next::chat(request);
+                    last = next.chat(request);
                 }
                 last
             }
@@ -268,11 +272,13 @@ impl Misbehave {
             "hoard-next" => {
                 let mut hoard = Vec::new();
                 for _ in 0..1000 {
-                    hoard.push(next::chat(request));
+                    hoard.push(next.chat(request));
                 }
                 hoard.pop().expect("one call at least")
             }
-            "mimic" => next::chat(request).map_err(|e| FilterError::new(e.kind, e.message)),
+            "mimic" => next
+                .chat(request)
+                .map_err(|e| FilterError::new(e.kind, e.message)),
             // Thirty tools, each with 1.3 MiB of parameters: each under
             // the cap as the host's values, together far over it.
             "tools-bomb" => {
@@ -290,7 +296,7 @@ impl Misbehave {
                 };
                 let tools: Vec<_> = (0..30).map(tool).collect();
                 let _ = request.set_tools(&tools);
-                next::chat(request)
+                next.chat(request)
             }
             "escaped-answer" => {
                 let text = "\u{1}".repeat(48 << 20);
@@ -314,11 +320,11 @@ impl Misbehave {
                 }
                 text.push_str("]}");
                 let _ = request.set_options(&text);
-                next::chat(request)
+                next.chat(request)
             }
             "pass-first" => {
-                let first = next::chat(request);
-                let _second = next::chat(request);
+                let first = next.chat(request);
+                let _second = next.chat(request);
                 first
             }
             // Answers in the model's place with 10,000 calls of `echo`.
@@ -336,9 +342,9 @@ impl Misbehave {
                 Ok(ChatResponse::new(&message, FinishReason::ToolUse))
             }
             "flood-next" => {
-                let mut last = next::chat(request);
+                let mut last = next.chat(request);
                 for _ in 0..1000 {
-                    last = next::chat(request);
+                    last = next.chat(request);
                 }
                 last
             }
@@ -357,30 +363,22 @@ impl Filter for Misbehave {
         self.strike("configure", "").map_err(|e| e.message)
     }
 
-    fn around_chat(
-        &self,
-        request: &ChatRequest,
-        _: &Fctx<()>,
-    ) -> Result<ChatResponse, FilterError> {
-        if let Some(result) = self.through_next(request) {
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
+        if let Some(result) = self.through_next(request, next) {
             return result;
         }
         self.strike("chat", &last_text(request.messages()))?;
-        next::chat(request)
+        next.chat(request)
     }
 
-    fn around_tool(
-        &self,
-        request: &ToolRequest,
-        _: &Fctx<()>,
-    ) -> Result<ToolResponse, FilterError> {
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         self.strike("tool", &request.arguments())?;
-        next::tool(request)
+        next.tool(request)
     }
 
-    fn around_turn(&self, request: &TurnRequest, _: &Fctx<()>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next) -> TurnResult {
         if self.action == "mimic" && self.armed("turn", &last_text(request.messages())) {
-            return match next::turn(request) {
+            return match next.turn(request) {
                 TurnResult::Error(e) => TurnResult::Error(FilterError::new(e.kind, e.message)),
                 other => other,
             };
@@ -388,7 +386,7 @@ impl Filter for Misbehave {
         if let Err(error) = self.strike("turn", &last_text(request.messages())) {
             return TurnResult::Error(error);
         }
-        next::turn(request)
+        next.turn(request)
     }
 
     fn system_prompt(&self, prompt: String) -> Result<String, FilterError> {

@@ -12,25 +12,25 @@ impl Filter for PassThrough {
     fn around_chat(
         &self,
         request: &shallot_guest::ChatRequest,
-        _: &shallot_guest::Fctx<()>,
+        next: shallot_guest::Next,
     ) -> Result<shallot_guest::ChatResponse, shallot_guest::FilterError> {
-        shallot_guest::next::chat(request)
+        next.chat(request)
     }
 
     fn around_tool(
         &self,
         request: &shallot_guest::ToolRequest,
-        _: &shallot_guest::Fctx<()>,
+        next: shallot_guest::Next,
     ) -> Result<shallot_guest::ToolResponse, shallot_guest::FilterError> {
-        shallot_guest::next::tool(request)
+        next.tool(request)
     }
 
     fn around_turn(
         &self,
         request: &shallot_guest::TurnRequest,
-        _: &shallot_guest::Fctx<()>,
+        next: shallot_guest::Next,
     ) -> shallot_guest::TurnResult {
-        shallot_guest::next::turn(request)
+        next.turn(request)
     }
 
     fn token_transform(&self) -> Box<dyn shallot_guest::TokenTransform> {

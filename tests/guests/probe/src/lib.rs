@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shallot_guest::{
-    ChatRequest, ChatResponse, Fctx, Filter, FilterError, FinishReason, Hook, Message, TokenOut,
-    TokenTransform, Tokens, ToolRequest, ToolResponse, TurnDone, TurnRequest, TurnResult, context,
-    next,
+    ChatRequest, ChatResponse, Fctx, Filter, FilterError, FinishReason, Hook, Message, Next,
+    TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnDone, TurnRequest, TurnResult,
+    context,
 };
 
 #[derive(Deserialize, Default)]
@@ -156,9 +156,10 @@ impl Filter for Probe {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        fctx: &Fctx<State>,
+        next: Next<State>,
     ) -> Result<ChatResponse, FilterError> {
-        self.before(fctx);
+        let fctx = next.fctx();
+        self.before(&fctx);
         if let Some(text) = &self.system {
             request.insert_message(0, &Message::system(text.as_str()));
         }
@@ -169,8 +170,8 @@ impl Filter for Probe {
         if !self.short_circuit {
             for _ in 0..self.times() {
                 result = match self.within_ms {
-                    Some(ms) => next::chat_within(request, ms),
-                    None => next::chat(request),
+                    Some(ms) => next.chat_within(request, ms),
+                    None => next.chat(request),
                 };
             }
         }
@@ -180,16 +181,17 @@ impl Filter for Probe {
             }
             other => other?,
         };
-        self.after(fctx)?;
+        self.after(&fctx)?;
         Ok(response)
     }
 
     fn around_tool(
         &self,
         request: &ToolRequest,
-        fctx: &Fctx<State>,
+        next: Next<State>,
     ) -> Result<ToolResponse, FilterError> {
-        self.before(fctx);
+        let fctx = next.fctx();
+        self.before(&fctx);
         if self.double_args {
             let mut args: serde_json::Map<String, Value> =
                 serde_json::from_str(&request.arguments()).unwrap_or_default();
@@ -206,8 +208,8 @@ impl Filter for Probe {
         if !self.short_circuit {
             for _ in 0..self.times() {
                 result = match self.within_ms {
-                    Some(ms) => next::tool_within(request, ms),
-                    None => next::tool(request),
+                    Some(ms) => next.tool_within(request, ms),
+                    None => next.tool(request),
                 };
             }
         }
@@ -223,12 +225,13 @@ impl Filter for Probe {
                     .map_err(FilterError::invalid)?;
             }
         }
-        self.after(fctx)?;
+        self.after(&fctx)?;
         Ok(response)
     }
 
-    fn around_turn(&self, request: &TurnRequest, fctx: &Fctx<State>) -> TurnResult {
-        self.before(fctx);
+    fn around_turn(&self, request: &TurnRequest, next: Next<State>) -> TurnResult {
+        let fctx = next.fctx();
+        self.before(&fctx);
         if self.record_resume {
             push("resume", json!(request.resume()));
         }
@@ -242,11 +245,11 @@ impl Filter for Probe {
                 ChatResponse::from_text(format!("short:{}", self.tag), FinishReason::Complete);
             TurnResult::Done(TurnDone::new(answer, &request.messages()))
         } else {
-            next::turn(request)
+            next.turn(request)
         };
         for _ in 1..self.times() {
             if let TurnResult::Done(_) = result {
-                result = next::turn(request);
+                result = next.turn(request);
             }
         }
         if let Some(revise) = &self.revise {
@@ -261,10 +264,10 @@ impl Filter for Probe {
                 messages.push(Message::user(revise.feedback.as_str()));
                 let again = TurnRequest::new(&messages);
                 again.set_load_history(false);
-                result = next::turn(&again);
+                result = next.turn(&again);
             }
         }
-        if let Err(error) = self.after(fctx) {
+        if let Err(error) = self.after(&fctx) {
             return TurnResult::Error(error);
         }
         result
