@@ -272,7 +272,7 @@ impl Invoke {
         &self.context
     }
 
-    /// Runs the chat chain within this invoke (the turn loop's model call).
+    /// Runs the chat chain within this invoke (a turn terminal's model call).
     /// Tokens stream to the invoke's sink, if it has one.
     pub async fn chat(self: &Arc<Self>, request: ChatRequest) -> Result<ChatResponse, ChainError> {
         Next::start(self.onion.chat.clone(), self.clone())
