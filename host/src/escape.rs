@@ -1,7 +1,7 @@
 //! Text from a guest (or a model, or a client) made safe for where it goes:
-//! a single line a person or a log reader sees ([`printable`]), text shown
-//! at a terminal that keeps its line breaks ([`terminal_text`]), and a JSON
-//! line ([`json_line`]).
+//! a single line a person or a log reader sees ([`printable`], uncut:
+//! [`terminal_line`]), text shown at a terminal that keeps its line breaks
+//! ([`terminal_text`]), and a JSON line ([`json_line`]).
 //!
 //! What is escaped is what could forge or hide text: control characters
 //! (C0, DEL and C1, which holds the 8-bit CSI `U+009B` and the next-line
@@ -44,6 +44,13 @@ pub(crate) fn printable(text: &str, cap: usize) -> String {
 /// error, a tool's output).
 pub fn terminal_text(text: &str) -> String {
     escaped(text, usize::MAX, true)
+}
+
+/// As [`terminal_text`], but line breaks and tabs escaped too (`\n`,
+/// `\t`): for a name from outside (a path, a key) that goes inside a line
+/// of the host's own, where a break would start a line it did not write.
+pub fn terminal_line(text: &str) -> String {
+    escaped(text, usize::MAX, false)
 }
 
 fn escaped(text: &str, cap: usize, keep_lines: bool) -> String {

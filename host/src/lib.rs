@@ -81,7 +81,7 @@ pub use conversation::{
     open_store,
 };
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
-pub use escape::{json_line, terminal_text};
+pub use escape::{json_line, terminal_line, terminal_text};
 pub use gateway::{
     CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route, RouteError,
 };

@@ -1009,6 +1009,35 @@ fn serve_reloads_a_changed_config_and_plugin_under_load_without_failing_a_reques
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_name_made_beside_the_config_cannot_forge_a_reload_line() {
+    let dir = std::env::temp_dir().join(format!("shallot-forge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shallot.toml");
+    std::fs::write(&config, "").unwrap();
+    let gateway = Gateway::start(&config);
+
+    // Whoever can write beside the config names a directory that, printed
+    // raw, would end the line and start a forged one.
+    let forged = "x\nshallot serve: reloaded (forged); asked by nobody\u{1b}[2K";
+    std::fs::create_dir(dir.join(forged)).unwrap();
+    let reloaded = gateway.lines("shallot serve: reloaded", 1);
+    let asked = asked(&reloaded[0]);
+    assert!(
+        asked.ends_with("x\\nshallot serve: reloaded (forged); asked by nobody\\u{1b}[2K"),
+        "{reloaded:?}"
+    );
+    let said = gateway.said();
+    let lines = said
+        .lines()
+        .filter(|line| line.starts_with("shallot serve: reloaded"));
+    assert_eq!(lines.count(), 1, "{said}");
+    assert!(!said.contains('\u{1b}'), "{said:?}");
+    gateway.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// What asked for the reload a `reloaded` line reports.
 fn asked(line: &str) -> &str {
     line.split_once("; asked by ")

@@ -266,7 +266,8 @@ impl Reloads {
 /// is reported.
 async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
     loop {
-        let asked = reloads.next().await;
+        // A path can be named by whoever can write beside the config.
+        let asked = shallot::terminal_line(&reloads.next().await);
         let config = args.source.config();
         let built = match &config {
             Ok(config) => build(&engine, &args, config.as_ref()).await,
@@ -283,6 +284,7 @@ async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: 
                 let error = format!("{e:#}");
                 // Reported in /readyz before it is announced.
                 gateway.reload_failed(error.clone());
+                let error = shallot::terminal_text(&error);
                 eprintln!(
                     "shallot serve: reload failed (asked by {asked}), still serving the previous set: {error}"
                 );
