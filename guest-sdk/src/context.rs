@@ -6,6 +6,12 @@ use serde::de::DeserializeOwned;
 
 use crate::bindings::shallot::filter::context as raw;
 
+/// The key a limiting filter (`rate-limit`, `budget`) leaves what it saw
+/// under: `{"requests": {"limit", "remaining", "reset_ms"}, "tokens": {...}}`.
+/// `shallot serve` answers it as OpenAI's `x-ratelimit-*` headers, and a
+/// `limit-exceeded` refusal with `Retry-After`.
+pub const RATE_LIMIT: &str = "rate_limit";
+
 /// The value under `key`, `None` when absent or not a `T`.
 pub fn get<T: DeserializeOwned>(key: &str) -> Option<T> {
     raw::get(key).and_then(|json| serde_json::from_str(&json).ok())

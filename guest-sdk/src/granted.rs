@@ -76,3 +76,54 @@ pub mod memory {
         wit::clear(conversation).map_err(own)
     }
 }
+
+/// Shared state (granted by `grants.kv`): keys kept across invokes in the
+/// store the operator chose (in-process, an SQLite file, or Redis shared
+/// by several hosts), in this filter's namespace. A key is 1 to 512
+/// bytes, a value at most 1 MiB; a `ttl_ms` of 0 keeps a key until it is
+/// deleted.
+pub mod kv {
+    use crate::FilterError;
+    use crate::bindings::shallot::filter::kv as wit;
+
+    pub use wit::{Count, Entry};
+
+    fn own(e: crate::bindings::shallot::filter::types::FilterError) -> FilterError {
+        FilterError::new(e.kind, e.message)
+    }
+
+    /// The key's value and version; `None` for a key never written,
+    /// deleted or expired.
+    pub fn get(key: &str) -> Result<Option<Entry>, FilterError> {
+        wit::get(key).map_err(own)
+    }
+
+    /// Writes `value`; its new version.
+    pub fn set(key: &str, value: &str, ttl_ms: u64) -> Result<u64, FilterError> {
+        wit::set(key, value, ttl_ms).map_err(own)
+    }
+
+    /// Compare-and-set: writes `value` only if the key's version is still
+    /// `version` (0: only if absent). The new version, or `None` when the
+    /// key moved on and nothing was written.
+    pub fn swap(
+        key: &str,
+        value: &str,
+        version: u64,
+        ttl_ms: u64,
+    ) -> Result<Option<u64>, FilterError> {
+        wit::swap(key, value, version, ttl_ms).map_err(own)
+    }
+
+    /// Adds `delta` to the counter at `key` atomically (absent: 0); a
+    /// counter this creates lives `ttl_ms`, and a later add keeps that
+    /// expiry. The count and its time left.
+    pub fn add(key: &str, delta: i64, ttl_ms: u64) -> Result<Count, FilterError> {
+        wit::add(key, delta, ttl_ms).map_err(own)
+    }
+
+    /// Forgets the key; whether it was there.
+    pub fn delete(key: &str) -> Result<bool, FilterError> {
+        wit::delete(key).map_err(own)
+    }
+}

@@ -20,6 +20,11 @@ pub const CLIENT_KEY: &str = "key";
 /// The shared-context key naming the end user (the gateway sets the
 /// request's `user`).
 pub const USER: &str = "user";
+/// The shared-context key a limiting filter (`rate-limit`) leaves what it
+/// saw under, `{"requests": {"limit", "remaining", "reset_ms"}, "tokens":
+/// {...}}`: the gateway answers it as OpenAI's `x-ratelimit-*` headers,
+/// and a `limit-exceeded` refusal with `Retry-After`.
+pub const RATE_LIMIT: &str = "rate_limit";
 
 /// Keys of the shared context that say whom an invoke is for. The caller
 /// sets them; a sandboxed filter may read them but never set or remove

@@ -26,15 +26,15 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: escape context types sandbox conversation cache compile engine onion plugin tool model agent kernel config gateway
+//! layers: escape context types sandbox conversation kv cache compile engine onion plugin tool model agent kernel config gateway
 //!
 //! - `escape`: text from guests, models and clients made safe for a
 //!   terminal, a log line or a JSON line.
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
-//! - `sandbox`, `conversation`, `cache`, `compile`, `engine`: the wasmtime core
+//! - `sandbox`, `conversation`, `kv`, `cache`, `compile`, `engine`: the wasmtime core
 //!   (limits, meters, faults; the conversation stores the `memory` grant
-//!   opens; compiled-code cache; out-of-process compiles; the engine and
+//!   opens and the key stores the `kv` grant opens; compiled-code cache; out-of-process compiles; the engine and
 //!   its instance slots). No plugin state.
 //! - `onion`: composition of the chains, one call's `Invoke`, the token
 //!   transforms; a sandboxed filter is one more `Filter` to it.
@@ -65,6 +65,7 @@ mod engine;
 mod escape;
 mod gateway;
 mod kernel;
+mod kv;
 mod model;
 mod onion;
 mod plugin;
@@ -75,7 +76,9 @@ pub mod types;
 pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
-pub use context::{CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, Reducers, TENANT, USER};
+pub use context::{
+    CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, RATE_LIMIT, Reducers, TENANT, USER,
+};
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,
     open_store,
@@ -86,15 +89,16 @@ pub use gateway::{
     CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, Route, RouteError,
 };
 pub use kernel::{BuildError, Kernel, KernelBuilder};
+pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};
 pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
 pub use onion::{
     ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    CallStats, FilterSet, FilterSpec, FilterStats, Grants, Isolation, LoadError, LoadEvent,
-    OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state,
-    compile_plugin, configure_filter, read_plugin,
+    CallStats, FilterSet, FilterSpec, FilterStats, Grants, Isolation, KvGrant, LoadError,
+    LoadEvent, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter,
+    cache_state, compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
 pub use tool::ToolRegistry;

@@ -9,6 +9,8 @@ use std::thread::JoinHandle;
 
 mod common;
 use common::target_dir;
+#[path = "../../tests/support/redis.rs"]
+mod redis;
 
 fn guest(name: &str) -> PathBuf {
     let path = target_dir()
@@ -65,7 +67,7 @@ fn plugins_check_describes_a_filter() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("is a shallot:filter@0.1.2 filter"),
+        stdout.contains("is a shallot:filter@0.1.3 filter"),
         "{stdout}"
     );
     assert!(stdout.contains("hooks    around-chat"), "{stdout}");
@@ -474,6 +476,18 @@ fn chat_without_prompts_reads_them_from_stdin_as_one_conversation() {
 
 /// One HTTP/1.1 request to `address`; the status line and the body.
 fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    let (status, _, body) = exchange(address, method, path, body);
+    (status, body)
+}
+
+/// One request: the response's status line, headers (lower-cased names)
+/// and body.
+fn exchange(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (String, std::collections::HashMap<String, String>, String) {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     write!(
         stream,
@@ -483,12 +497,14 @@ fn http(address: &str, method: &str, path: &str, body: &str) -> (String, String)
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    let status = response.lines().next().unwrap_or_default().to_owned();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let headers = lines
+        .filter_map(|line| line.split_once(": "))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
 }
 
 /// Everything a gateway said on stderr so far, and a signal for each line.
@@ -1329,4 +1345,96 @@ fn plugins_list_shows_every_built_in_filter() {
             "{filter} is not listed:\n{stdout}"
         );
     }
+}
+
+/// A gateway config whose one filter is `rate-limit` at `limit` requests
+/// an hour per user, its counters in `store`.
+fn rate_limited(dir: &std::path::Path, limit: u32, store: &str) -> PathBuf {
+    let config = dir.join("shallot.toml");
+    let plugins = guest("rate_limit").parent().unwrap().display().to_string();
+    let toml = format!(
+        "plugin_dir = {plugins:?}\n[[filter]]\nplugin = \"rate_limit.wasm\"\nconfig = {{ requests = {limit}, window_s = 3600, by = \"user\" }}\ngrants = {{ kv = {store:?} }}\n"
+    );
+    std::fs::write(&config, toml).unwrap();
+    config
+}
+
+/// Sends `user`'s request to `gateway`: its status line and headers.
+fn ask_as(address: &str, user: &str) -> (String, std::collections::HashMap<String, String>) {
+    let body = format!(
+        r#"{{"model":"shallot-echo","user":"{user}","messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let (status, headers, _) = exchange(address, "POST", "/v1/chat/completions", &body);
+    (status, headers)
+}
+
+/// Of `count` requests of one user spread over `gateways`, how many passed;
+/// every refusal checked to be a `429` that says when to retry.
+fn passed_of(gateways: &[&Gateway], count: usize, user: &str) -> usize {
+    let mut passed = 0;
+    for n in 0..count {
+        let (status, headers) = ask_as(&gateways[n % gateways.len()].address, user);
+        if status.contains("200") {
+            passed += 1;
+            continue;
+        }
+        assert!(status.contains("429"), "{status} {headers:?}");
+        let wait: u64 = headers["retry-after"].parse().unwrap();
+        assert!((3500..=3600).contains(&wait), "{headers:?}");
+        assert_eq!(
+            headers["x-ratelimit-remaining-requests"], "0",
+            "{headers:?}"
+        );
+    }
+    passed
+}
+
+#[test]
+fn two_gateways_over_one_redis_share_one_rate_limit() {
+    let redis = redis::RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("shallot-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = rate_limited(&dir, 4, &redis.url());
+    let (one, two) = (Gateway::start(&config), Gateway::start(&config));
+    assert_eq!(
+        passed_of(&[&one, &two], 10, "alice"),
+        4,
+        "{}{}",
+        one.said(),
+        two.said()
+    );
+    let (status, headers) = ask_as(&two.address, "bob");
+    assert!(
+        status.contains("200"),
+        "another user has a limit of their own: {status}"
+    );
+    assert_eq!(headers["x-ratelimit-limit-requests"], "4", "{headers:?}");
+    assert_eq!(
+        headers["x-ratelimit-remaining-requests"], "3",
+        "{headers:?}"
+    );
+    assert!(
+        headers["x-ratelimit-reset-requests"].ends_with('s'),
+        "{headers:?}"
+    );
+    one.terminate();
+    two.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_gateway_keeps_its_rate_limit_in_sqlite_across_a_restart() {
+    let dir = std::env::temp_dir().join(format!("shallot-limits-db-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = rate_limited(&dir, 3, "limits.db");
+    let gateway = Gateway::start(&config);
+    assert_eq!(passed_of(&[&gateway], 2, "carol"), 2, "{}", gateway.said());
+    gateway.terminate();
+    assert!(dir.join("limits.db").is_file(), "relative to the config");
+    let gateway = Gateway::start(&config);
+    assert_eq!(passed_of(&[&gateway], 4, "carol"), 1, "{}", gateway.said());
+    gateway.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
 }

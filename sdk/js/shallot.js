@@ -26,11 +26,11 @@
 // `FilterError` to fail a request on purpose; any other exception fails it
 // as a `plugin-fault` carrying the exception's message and stack.
 
-import * as wnext from 'shallot:filter/next@0.1.2';
-import * as wfctx from 'shallot:filter/fctx@0.1.2';
-import * as wcontext from 'shallot:filter/context@0.1.2';
-import { log as wlog } from 'shallot:filter/log@0.1.2';
-import { ChatResponse } from 'shallot:filter/types@0.1.2';
+import * as wnext from 'shallot:filter/next@0.1.3';
+import * as wfctx from 'shallot:filter/fctx@0.1.3';
+import * as wcontext from 'shallot:filter/context@0.1.3';
+import { log as wlog } from 'shallot:filter/log@0.1.3';
+import { ChatResponse } from 'shallot:filter/types@0.1.3';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */

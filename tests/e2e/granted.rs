@@ -794,3 +794,214 @@ async fn approval_questions_are_capped_per_call() {
     assert!(error.message.contains("approval questions"), "{error}");
     assert_eq!(asked.load(Ordering::SeqCst), 16);
 }
+
+/// `rate-limit` named `name` with `config`, its counters in `store`.
+fn rate_limit(name: &str, config: Value, store: &str) -> (PathBuf, FilterSpec) {
+    granted(
+        spec("rate_limit", name, config),
+        Grants {
+            kv: Some(shallot::StoreSpec::from(store).into()),
+            ..Grants::default()
+        },
+    )
+}
+
+/// A request of `user`'s: whether it passed, and what the limit said.
+async fn limited(kernel: &Kernel, user: &str) -> (Result<(), ChainError>, Value) {
+    let context = Context::new().with(shallot::USER, user);
+    let passed = kernel.chat(ask("hi"), context.clone()).await.map(drop);
+    (passed, context.get(shallot::RATE_LIMIT).unwrap_or_default())
+}
+
+#[tokio::test]
+async fn rate_limit_passes_exactly_its_limit_of_concurrent_requests_per_bucket() {
+    let redis = shallot_tests::RedisServer::start();
+    let dir = shallot_tests::target_dir().join("test-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("granted-rate-limit.db");
+    let _ = std::fs::remove_file(&file);
+    for store in [
+        ":memory:rate".to_owned(),
+        file.display().to_string(),
+        redis.url(),
+    ] {
+        let config = json!({ "requests": 7, "window_s": 3600, "by": "user" });
+        let plugins = load(vec![rate_limit("limit", config, &store)]).await;
+        let kernel = shallot_tests::answering(&plugins, "ok");
+        let asked = (0..20).map(|_| limited(&kernel, "dana"));
+        let answers = futures::future::join_all(asked).await;
+        let passed = answers.iter().filter(|(passed, _)| passed.is_ok()).count();
+        assert_eq!(passed, 7, "{store}: {answers:?}");
+        for (answer, seen) in &answers {
+            if let Err(error) = answer {
+                assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+                assert!(
+                    error
+                        .message
+                        .contains("rate limit of 7 requests per 3600 s"),
+                    "{error}"
+                );
+                assert_eq!(seen["requests"]["remaining"], 0, "{seen}");
+                let reset = seen["requests"]["reset_ms"].as_u64().unwrap();
+                assert!(reset > 3_500_000 && reset <= 3_600_000, "{seen}");
+            }
+        }
+        let (other, seen) = limited(&kernel, "eve").await;
+        assert!(other.is_ok(), "{store}: a bucket of its own");
+        assert_eq!(seen["requests"]["remaining"], 6, "{seen}");
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_counts_a_turn_once_however_many_model_calls_it_makes() {
+    let config = json!({ "requests": 2, "window_s": 60, "by": "user" });
+    let plugins = load(vec![rate_limit("limit", config, ":memory:turns")]).await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("echo", json!({})),
+        Reply::call("echo", json!({})),
+        Reply::Text("done".into()),
+        Reply::Text("again".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .tool(ToolSpec::new("echo", "", json!({})), |args, _| async move {
+            Ok(args)
+        })
+        .build()
+        .unwrap();
+    let user = || shallot::InvokeOptions::from(Context::new().with(shallot::USER, "fay"));
+    done(kernel.turn(go("three rounds"), user()).await);
+    assert_eq!(model.calls(), 3);
+    done(kernel.turn(go("one round"), user()).await);
+    let TurnResult::Error(refused) = kernel.turn(go("over"), user()).await else {
+        panic!("the third turn is over the limit");
+    };
+    assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{refused}");
+    assert_eq!(model.calls(), 4, "refused before the model is called");
+}
+
+#[tokio::test]
+async fn rate_limit_spends_the_tokens_the_model_reports() {
+    // The embedded model's answer to "hi" uses 4 tokens.
+    let config = json!({ "tokens": 3, "window_s": 60, "by": "user" });
+    let plugins = load(vec![rate_limit("limit", config, ":memory:tokens")]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(shallot::EmbeddedModel::new())
+        .build()
+        .unwrap();
+    let (first, seen) = limited(&kernel, "gus").await;
+    first.unwrap();
+    assert_eq!(
+        seen["tokens"]["remaining"], 3,
+        "nothing spent before the answer: {seen}"
+    );
+    let (second, seen) = limited(&kernel, "gus").await;
+    assert!(
+        second
+            .as_ref()
+            .is_err_and(|e| e.message.contains("3 tokens")),
+        "the first answer spent the window's tokens: {second:?} {seen}"
+    );
+}
+
+#[tokio::test]
+async fn filters_naming_one_kv_namespace_share_its_keys() {
+    let shared = |name: &str| {
+        let (path, mut spec) = rate_limit(
+            name,
+            json!({ "requests": 3, "window_s": 60, "by": "user" }),
+            ":memory:namespaces",
+        );
+        spec.grants.kv.as_mut().unwrap().namespace = Some("limits".into());
+        (path, spec)
+    };
+    let plugins = load(vec![shared("one"), shared("two")]).await;
+    let kernel = shallot_tests::answering(&plugins, "ok");
+    // Each request counts twice in the one counter: the second is the
+    // fourth count.
+    assert!(limited(&kernel, "hal").await.0.is_ok());
+    assert!(limited(&kernel, "hal").await.0.is_err());
+    let apart = vec![
+        rate_limit(
+            "one",
+            json!({ "requests": 3, "by": "user" }),
+            ":memory:namespaces",
+        ),
+        rate_limit(
+            "two",
+            json!({ "requests": 3, "by": "user" }),
+            ":memory:namespaces",
+        ),
+    ];
+    let kernel = shallot_tests::answering(&load(apart).await, "ok");
+    for _ in 0..3 {
+        assert!(
+            limited(&kernel, "hal").await.0.is_ok(),
+            "each its own namespace"
+        );
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_refuses_a_bad_configuration_and_runs_nothing_without_its_grant() {
+    for (config, says) in [
+        (
+            json!({ "window_s": 60 }),
+            "give `requests`, `tokens` or both",
+        ),
+        (json!({ "requests": 1, "window_s": 0 }), "at least 1"),
+        (
+            json!({ "requests": 1, "window": "sliding" }),
+            "clock = true",
+        ),
+    ] {
+        let specs = vec![rate_limit("limit", config, ":memory:")];
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .expect("the configuration is refused")
+            .to_string();
+        assert!(error.contains(says), "{error}");
+    }
+    let plugins = load(vec![spec("rate_limit", "limit", json!({ "requests": 1 }))]).await;
+    let error = shallot_tests::answering(&plugins, "ok")
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
+    assert!(error.message.contains("kv ="), "{error}");
+}
+
+#[tokio::test]
+async fn a_sliding_window_carries_the_previous_windows_count() {
+    let config = json!({ "requests": 2, "window_s": 3600, "window": "sliding", "by": "user" });
+    let (path, mut filter) = rate_limit("limit", config, ":memory:sliding");
+    filter.grants.clock = true;
+    let plugins = load(vec![(path, filter)]).await;
+    let kernel = shallot_tests::answering(&plugins, "ok");
+    let store = shallot::open_kv(":memory:sliding").await.unwrap();
+    // The previous hour held two requests: some of that weight is still in
+    // the last hour, so only what is left of the limit passes.
+    let hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        / 3_600_000;
+    let previous = format!("requests:user:ivy:{}", hour - 1);
+    store.set("limit", &previous, "2", None).await.unwrap();
+    let (first, seen) = limited(&kernel, "ivy").await;
+    let reset = seen["requests"]["reset_ms"].as_u64().unwrap();
+    assert!(reset <= 3_600_000, "{seen}");
+    // The previous hour weighs by the part of it still within the last
+    // hour, the time this one has left: most of the hour, one request.
+    let carried = 2 * reset / 3_600_000;
+    let used = carried + 1;
+    assert_eq!(
+        seen["requests"]["remaining"],
+        2u64.saturating_sub(used),
+        "{seen}"
+    );
+    assert_eq!(first.is_ok(), used <= 2, "{seen}");
+}

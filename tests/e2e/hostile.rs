@@ -1327,3 +1327,102 @@ async fn granted_imports_are_refused_outside_the_calls_they_are_for() {
         );
     }
 }
+
+fn kv_grant(store: &str) -> Grants {
+    Grants {
+        kv: Some(shallot::StoreSpec::from(store).into()),
+        ..Grants::default()
+    }
+}
+
+/// The stores a `kv` test runs over: in-process, an SQLite file, Redis.
+fn kv_stores(name: &str, redis: &RedisServer) -> Vec<String> {
+    let dir = shallot_tests::target_dir().join("test-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.db"));
+    let _ = std::fs::remove_file(&file);
+    vec![
+        format!(":memory:{name}"),
+        file.display().to_string(),
+        redis.url(),
+    ]
+}
+
+/// Every abuse of `kv` fails the abuser's own call with a typed error, in
+/// every store: floods, chatter and compare-and-set storms past the
+/// per-call bounds, huge keys and values, counter overflow, a time to live
+/// past a year, and keys spelled as another namespace's, which reach
+/// nothing of it.
+#[tokio::test]
+async fn kv_abuses_are_contained_in_every_store() {
+    let redis = RedisServer::start();
+    for store in kv_stores("hostile-kv", &redis) {
+        let victim = shallot::open_kv(store.as_str()).await.unwrap();
+        victim.set("victim", "secret", "kept", None).await.unwrap();
+        for (action, kind, says) in [
+            ("kv-flood", ErrorKind::LimitExceeded, ""),
+            (
+                "kv-chatter",
+                ErrorKind::LimitExceeded,
+                "256 key-store operations",
+            ),
+            (
+                "kv-swap-storm",
+                ErrorKind::LimitExceeded,
+                "256 key-store operations",
+            ),
+            ("kv-huge-key", ErrorKind::InvalidRequest, "1 to 512 bytes"),
+            ("kv-huge-value", ErrorKind::LimitExceeded, "over the cap"),
+            ("kv-overflow", ErrorKind::InvalidRequest, "64-bit range"),
+            ("kv-forever", ErrorKind::InvalidRequest, "a year"),
+        ] {
+            let plugins = load(vec![granted(
+                hostile("chat", action, generous()),
+                kv_grant(&store),
+            )])
+            .await;
+            let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+            let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+            assert_contained(&error, kind, "around-chat", says);
+            innocent_chat_works(&kernel).await;
+        }
+        let plugins = load(vec![granted(
+            hostile("chat", "kv-trespass", generous()),
+            kv_grant(&store),
+        )])
+        .await;
+        let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+        kernel.chat(ask("boom"), Context::new()).await.unwrap();
+        let kept = victim.get("victim", "secret").await.unwrap().unwrap();
+        assert_eq!(kept.value, "kept", "{store}");
+    }
+}
+
+/// A key store that goes away fails the call as `transient` within the
+/// operation bound, and works again once it is back.
+#[tokio::test]
+async fn a_key_store_that_goes_away_is_a_transient_error_not_a_hang() {
+    let mut redis = RedisServer::start();
+    let plugins = load(vec![granted(
+        hostile("chat", "kv-overflow", generous()),
+        kv_grant(&redis.url()),
+    )])
+    .await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    redis.stop();
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::Transient,
+        "around-chat",
+        "key store (Redis)",
+    );
+    redis.resume();
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::InvalidRequest,
+        "around-chat",
+        "64-bit range",
+    );
+}

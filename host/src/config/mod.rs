@@ -175,13 +175,16 @@ impl Config {
                     })
                     .transpose()?;
                 let mut grants = entry.grants;
-                // A trace file and a SQLite store are the operator's files,
+                // A trace file and the SQLite stores are the operator's files,
                 // relative to this file.
                 if let Some(TraceTarget::File(path)) = &mut grants.trace {
                     *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
                 }
-                if let Some(StoreSpec::Sqlite(path)) = &mut grants.memory {
-                    *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
+                let kv = grants.kv.as_mut().map(|kv| &mut kv.store);
+                for store in [grants.memory.as_mut(), kv].into_iter().flatten() {
+                    if let StoreSpec::Sqlite(path) = store {
+                        *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
+                    }
                 }
                 let spec = FilterSpec {
                     name: entry.name,

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::answer::Responder;
+use super::rate;
 use super::wire::{ApiError, CompletionRequest, Head};
 use super::{GatewayState, Route};
 use crate::config::{ClientKey, RouteMode};
@@ -178,17 +179,22 @@ pub(super) async fn complete(
         head,
         mode: route.mode,
         include_usage: request.include_usage(),
-        context,
+        context: context.clone(),
         kernel: route.kernel.clone(),
         deadline: gateway.config.request_timeout,
         place: Some(place),
         shared: gateway.clone(),
     };
-    if request.stream() {
+    let answered = if request.stream() {
         answer.stream(chat).await
     } else {
         answer.whole(chat).await
-    }
+    };
+    // What a limiting filter saw, answered or refused, as OpenAI's headers.
+    let mut response = answered.unwrap_or_else(IntoResponse::into_response);
+    let status = response.status();
+    rate::headers(&context, status, response.headers_mut());
+    Ok(response)
 }
 
 /// The shared context a request's filters see: the model asked for, the

@@ -43,6 +43,7 @@ mod auth;
 mod build;
 mod handlers;
 mod metrics;
+mod rate;
 mod routes;
 mod server;
 mod stream;

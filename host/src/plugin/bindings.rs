@@ -11,6 +11,7 @@ wasmtime::component::bindgen!({
         "shallot:filter/timer": async | trappable,
         "shallot:filter/approval": async | trappable,
         "shallot:filter/memory": async | trappable,
+        "shallot:filter/kv": async | trappable,
         default: trappable,
     },
     // `next` is async (it runs the inner layers), which makes every store

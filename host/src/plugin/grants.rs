@@ -23,6 +23,56 @@ pub struct Grants {
     pub trace: Option<TraceTarget>,
     /// The conversation store of the `memory` import. `None`: no store.
     pub memory: Option<StoreSpec>,
+    /// The key store of the `kv` import, and the namespace its keys live
+    /// in. `None`: no store.
+    pub kv: Option<KvGrant>,
+}
+
+/// The `kv` grant: a store (as for `memory`), and the namespace of the
+/// filter's keys: its own name unless the operator names one, so that the
+/// filters naming the same one share keys. Written `kv = "<store>"` or
+/// `kv = { store = "<store>", namespace = "<name>" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "KvForm")]
+pub struct KvGrant {
+    /// Where the keys are kept.
+    pub store: StoreSpec,
+    /// The namespace; `None`: the filter's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl From<StoreSpec> for KvGrant {
+    fn from(store: StoreSpec) -> Self {
+        KvGrant {
+            store,
+            namespace: None,
+        }
+    }
+}
+
+/// The two ways an operator writes a `kv` grant.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum KvForm {
+    Store(StoreSpec),
+    Table(KvTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KvTable {
+    store: StoreSpec,
+    namespace: Option<String>,
+}
+
+impl From<KvForm> for KvGrant {
+    fn from(form: KvForm) -> Self {
+        match form {
+            KvForm::Store(store) => store.into(),
+            KvForm::Table(KvTable { store, namespace }) => KvGrant { store, namespace },
+        }
+    }
 }
 
 /// Where a filter's `trace` events go, parsed once from the operator's

@@ -2,7 +2,7 @@
 // can mix languages. Configuration (all optional): tag, hooks,
 // short_circuit, calls, count, prefix, batch, fault, mimic (see
 // tests/polyglot/py_probe/app.py, which takes the same options).
-import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.2';
+import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.3';
 import { Filter, FilterError, TokenTransform, context, exportFilter, next } from './shallot.js';
 
 const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic'];

@@ -1,6 +1,6 @@
 //! The imports a filter gets only when the operator grants them (`timer`,
-//! `approval`, `trace`, `memory`), and `model-stream`, which needs no grant.
-//! Without its grant a call fails with an `auth` error naming the grant to
+//! `approval`, `memory`; `trace` and `kv` in files of their own), and
+//! `model-stream`, which needs no grant. Without its grant a call fails with an `auth` error naming the grant to
 //! add. Each works only in the calls it is for ([`Service::calls`]:
 //! never while the instance is made, configured or described), and is
 //! bounded per call in count, size and time waited. Time spent waiting in
@@ -9,28 +9,24 @@
 //! `next` never lasts longer than its `wall_ms` and these waits together.
 
 use std::future::Future;
-use std::io::Write;
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 
 use super::HostState;
+use super::trace::TraceSink;
 use crate::conversation::{self, ConversationStore, open_store};
 use crate::escape;
+use crate::kv::{KvStore, open_kv};
 use crate::onion::{ApprovalRequest, Approver};
 use crate::plugin::bindings::shallot::filter::types as wit;
-use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer, trace};
+use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer};
 use crate::plugin::convert;
-use crate::plugin::{Grants, TraceTarget};
+use crate::plugin::{Grants, KvGrant, TraceTarget};
 use crate::types::{Call, ChainError, Weigh};
 
-/// The largest trace event, in bytes.
-const TRACE_EVENT_CAP: usize = 64 << 10;
-/// Trace events one call may write.
-const TRACE_EVENTS_PER_CALL: u32 = 256;
 /// The longest conversation id, in bytes.
 const CONVERSATION_ID_CAP: usize = 512;
 /// Conversation-store operations one call may make.
@@ -45,16 +41,17 @@ const APPROVAL_ARGUMENTS_CAP: usize = 64 << 10;
 /// Sleeps one call may make, each counting at least a millisecond of the
 /// grant: a loop of `sleep(0)` costs the host a wake-up each time.
 const SLEEPS_PER_CALL: u32 = 64;
-/// The longest one call may wait for the conversation store in all.
+/// The longest one call may wait for its stores (conversations, keys) in all.
 const STORE_WAIT_CAP: Duration = Duration::from_secs(10);
 
 /// A granted import, and the calls it may be used from.
 #[derive(Clone, Copy)]
-enum Service {
+pub(super) enum Service {
     Timer,
     Approval,
     Trace,
     Memory,
+    Kv,
 }
 
 impl Service {
@@ -64,13 +61,14 @@ impl Service {
             Service::Approval => "approval.ask",
             Service::Trace => "trace.write",
             Service::Memory => "memory",
+            Service::Kv => "kv",
         }
     }
 
     /// Where it may be called. A backoff belongs in a hook, not in making
     /// the instance; a question needs a caller waiting on a decision (an
-    /// around hook), not a stream being shaped; the store is for the
-    /// chains, never per token.
+    /// around hook), not a stream being shaped; the stores are for the
+    /// chains (and, for keys, the system prompt), never per token.
     fn calls(self) -> &'static [Call] {
         const AROUND: &[Call] = &[Call::AroundChat, Call::AroundTool, Call::AroundTurn];
         const HOOKS: &[Call] = &[
@@ -81,9 +79,16 @@ impl Service {
             Call::Step,
             Call::Flush,
         ];
+        const PROMPTED: &[Call] = &[
+            Call::AroundChat,
+            Call::AroundTool,
+            Call::AroundTurn,
+            Call::SystemPrompt,
+        ];
         match self {
             Service::Timer | Service::Trace => HOOKS,
             Service::Approval | Service::Memory => AROUND,
+            Service::Kv => PROMPTED,
         }
     }
 }
@@ -96,6 +101,15 @@ pub(crate) struct GrantedServices {
     pub approval: bool,
     pub trace: Option<Arc<TraceSink>>,
     pub memory: Option<Arc<dyn ConversationStore>>,
+    pub kv: Option<GrantedKv>,
+}
+
+/// The key store a filter is granted, and its namespace (`None`: the
+/// filter's name).
+#[derive(Clone)]
+pub(crate) struct GrantedKv {
+    pub store: Arc<dyn KvStore>,
+    pub namespace: Option<String>,
 }
 
 impl GrantedServices {
@@ -111,52 +125,34 @@ impl GrantedServices {
             None => None,
             Some(spec) => Some(open_store(spec.clone()).await?),
         };
+        let kv = match &grants.kv {
+            None => None,
+            Some(KvGrant { namespace, .. }) if namespace.as_ref().is_some_and(String::is_empty) => {
+                return Err("grants.kv: the namespace must not be empty".into());
+            }
+            Some(grant) => Some(GrantedKv {
+                store: open_kv(grant.store.clone()).await?,
+                namespace: grant.namespace.clone(),
+            }),
+        };
         Ok(GrantedServices {
             sleep_ms: grants.sleep_ms,
             approval: grants.approval,
             trace,
             memory,
+            kv,
         })
     }
 }
 
-/// Where trace events go: the operator's choice, never the filter's.
-pub(crate) enum TraceSink {
-    Stderr,
-    File(Mutex<std::fs::File>),
-}
-
-impl TraceSink {
-    fn open(path: &Path) -> Result<Self, String> {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map(|file| TraceSink::File(Mutex::new(file)))
-            .map_err(|e| format!("grants.trace: cannot open {}: {e}", path.display()))
-    }
-
-    /// Writes one line in one write, so lines of several filters (or
-    /// processes appending to one file) never interleave within a line.
-    fn write(&self, line: &[u8]) -> std::io::Result<()> {
-        match self {
-            TraceSink::Stderr => std::io::stderr().lock().write_all(line),
-            TraceSink::File(file) => file
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .write_all(line),
-        }
-    }
-}
-
-fn error(kind: wit::ErrorKind, message: impl Into<String>) -> wit::FilterError {
+pub(super) fn error(kind: wit::ErrorKind, message: impl Into<String>) -> wit::FilterError {
     wit::FilterError {
         kind,
         message: message.into(),
     }
 }
 
-fn not_granted(import: &str, grant: &str) -> wit::FilterError {
+pub(super) fn not_granted(import: &str, grant: &str) -> wit::FilterError {
     error(
         wit::ErrorKind::Auth,
         format!(
@@ -168,7 +164,7 @@ fn not_granted(import: &str, grant: &str) -> wit::FilterError {
 impl HostState {
     /// Refuses `service` in a call it is not for (typed: the filter can
     /// tell it from a failure of the service).
-    fn out_of_place(&self, service: Service) -> Option<wit::FilterError> {
+    pub(super) fn out_of_place(&self, service: Service) -> Option<wit::FilterError> {
         let allowed = service.calls();
         match self.call {
             Some(call) if allowed.contains(&call) => None,
@@ -314,51 +310,6 @@ impl HostState {
     }
 }
 
-impl trace::Host for HostState {
-    fn write(&mut self, event: String) -> wasmtime::Result<Result<(), wit::FilterError>> {
-        let Some(sink) = self.services.trace.clone() else {
-            return Ok(Err(not_granted("trace", "trace = \"stderr\"")));
-        };
-        if let Some(refused) = self.out_of_place(Service::Trace) {
-            return Ok(Err(refused));
-        }
-        self.quotas.trace_events += 1;
-        if self.quotas.trace_events > TRACE_EVENTS_PER_CALL {
-            let message = format!("more than {TRACE_EVENTS_PER_CALL} trace events in one call");
-            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
-        }
-        let over = |bytes: usize| {
-            let message =
-                format!("a trace event of {bytes} bytes is over the cap of {TRACE_EVENT_CAP}");
-            Ok(Err(error(wit::ErrorKind::LimitExceeded, message)))
-        };
-        if event.len() > TRACE_EVENT_CAP {
-            return over(event.len());
-        }
-        let mut fields = match self.json_object(&event, "a trace event")? {
-            Ok(fields) => fields,
-            Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
-        };
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        fields.insert("ts".into(), ts.into());
-        fields.insert("filter".into(), self.identity.name.to_string().into());
-        // The cap is on the line as written: escaping can make text from
-        // the guest six times longer.
-        let mut line = escape::json_line(&fields).into_bytes();
-        if line.len() > TRACE_EVENT_CAP {
-            return over(line.len());
-        }
-        line.push(b'\n');
-        if let Err(e) = sink.write(&line) {
-            let message = format!("the trace sink refused the event: {e}");
-            return Ok(Err(error(wit::ErrorKind::Transient, message)));
-        }
-        Ok(Ok(()))
-    }
-}
-
 impl HostState {
     /// The store, if granted, for one more operation of this call, with
     /// the conversation key checked.
@@ -394,14 +345,14 @@ impl HostState {
 
     /// Waits for a store operation, outside the filter's own clock but
     /// within what is left of the call's store time.
-    async fn on_store<T>(
+    pub(super) async fn on_store<T>(
         &mut self,
         operation: impl Future<Output = Result<T, ChainError>>,
     ) -> Result<T, wit::FilterError> {
         let left = STORE_WAIT_CAP.saturating_sub(self.quotas.store_wait);
         let spent = || {
             let message = format!(
-                "this call waited {} s for the conversation store in all, its most",
+                "this call waited {} s for its stores in all, its most",
                 STORE_WAIT_CAP.as_secs()
             );
             error(wit::ErrorKind::Timeout, message)

@@ -23,9 +23,11 @@
 
 mod context;
 mod granted;
+mod kv;
 mod log;
 mod next;
 mod resources;
+mod trace;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -152,6 +154,8 @@ pub(crate) struct Quotas {
     /// keeps them, and the time spent waiting for the store.
     store_ops: u32,
     stored_bytes: usize,
+    /// Key-store operations.
+    kv_ops: u32,
     store_wait: std::time::Duration,
     /// Questions put to the approval handler, and the time spent waiting
     /// for its answers.

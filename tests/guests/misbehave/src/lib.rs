@@ -9,7 +9,7 @@ use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Message, Next,
     TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval,
-    context, log, memory, timer, trace,
+    context, kv, log, memory, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -49,7 +49,14 @@ struct Misbehave {
     /// line breaks), memory-escapes (appends 2 MiB of control characters,
     /// 12 MiB as stored, to the conversation named by the message),
     /// memory-swell (appends 11 MiB of control characters in one call),
-    /// write-then-nap (writes to the context, then sleeps 5 s).
+    /// write-then-nap (writes to the context, then sleeps 5 s), kv-flood
+    /// (sets 1 MiB values under new keys until refused), kv-chatter
+    /// (gets until refused), kv-huge-key (a 4 KiB key), kv-huge-value (a
+    /// 2 MiB value), kv-overflow (adds 1 to a counter at `i64::MAX`),
+    /// kv-swap-storm (compare-and-sets with a stale version until refused),
+    /// kv-forever (a time to live of ten years), kv-trespass (reads and
+    /// deletes keys spelled as another namespace's, and fails if it finds
+    /// one).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -229,6 +236,48 @@ impl Misbehave {
                 memory::load("chatty")?;
             },
             "memory-long-id" => memory::clear(&"c".repeat(4096)),
+            "kv-flood" => {
+                let big = "v".repeat(1 << 20);
+                for n in 0..100_000 {
+                    kv::set(&format!("flood-{n}"), &big, 0)?;
+                }
+                Ok(())
+            }
+            "kv-chatter" => loop {
+                kv::get("chatty")?;
+            },
+            "kv-huge-key" => kv::set(&"k".repeat(4096), "v", 0).map(drop),
+            "kv-huge-value" => kv::set("huge", &"v".repeat(2 << 20), 0).map(drop),
+            "kv-overflow" => {
+                kv::set("full", &i64::MAX.to_string(), 0)?;
+                kv::add("full", 1, 0).map(drop)
+            }
+            "kv-swap-storm" => {
+                let first = kv::set("contended", "a", 0)?;
+                kv::set("contended", "b", 0)?;
+                loop {
+                    if kv::swap("contended", "mine", first, 0)?.is_some() {
+                        return Err(FilterError::new(ErrorKind::Internal, "a stale swap wrote"));
+                    }
+                }
+            }
+            "kv-forever" => kv::set("forever", "v", 10 * 366 * 24 * 3_600_000).map(drop),
+            "kv-trespass" => {
+                for key in [
+                    "6:victim:secret",
+                    "victim:secret",
+                    "../victim/secret",
+                    ":secret",
+                ] {
+                    if kv::get(key)?.is_some() || kv::delete(key)? {
+                        return Err(FilterError::new(
+                            ErrorKind::Internal,
+                            format!("reached {key}"),
+                        ));
+                    }
+                }
+                Ok(())
+            }
             "ask-garbage" => approval::ask(text, "not json", "why", 1000).map(drop),
             "ask" => match approval::ask("delete", "{}", text, 200)? {
                 true => Ok(()),

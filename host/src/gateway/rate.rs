@@ -1,0 +1,112 @@
+//! What a limiting filter saw (the shared context's [`RATE_LIMIT`] key),
+//! answered as OpenAI answers it: `x-ratelimit-limit-requests`,
+//! `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (and
+//! the `-tokens` three) on every response, and `Retry-After` on a `429`
+//! the limit refused.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use serde_json::Value;
+
+use crate::context::{Context, RATE_LIMIT};
+
+/// Adds the headers for what `context` holds under [`RATE_LIMIT`] to a
+/// response of `status`.
+pub(super) fn headers(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
+    let Some(Value::Object(limits)) = context.get(RATE_LIMIT) else {
+        return;
+    };
+    let mut wait_ms: Option<u64> = None;
+    for what in ["requests", "tokens"] {
+        let Some(seen) = limits.get(what) else {
+            continue;
+        };
+        let number = |field: &str| seen.get(field).and_then(Value::as_u64);
+        let (Some(limit), Some(remaining), Some(reset_ms)) =
+            (number("limit"), number("remaining"), number("reset_ms"))
+        else {
+            continue;
+        };
+        let mut put = |name: String, value: String| {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::try_from(name), HeaderValue::try_from(value))
+            {
+                headers.insert(name, value);
+            }
+        };
+        put(format!("x-ratelimit-limit-{what}"), limit.to_string());
+        put(
+            format!("x-ratelimit-remaining-{what}"),
+            remaining.to_string(),
+        );
+        put(format!("x-ratelimit-reset-{what}"), duration(reset_ms));
+        if remaining == 0 {
+            wait_ms = Some(wait_ms.unwrap_or(0).max(reset_ms));
+        }
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && let Some(wait_ms) = wait_ms
+    {
+        let seconds = wait_ms.div_ceil(1000).max(1);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+}
+
+/// A time as OpenAI's reset headers write it: `20ms`, `7.66s`, `6m0s`,
+/// `1h2m3s`.
+fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (hours, minutes) = (ms / 3_600_000, ms / 60_000 % 60);
+    let seconds = (ms % 60_000) as f64 / 1000.0;
+    let seconds = format!("{seconds:.2}");
+    let seconds = seconds.trim_end_matches('0').trim_end_matches('.');
+    match (hours, minutes) {
+        (0, 0) => format!("{seconds}s"),
+        (0, _) => format!("{minutes}m{seconds}s"),
+        _ => format!("{hours}h{minutes}m{seconds}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, StatusCode};
+    use serde_json::json;
+
+    use super::{duration, headers};
+    use crate::context::{Context, RATE_LIMIT};
+
+    #[test]
+    fn durations_read_as_openai_writes_them() {
+        assert_eq!(duration(20), "20ms");
+        assert_eq!(duration(7660), "7.66s");
+        assert_eq!(duration(1000), "1s");
+        assert_eq!(duration(360_000), "6m0s");
+        assert_eq!(duration(3_723_000), "1h2m3s");
+    }
+
+    #[test]
+    fn a_refusal_says_when_to_retry_and_a_pass_only_what_is_left() {
+        let seen = json!({
+            "requests": { "limit": 2, "remaining": 0, "reset_ms": 4200 },
+            "tokens": { "limit": 100, "remaining": 40, "reset_ms": 9000 },
+        });
+        let context = Context::new().with(RATE_LIMIT, seen);
+        let mut refused = HeaderMap::new();
+        headers(&context, StatusCode::TOO_MANY_REQUESTS, &mut refused);
+        assert_eq!(refused["retry-after"], "5");
+        assert_eq!(refused["x-ratelimit-remaining-requests"], "0");
+        assert_eq!(refused["x-ratelimit-reset-tokens"], "9s");
+        let mut passed = HeaderMap::new();
+        headers(&context, StatusCode::OK, &mut passed);
+        assert!(passed.get("retry-after").is_none());
+        assert_eq!(passed["x-ratelimit-limit-tokens"], "100");
+        let mut none = HeaderMap::new();
+        headers(
+            &Context::new().with(RATE_LIMIT, "junk"),
+            StatusCode::OK,
+            &mut none,
+        );
+        assert!(none.is_empty());
+    }
+}

@@ -1,0 +1,276 @@
+//! Keys in an embedded SQLite file: a row per key with its value, version
+//! and expiry (milliseconds since the Unix epoch, so that processes
+//! sharing the file agree), the versions drawn from one counter row, every
+//! write one immediate transaction (so compare-and-set and add are atomic
+//! for every process on the file). The file is capped at [`STORE_CAP`]
+//! (`max_page_count`); a write that would pass it first sweeps the expired
+//! rows. Calls run on the blocking pool, one at a time per file.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::{Count, Entry, KvStore, OPERATION_TIMEOUT, STORE_CAP, counter, full, sum, unavailable};
+use crate::types::ChainError;
+
+pub(super) struct Sqlite {
+    path: String,
+    connection: Arc<Mutex<Connection>>,
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn expiry(ttl: Option<Duration>, now: i64) -> Option<i64> {
+    ttl.map(|ttl| now.saturating_add(ttl.as_millis() as i64))
+}
+
+/// Why a write did not happen: the caller's error, or the database's.
+enum Failed {
+    Refused(ChainError),
+    Db(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for Failed {
+    fn from(e: rusqlite::Error) -> Self {
+        Failed::Db(e)
+    }
+}
+
+fn is_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+}
+
+/// The live row of a key: its value, version and expiry.
+fn live(
+    db: &Connection,
+    namespace: &str,
+    key: &str,
+    now: i64,
+) -> rusqlite::Result<Option<(String, u64, Option<i64>)>> {
+    db.prepare_cached(
+        "SELECT value, version, expires FROM shallot_kv
+         WHERE namespace = ?1 AND key = ?2 AND (expires IS NULL OR expires > ?3)",
+    )?
+    .query_row(params![namespace, key, now], |row| {
+        Ok((row.get(0)?, row.get::<_, i64>(1)? as u64, row.get(2)?))
+    })
+    .optional()
+}
+
+/// Writes a key with the file's next version.
+fn write(
+    db: &Connection,
+    namespace: &str,
+    key: &str,
+    value: &str,
+    expires: Option<i64>,
+) -> rusqlite::Result<u64> {
+    let version: i64 = db.query_row(
+        "UPDATE shallot_kv_version SET n = n + 1 WHERE id = 0 RETURNING n",
+        [],
+        |row| row.get(0),
+    )?;
+    db.prepare_cached("INSERT OR REPLACE INTO shallot_kv VALUES (?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![namespace, key, value, version, expires])?;
+    Ok(version as u64)
+}
+
+impl Sqlite {
+    /// Opens (creating it if needed) the file and its tables.
+    pub(super) async fn open(path: &Path) -> Result<Self, String> {
+        let shown = path.display().to_string();
+        let opened = path.to_owned();
+        let connection = tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
+            let connection = Connection::open(&opened)?;
+            connection.busy_timeout(OPERATION_TIMEOUT)?;
+            let page: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+            connection.execute_batch(&format!(
+                "PRAGMA journal_mode = WAL;
+                 PRAGMA max_page_count = {};
+                 CREATE TABLE IF NOT EXISTS shallot_kv (
+                     namespace TEXT NOT NULL,
+                     key TEXT NOT NULL,
+                     value TEXT NOT NULL,
+                     version INTEGER NOT NULL,
+                     expires INTEGER,
+                     PRIMARY KEY (namespace, key)
+                 ) WITHOUT ROWID;
+                 CREATE TABLE IF NOT EXISTS shallot_kv_version (
+                     id INTEGER PRIMARY KEY CHECK (id = 0),
+                     n INTEGER NOT NULL
+                 );
+                 INSERT OR IGNORE INTO shallot_kv_version VALUES (0, 0);",
+                STORE_CAP as i64 / page
+            ))?;
+            Ok(connection)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("grants.kv: cannot open the SQLite file {shown}: {e}"))?;
+        Ok(Sqlite {
+            path: shown,
+            connection: Arc::new(Mutex::new(connection)),
+        })
+    }
+
+    /// Runs `work` in one immediate transaction on the blocking pool,
+    /// answering within the operation timeout. A write the file's cap
+    /// refuses sweeps the expired rows and is tried once more.
+    async fn with<T: Send + 'static>(
+        &self,
+        work: impl Fn(&Connection, i64) -> Result<T, Failed> + Send + 'static,
+    ) -> Result<T, ChainError> {
+        let connection = self.connection.clone();
+        let attempt = move |db: &mut Connection| -> Result<T, Failed> {
+            let transaction = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let done = work(&transaction, now())?;
+            transaction.commit()?;
+            Ok(done)
+        };
+        let done = tokio::task::spawn_blocking(move || {
+            let mut db = connection.lock().unwrap_or_else(PoisonError::into_inner);
+            match attempt(&mut db) {
+                Err(Failed::Db(e)) if is_full(&e) => {
+                    db.execute("DELETE FROM shallot_kv WHERE expires <= ?1", [now()])?;
+                    attempt(&mut db)
+                }
+                done => done,
+            }
+        });
+        let failed = |e: &dyn std::fmt::Display| unavailable("SQLite", &self.path, e);
+        match tokio::time::timeout(OPERATION_TIMEOUT, done).await {
+            Err(_) => Err(failed(&format!("no answer within {OPERATION_TIMEOUT:?}"))),
+            Ok(Err(e)) => Err(failed(&e)),
+            Ok(Ok(Ok(done))) => Ok(done),
+            Ok(Ok(Err(Failed::Refused(e)))) => Err(e),
+            Ok(Ok(Err(Failed::Db(e)))) if is_full(&e) => Err(full("SQLite", STORE_CAP)),
+            Ok(Ok(Err(Failed::Db(e)))) => Err(failed(&e)),
+        }
+    }
+}
+
+#[async_trait]
+impl KvStore for Sqlite {
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Entry>, ChainError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        self.with(move |db, now| {
+            let found = live(db, &namespace, &key, now)?;
+            Ok(found.map(|(value, version, _)| Entry { value, version }))
+        })
+        .await
+    }
+
+    async fn set(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: &str,
+        ttl: Option<Duration>,
+    ) -> Result<u64, ChainError> {
+        let (namespace, key, value) = (namespace.to_owned(), key.to_owned(), value.to_owned());
+        self.with(move |db, now| Ok(write(db, &namespace, &key, &value, expiry(ttl, now))?))
+            .await
+    }
+
+    async fn swap(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: &str,
+        expected: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Option<u64>, ChainError> {
+        let (namespace, key, value) = (namespace.to_owned(), key.to_owned(), value.to_owned());
+        self.with(move |db, now| {
+            let current = live(db, &namespace, &key, now)?.map_or(0, |(_, version, _)| version);
+            if current != expected {
+                return Ok(None);
+            }
+            Ok(Some(write(db, &namespace, &key, &value, expiry(ttl, now))?))
+        })
+        .await
+    }
+
+    async fn add(
+        &self,
+        namespace: &str,
+        key: &str,
+        delta: i64,
+        ttl: Option<Duration>,
+    ) -> Result<Count, ChainError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        self.with(move |db, now| {
+            let (current, expires) = match live(db, &namespace, &key, now)? {
+                Some((value, _, expires)) => (counter(&value).map_err(Failed::Refused)?, expires),
+                None => (0, expiry(ttl, now)),
+            };
+            let value = sum(current, delta).map_err(Failed::Refused)?;
+            write(db, &namespace, &key, &value.to_string(), expires)?;
+            let ttl = expires.map(|at| Duration::from_millis(at.saturating_sub(now).max(0) as u64));
+            Ok(Count { value, ttl })
+        })
+        .await
+    }
+
+    async fn delete(&self, namespace: &str, key: &str) -> Result<bool, ChainError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        self.with(move |db, now| {
+            let was = live(db, &namespace, &key, now)?.is_some();
+            db.execute(
+                "DELETE FROM shallot_kv WHERE namespace = ?1 AND key = ?2",
+                params![namespace, key],
+            )?;
+            Ok(was)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sqlite;
+    use crate::kv::KvStore;
+    use crate::types::ErrorKind;
+
+    #[tokio::test]
+    async fn a_file_keeps_versions_counters_and_refusals_across_opens() {
+        let dir = std::env::temp_dir().join(format!("shallot-kv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kv.db");
+        let _ = std::fs::remove_file(&path);
+        let store = Sqlite::open(&path).await.unwrap();
+        let version = store.set("n", "k", "one", None).await.unwrap();
+        assert_eq!(store.add("n", "c", 5, None).await.unwrap().value, 5);
+        assert_eq!(
+            store.add("n", "k", 1, None).await.unwrap_err().kind,
+            ErrorKind::InvalidRequest
+        );
+        let again = Sqlite::open(&path).await.unwrap();
+        assert_eq!(again.get("n", "k").await.unwrap().unwrap().version, version);
+        assert_eq!(again.add("n", "c", -2, None).await.unwrap().value, 3);
+        assert!(
+            again
+                .swap("n", "k", "two", version, None)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(
+            store.swap("n", "k", "three", version, None).await.unwrap(),
+            None
+        );
+        assert!(
+            again.get("m", "k").await.unwrap().is_none(),
+            "namespaces are apart"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
