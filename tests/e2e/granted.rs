@@ -1005,3 +1005,89 @@ async fn a_sliding_window_carries_the_previous_windows_count() {
     );
     assert_eq!(first.is_ok(), used <= 2, "{seen}");
 }
+
+/// `budget` with `config`, its spend in `store`, with the clock.
+fn budget(config: Value, store: &str) -> (PathBuf, FilterSpec) {
+    granted(
+        spec("budget", "budget", config),
+        Grants {
+            kv: Some(shallot::StoreSpec::from(store).into()),
+            clock: true,
+            ..Grants::default()
+        },
+    )
+}
+
+#[tokio::test]
+async fn budget_refuses_a_bucket_once_its_period_is_spent_streamed_answers_counted_too() {
+    // The embedded model's answer to "hi" uses 4 tokens: a dollar a call.
+    let config = json!({
+        "limit_usd": 3, "period": "month", "by": "user",
+        "prices": { "*": { "input": 250_000, "output": 250_000 } },
+    });
+    let plugins = load(vec![budget(config, ":memory:budget")]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(shallot::EmbeddedModel::new())
+        .build()
+        .unwrap();
+    let as_user = |user: &str| Context::new().with(shallot::USER, user);
+    kernel.chat(ask("hi"), as_user("joe")).await.unwrap();
+    let sink = Collector::default();
+    kernel
+        .chat_stream(ask("hi"), as_user("joe"), sink.clone())
+        .await
+        .unwrap();
+    let context = as_user("joe");
+    kernel.chat(ask("hi"), context.clone()).await.unwrap();
+    let seen = context.get(shallot::RATE_LIMIT).unwrap();
+    assert_eq!(
+        seen["budget"]["remaining"], 0,
+        "three dollars spent: {seen}"
+    );
+    let reset = seen["budget"]["reset_ms"].as_u64().unwrap();
+    assert!(
+        reset > 0 && reset <= 31 * 86_400_000,
+        "the month's end: {seen}"
+    );
+    let refused = kernel.chat(ask("hi"), as_user("joe")).await.unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{refused}");
+    assert!(
+        refused.message.contains("budget of $3.00 a month is spent"),
+        "{refused}"
+    );
+    kernel.chat(ask("hi"), as_user("kim")).await.unwrap();
+}
+
+#[tokio::test]
+async fn budget_refuses_a_bad_configuration_at_load_and_every_call_without_the_clock() {
+    let prices = json!({ "*": { "input": 1, "output": 1 } });
+    for (config, says) in [
+        (
+            json!({ "limit_usd": 0, "prices": prices }),
+            "positive amount",
+        ),
+        (
+            json!({ "limit_usd": 1, "prices": { "m": { "input": -1, "output": 1 } } }),
+            "0 or more",
+        ),
+        (json!({ "limit_usd": 1 }), "prices"),
+    ] {
+        let specs = vec![budget(config, ":memory:")];
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .expect("the configuration is refused")
+            .to_string();
+        assert!(error.contains(says), "{error}");
+    }
+    let (path, mut spec) = budget(json!({ "limit_usd": 1, "prices": prices }), ":memory:");
+    spec.grants.clock = false;
+    let plugins = load(vec![(path, spec)]).await;
+    let error = shallot_tests::answering(&plugins, "ok")
+        .chat(ask("hi"), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
+    assert!(error.message.contains("clock = true"), "{error}");
+}

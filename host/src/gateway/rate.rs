@@ -1,8 +1,8 @@
 //! What a limiting filter saw (the shared context's [`RATE_LIMIT`] key),
 //! answered as OpenAI answers it: `x-ratelimit-limit-requests`,
 //! `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (and
-//! the `-tokens` three) on every response, and `Retry-After` on a `429`
-//! the limit refused.
+//! the `-tokens` three) on every response, and `Retry-After` on a `429`,
+//! the longest wait of the limits left at 0 (`budget`'s too).
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use serde_json::Value;
@@ -16,16 +16,21 @@ pub(super) fn headers(context: &Context, status: StatusCode, headers: &mut Heade
         return;
     };
     let mut wait_ms: Option<u64> = None;
-    for what in ["requests", "tokens"] {
-        let Some(seen) = limits.get(what) else {
-            continue;
-        };
+    for (what, seen) in &limits {
         let number = |field: &str| seen.get(field).and_then(Value::as_u64);
         let (Some(limit), Some(remaining), Some(reset_ms)) =
             (number("limit"), number("remaining"), number("reset_ms"))
         else {
             continue;
         };
+        if remaining == 0 {
+            wait_ms = Some(wait_ms.unwrap_or(0).max(reset_ms));
+        }
+        // OpenAI's clients read these two; other limits (`budget`) only
+        // say when to retry.
+        if !matches!(what.as_str(), "requests" | "tokens") {
+            continue;
+        }
         let mut put = |name: String, value: String| {
             if let (Ok(name), Ok(value)) =
                 (HeaderName::try_from(name), HeaderValue::try_from(value))
@@ -39,9 +44,6 @@ pub(super) fn headers(context: &Context, status: StatusCode, headers: &mut Heade
             remaining.to_string(),
         );
         put(format!("x-ratelimit-reset-{what}"), duration(reset_ms));
-        if remaining == 0 {
-            wait_ms = Some(wait_ms.unwrap_or(0).max(reset_ms));
-        }
     }
     if status == StatusCode::TOO_MANY_REQUESTS
         && let Some(wait_ms) = wait_ms
@@ -90,11 +92,16 @@ mod tests {
         let seen = json!({
             "requests": { "limit": 2, "remaining": 0, "reset_ms": 4200 },
             "tokens": { "limit": 100, "remaining": 40, "reset_ms": 9000 },
+            "budget": { "limit": 5, "remaining": 0, "reset_ms": 7000 },
         });
         let context = Context::new().with(RATE_LIMIT, seen);
         let mut refused = HeaderMap::new();
         headers(&context, StatusCode::TOO_MANY_REQUESTS, &mut refused);
-        assert_eq!(refused["retry-after"], "5");
+        assert_eq!(
+            refused["retry-after"], "7",
+            "the longest wait of a spent limit"
+        );
+        assert!(refused.get("x-ratelimit-limit-budget").is_none());
         assert_eq!(refused["x-ratelimit-remaining-requests"], "0");
         assert_eq!(refused["x-ratelimit-reset-tokens"], "9s");
         let mut passed = HeaderMap::new();

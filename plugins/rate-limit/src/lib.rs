@@ -26,7 +26,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, TurnRequest, TurnResult,
     context, kv,
@@ -67,23 +66,6 @@ struct Counted {
     counted: bool,
 }
 
-/// What one bucket's limit looked like to this request.
-struct Seen {
-    limit: u64,
-    used: u64,
-    reset_ms: u64,
-}
-
-impl Seen {
-    fn report(&self) -> Value {
-        json!({
-            "limit": self.limit,
-            "remaining": self.limit.saturating_sub(self.used),
-            "reset_ms": self.reset_ms,
-        })
-    }
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -97,13 +79,7 @@ impl RateLimit {
 
     /// The bucket this request counts in: the `by` key's value.
     fn bucket(&self) -> String {
-        match context::get_json(&self.by) {
-            Some(value) => match serde_json::from_str::<Value>(&value) {
-                Ok(Value::String(text)) => text,
-                _ => value,
-            },
-            None => String::new(),
-        }
+        context::get_text(&self.by).unwrap_or_default()
     }
 
     /// The counter key of `what` in `bucket`, and the time its window has
@@ -137,41 +113,29 @@ impl RateLimit {
     /// to the shared context either way.
     fn admit(&self) -> Result<(), FilterError> {
         let bucket = self.bucket();
-        let mut report = serde_json::Map::new();
         let mut refused = None;
-        if let Some(limit) = self.requests {
+        if let Some(limit) = self.requests.map(u64::from) {
             let slot = self.window("requests", &bucket)?;
             let count = kv::add(&slot.key, 1, slot.ttl_ms)?;
             let used = slot.carried + count.value.max(0) as u64;
             let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
-            let seen = Seen {
-                limit: limit.into(),
-                used,
-                reset_ms,
-            };
-            if used > seen.limit {
+            if used > limit {
                 // A refused request is not one of the window's.
                 kv::add(&slot.key, -1, slot.ttl_ms)?;
-                refused = Some(("requests", seen.limit, reset_ms));
+                refused = Some(("requests", limit, reset_ms));
             }
-            report.insert("requests".into(), seen.report());
+            context::report_limit("requests", limit, limit.saturating_sub(used), reset_ms);
         }
         if let Some(limit) = self.tokens {
             let slot = self.window("tokens", &bucket)?;
             let count = kv::add(&slot.key, 0, slot.ttl_ms)?;
             let used = slot.carried + count.value.max(0) as u64;
             let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
-            let seen = Seen {
-                limit,
-                used,
-                reset_ms,
-            };
             if used >= limit && refused.is_none() {
                 refused = Some(("tokens", limit, reset_ms));
             }
-            report.insert("tokens".into(), seen.report());
+            context::report_limit("tokens", limit, limit.saturating_sub(used), reset_ms);
         }
-        context::set(context::RATE_LIMIT, &report);
         match refused {
             None => Ok(()),
             Some((what, limit, reset_ms)) => Err(FilterError::new(
