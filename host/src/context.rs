@@ -25,6 +25,10 @@ pub const USER: &str = "user";
 /// {...}}`: the gateway answers it as OpenAI's `x-ratelimit-*` headers,
 /// and a `limit-exceeded` refusal with `Retry-After`.
 pub const RATE_LIMIT: &str = "rate_limit";
+/// The shared-context key the `cache` filter says what it did under
+/// (`"hit"`, `"miss"`, `"skip"`): the gateway answers it as the
+/// `x-shallot-cache` header.
+pub const CACHE: &str = "cache";
 
 /// Keys of the shared context that say whom an invoke is for. The caller
 /// sets them; a sandboxed filter may read them but never set or remove

@@ -77,7 +77,7 @@ pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolL
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::{
-    CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, RATE_LIMIT, Reducers, TENANT, USER,
+    CACHE, CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, RATE_LIMIT, Reducers, TENANT, USER,
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,

@@ -1326,6 +1326,7 @@ fn plugins_list_shows_every_built_in_filter() {
     for filter in [
         "approval",
         "budget",
+        "cache",
         "call-limit",
         "final-answer",
         "hold-release",
@@ -1462,6 +1463,55 @@ fn a_gateway_keeps_its_rate_limit_in_sqlite_across_a_restart() {
         "{}",
         gateway.said()
     );
+    gateway.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_streams_a_cached_answer() {
+    let dir = std::env::temp_dir().join(format!("shallot-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = limited(&dir, "cache", "{ ttl_s = 60 }", ":memory:");
+    let gateway = Gateway::start(&config);
+    let ask = |stream: bool| {
+        let body = format!(
+            r#"{{"model":"shallot-echo","stream":{stream},"messages":[{{"role":"user","content":"cache me"}}]}}"#
+        );
+        exchange(&gateway.address, "POST", "/v1/chat/completions", &body)
+    };
+    let (status, headers, first) = ask(false);
+    assert!(status.contains("200"), "{status}: {first}");
+    assert_eq!(headers["x-shallot-cache"], "miss", "{headers:?}");
+    let (_, headers, again) = ask(false);
+    assert_eq!(headers["x-shallot-cache"], "hit", "{headers:?}");
+    let content = |body: &str| {
+        let answer: serde_json::Value = serde_json::from_str(body).unwrap();
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(content(&again), content(&first));
+    let (status, headers, streamed) = ask(true);
+    assert!(status.contains("200"), "{status}");
+    assert_eq!(headers["x-shallot-cache"], "hit", "{headers:?}");
+    assert!(
+        headers["content-type"].starts_with("text/event-stream"),
+        "{headers:?}"
+    );
+    let text: String = streamed
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<serde_json::Value>(data).ok())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, content(&first), "{streamed}");
+    assert!(streamed.contains("data: [DONE]"), "{streamed}");
     gateway.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1091,3 +1091,120 @@ async fn budget_refuses_a_bad_configuration_at_load_and_every_call_without_the_c
     assert_eq!(error.kind, ErrorKind::Auth, "{error}");
     assert!(error.message.contains("clock = true"), "{error}");
 }
+
+/// A kernel with `cache` (its entries in `store`) over `model`.
+async fn cached(model: ScriptedModel, store: &str) -> Kernel {
+    let filter = granted(
+        spec("cache", "cache", json!({ "ttl_s": 60 })),
+        Grants {
+            kv: Some(shallot::StoreSpec::from(store).into()),
+            ..Grants::default()
+        },
+    );
+    let plugins = load(vec![filter]).await;
+    Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap()
+}
+
+/// What the cache did for one chat of `request` by `tenant`, and its text.
+async fn through_cache(kernel: &Kernel, request: ChatRequest, tenant: &str) -> (Value, String) {
+    let context = Context::new().with(shallot::TENANT, tenant);
+    let response = kernel.chat(request, context.clone()).await.unwrap();
+    (
+        context.get(shallot::CACHE).unwrap_or_default(),
+        response.text(),
+    )
+}
+
+#[tokio::test]
+async fn cache_answers_the_same_request_again_without_the_model() {
+    let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));
+    let kernel = cached(model.clone(), ":memory:cache").await;
+    assert_eq!(
+        through_cache(&kernel, ask("hi"), "t").await,
+        (json!("miss"), "answer 1".into())
+    );
+    assert_eq!(
+        through_cache(&kernel, ask("hi"), "t").await,
+        (json!("hit"), "answer 1".into())
+    );
+    assert_eq!(model.calls(), 1, "the second answer is the cache's");
+    // Streamed, the answer is the cache's too (the gateway streams a
+    // filter's answer to its client: `serve_streams_a_cached_answer`).
+    let context = Context::new().with(shallot::TENANT, "t");
+    let streamed = kernel
+        .chat_stream(ask("hi"), context.clone(), Collector::default())
+        .await
+        .unwrap();
+    assert_eq!(streamed.text(), "answer 1");
+    assert_eq!(context.get(shallot::CACHE), Some(json!("hit")));
+    assert_eq!(model.calls(), 1);
+    // Another request, another tenant: the model again.
+    assert_eq!(
+        through_cache(&kernel, ask("hello"), "t").await.0,
+        json!("miss")
+    );
+    assert_eq!(
+        through_cache(&kernel, ask("hi"), "other").await,
+        (json!("miss"), "answer 3".into())
+    );
+    assert_eq!(
+        model.calls(),
+        3,
+        "no tenant is answered from another's cache"
+    );
+}
+
+#[tokio::test]
+async fn a_request_opts_out_of_the_cache_and_the_option_never_reaches_the_model() {
+    let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));
+    let kernel = cached(model.clone(), ":memory:cache-opt-out").await;
+    let fresh = || ask("hi").with_option("cache", json!(false));
+    assert_eq!(
+        through_cache(&kernel, fresh(), "t").await,
+        (json!("skip"), "answer 1".into())
+    );
+    assert_eq!(
+        through_cache(&kernel, ask("hi"), "t").await.0,
+        json!("miss"),
+        "a skip writes nothing"
+    );
+    assert_eq!(
+        through_cache(&kernel, fresh(), "t").await,
+        (json!("skip"), "answer 3".into())
+    );
+    assert!(
+        model
+            .requests()
+            .iter()
+            .all(|r| r.options.get("cache").is_none()),
+        "the cache's option is its own"
+    );
+}
+
+#[tokio::test]
+async fn cache_keeps_only_whole_text_answers() {
+    let model = ScriptedModel::new(|_, _| Reply::call("echo", json!({})));
+    let kernel = cached(model.clone(), ":memory:cache-tools").await;
+    through_cache(&kernel, ask("hi"), "t").await;
+    assert_eq!(
+        through_cache(&kernel, ask("hi"), "t").await.0,
+        json!("miss")
+    );
+    assert_eq!(model.calls(), 2, "an answer that calls tools is not kept");
+    for (config, says) in [
+        (json!({ "ttl_s": 0 }), "at least 1"),
+        (json!({ "max_bytes": 2_000_000 }), "at most 1 MiB"),
+    ] {
+        let specs = vec![spec("cache", "cache", config)];
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .expect("the configuration is refused")
+            .to_string();
+        assert!(error.contains(says), "{error}");
+    }
+}

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::answer::Responder;
-use super::rate;
+use super::reported;
 use super::wire::{ApiError, CompletionRequest, Head};
 use super::{GatewayState, Route};
 use crate::config::{ClientKey, RouteMode};
@@ -190,10 +190,10 @@ pub(super) async fn complete(
     } else {
         answer.whole(chat).await
     };
-    // What a limiting filter saw, answered or refused, as OpenAI's headers.
+    // What the filters reported (limits, the cache), answered or refused.
     let mut response = answered.unwrap_or_else(IntoResponse::into_response);
     let status = response.status();
-    rate::headers(&context, status, response.headers_mut());
+    reported::headers(&context, status, response.headers_mut());
     Ok(response)
 }
 

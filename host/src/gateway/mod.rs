@@ -43,7 +43,7 @@ mod auth;
 mod build;
 mod handlers;
 mod metrics;
-mod rate;
+mod reported;
 mod routes;
 mod server;
 mod stream;

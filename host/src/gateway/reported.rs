@@ -1,5 +1,8 @@
-//! What a limiting filter saw (the shared context's [`RATE_LIMIT`] key),
-//! answered as OpenAI answers it: `x-ratelimit-limit-requests`,
+//! What filters report in the shared context, as response headers: what a
+//! limiting filter saw (the [`RATE_LIMIT`] key) as OpenAI answers it, and
+//! what the `cache` filter did (the [`CACHE`] key) as `x-shallot-cache`.
+//!
+//! The limits: `x-ratelimit-limit-requests`,
 //! `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (and
 //! the `-tokens` three) on every response, and `Retry-After` on a `429`,
 //! the longest wait of the limits left at 0 (`budget`'s too).
@@ -7,11 +10,21 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use serde_json::Value;
 
-use crate::context::{Context, RATE_LIMIT};
+use crate::context::{CACHE, Context, RATE_LIMIT};
 
-/// Adds the headers for what `context` holds under [`RATE_LIMIT`] to a
-/// response of `status`.
+/// Adds the headers for what `context` holds under [`CACHE`] and
+/// [`RATE_LIMIT`] to a response of `status`.
 pub(super) fn headers(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
+    if let Some(Value::String(what)) = context.get(CACHE)
+        && matches!(what.as_str(), "hit" | "miss" | "skip")
+    {
+        let what = HeaderValue::try_from(what).expect("a word is a header value");
+        headers.insert(HeaderName::from_static("x-shallot-cache"), what);
+    }
+    limits(context, status, headers);
+}
+
+fn limits(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
     let Some(Value::Object(limits)) = context.get(RATE_LIMIT) else {
         return;
     };
@@ -76,7 +89,7 @@ mod tests {
     use serde_json::json;
 
     use super::{duration, headers};
-    use crate::context::{Context, RATE_LIMIT};
+    use crate::context::{CACHE, Context, RATE_LIMIT};
 
     #[test]
     fn durations_read_as_openai_writes_them() {
@@ -115,5 +128,20 @@ mod tests {
             &mut none,
         );
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn what_the_cache_did_is_a_header_and_nothing_else_a_filter_writes_is() {
+        let mut said = HeaderMap::new();
+        headers(
+            &Context::new().with(CACHE, "hit"),
+            StatusCode::OK,
+            &mut said,
+        );
+        assert_eq!(said["x-shallot-cache"], "hit");
+        let mut forged = HeaderMap::new();
+        let context = Context::new().with(CACHE, "hit\r\nset-cookie: x");
+        headers(&context, StatusCode::OK, &mut forged);
+        assert!(forged.is_empty(), "{forged:?}");
     }
 }
