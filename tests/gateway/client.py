@@ -1,7 +1,7 @@
 """The gateway as an application sees it: the official `openai` SDK against
 a running `shallot serve` (base URL in argv[1], serving `shallot-echo` with
-safeguard, token-redact and a misbehave filter that blocks "forbidden" and
-traps on "crash", to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
+safeguard, token-redact, a misbehave filter that blocks "forbidden" and
+traps on "crash", and the response cache, to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
 """
 
 import json
@@ -90,3 +90,21 @@ check("the gateway still serves", ask("hello again").choices[0].finish_reason ==
 check("the models list names the model", [m.id for m in client.models.list()] == [MODEL], "")
 check("the model can be retrieved", client.models.retrieve(MODEL).id == MODEL, "")
 expect_error("an unknown model", openai.NotFoundError, 404, "model_not_found", lambda: client.models.retrieve("gpt-9"))
+
+# The cache: the same request again is answered from it, streamed too.
+def raw(text, **options):
+    return client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], **options
+    )
+
+
+first = raw("cache this answer")
+check("a first answer is the model's", first.headers.get("x-shallot-cache") == "miss", dict(first.headers))
+again = raw("cache this answer")
+check("the same request again is the cache's", again.headers.get("x-shallot-cache") == "hit", dict(again.headers))
+answer = first.parse().choices[0].message.content
+check("with the same answer", again.parse().choices[0].message.content == answer, again.parse())
+streamed = "".join(c.choices[0].delta.content or "" for c in ask("cache this answer", stream=True) if c.choices)
+check("a cached answer streams", streamed == answer, streamed)
+skipped = raw("cache this answer", extra_body={"cache": False})
+check("a request can opt out", skipped.headers.get("x-shallot-cache") == "skip", dict(skipped.headers))
