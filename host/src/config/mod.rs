@@ -402,6 +402,32 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[test]
+    fn a_kv_grant_is_a_store_or_a_table_its_sqlite_path_relative_to_the_config() {
+        use crate::conversation::StoreSpec;
+        let dir = std::env::temp_dir().join(format!("shallot-kv-grant-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("shallot.toml");
+        let filters = |grant: &str| {
+            let text = format!("[[filter]]\nplugin = \"x.wasm\"\ngrants = {{ kv = {grant} }}\n");
+            std::fs::write(&file, text).unwrap();
+            super::read_config(&file)
+        };
+        let read = filters("\"limits.db\"").unwrap();
+        let kv = read[0].1.grants.kv.clone().unwrap();
+        assert_eq!(kv.store, StoreSpec::Sqlite(dir.join("limits.db")));
+        assert_eq!(kv.namespace, None);
+        let read = filters("{ store = \"redis://127.0.0.1/0\", namespace = \"limits\" }").unwrap();
+        let kv = read[0].1.grants.kv.clone().unwrap();
+        assert_eq!(kv.store, StoreSpec::Redis("redis://127.0.0.1/0".into()));
+        assert_eq!(kv.namespace.as_deref(), Some("limits"));
+        for wrong in ["5", "{ store = \":memory:\", name = \"x\" }"] {
+            let error = filters(wrong).unwrap_err().to_string();
+            assert!(error.contains("a store (a SQLite file's path"), "{error}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::expand;
 
     #[test]

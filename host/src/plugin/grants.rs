@@ -53,7 +53,10 @@ impl From<StoreSpec> for KvGrant {
 
 /// The two ways an operator writes a `kv` grant.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a store (a SQLite file's path, a redis:// URL or \":memory:\") or a table { store = \"...\", namespace = \"...\" }"
+)]
 enum KvForm {
     Store(StoreSpec),
     Table(KvTable),
