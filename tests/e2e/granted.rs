@@ -957,12 +957,7 @@ async fn rate_limit_refuses_a_bad_configuration_and_runs_nothing_without_its_gra
             "clock = true",
         ),
     ] {
-        let specs = vec![rate_limit("limit", config, ":memory:")];
-        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
-            .await
-            .err()
-            .expect("the configuration is refused")
-            .to_string();
+        let error = refused("rate_limit", "limit", config).await.to_string();
         assert!(error.contains(says), "{error}");
     }
     let plugins = load(vec![spec("rate_limit", "limit", json!({ "requests": 1 }))]).await;
@@ -1073,12 +1068,7 @@ async fn budget_refuses_a_bad_configuration_at_load_and_every_call_without_the_c
         ),
         (json!({ "limit_usd": 1 }), "prices"),
     ] {
-        let specs = vec![budget(config, ":memory:")];
-        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
-            .await
-            .err()
-            .expect("the configuration is refused")
-            .to_string();
+        let error = refused("budget", "budget", config).await.to_string();
         assert!(error.contains(says), "{error}");
     }
     let (path, mut spec) = budget(json!({ "limit_usd": 1, "prices": prices }), ":memory:");
@@ -1199,12 +1189,7 @@ async fn cache_keeps_only_whole_text_answers() {
         (json!({ "ttl_s": 0 }), "at least 1"),
         (json!({ "max_bytes": 2_000_000 }), "at most 1 MiB"),
     ] {
-        let specs = vec![spec("cache", "cache", config)];
-        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
-            .await
-            .err()
-            .expect("the configuration is refused")
-            .to_string();
+        let error = refused("cache", "cache", config).await.to_string();
         assert!(error.contains(says), "{error}");
     }
 }

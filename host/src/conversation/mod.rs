@@ -23,6 +23,8 @@
 mod redis;
 mod sqlite;
 
+pub(crate) use redis::connect as connect_redis;
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::path::PathBuf;

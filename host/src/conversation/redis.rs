@@ -34,28 +34,35 @@ const STORE_SIZE_KEY: &str = "shallot:conversation-bytes";
 /// What the append script answers when the store is full.
 const FULL: &str = "shallot-store-full";
 
+/// Connects to the Redis server at `url` (within the operation timeout,
+/// retrying once) and checks that it answers: the address shown in
+/// messages (without credentials) and the connection, which reconnects
+/// after the server comes back. Errors name `grant`.
+pub(crate) async fn connect(url: &str, grant: &str) -> Result<(String, ConnectionManager), String> {
+    let client = redis::Client::open(url).map_err(|e| format!("{grant}: not a Redis URL: {e}"))?;
+    let shown = format!("redis at {}", client.get_connection_info().addr);
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(OPERATION_TIMEOUT)
+        .set_response_timeout(OPERATION_TIMEOUT)
+        .set_number_of_retries(1);
+    let mut connection = tokio::time::timeout(
+        OPERATION_TIMEOUT * 2,
+        client.get_connection_manager_with_config(config),
+    )
+    .await
+    .map_err(|_| format!("{grant}: {shown} did not answer within {OPERATION_TIMEOUT:?}"))?
+    .map_err(|e| format!("{grant}: cannot reach {shown}: {e}"))?;
+    let _: String = redis::cmd("PING")
+        .query_async(&mut connection)
+        .await
+        .map_err(|e| format!("{grant}: cannot reach {shown}: {e}"))?;
+    Ok((shown, connection))
+}
+
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
     pub(super) async fn open(url: &str) -> Result<Self, String> {
-        let client =
-            redis::Client::open(url).map_err(|e| format!("grants.memory: not a Redis URL: {e}"))?;
-        let info = client.get_connection_info();
-        let shown = format!("redis at {}", info.addr);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(OPERATION_TIMEOUT)
-            .set_response_timeout(OPERATION_TIMEOUT)
-            .set_number_of_retries(1);
-        let mut connection = tokio::time::timeout(
-            OPERATION_TIMEOUT * 2,
-            client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| format!("grants.memory: {shown} did not answer within {OPERATION_TIMEOUT:?}"))?
-        .map_err(|e| format!("grants.memory: cannot reach {shown}: {e}"))?;
-        let _: String = redis::cmd("PING")
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| format!("grants.memory: cannot reach {shown}: {e}"))?;
+        let (shown, connection) = connect(url, "grants.memory").await?;
         Ok(Redis { shown, connection })
     }
 

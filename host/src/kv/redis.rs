@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
 use super::{Count, Entry, KvStore, OPERATION_TIMEOUT, stored_key, unavailable};
+use crate::conversation::connect_redis;
 use crate::types::{ChainError, ErrorKind};
 
 pub(super) struct Redis {
@@ -56,24 +57,7 @@ return {v, redis.call('PTTL', KEYS[1])}
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
     pub(super) async fn open(url: &str) -> Result<Self, String> {
-        let client =
-            redis::Client::open(url).map_err(|e| format!("grants.kv: not a Redis URL: {e}"))?;
-        let shown = format!("redis at {}", client.get_connection_info().addr);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(OPERATION_TIMEOUT)
-            .set_response_timeout(OPERATION_TIMEOUT)
-            .set_number_of_retries(1);
-        let mut connection = tokio::time::timeout(
-            OPERATION_TIMEOUT * 2,
-            client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| format!("grants.kv: {shown} did not answer within {OPERATION_TIMEOUT:?}"))?
-        .map_err(|e| format!("grants.kv: cannot reach {shown}: {e}"))?;
-        let _: String = redis::cmd("PING")
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| format!("grants.kv: cannot reach {shown}: {e}"))?;
+        let (shown, connection) = connect_redis(url, "grants.kv").await?;
         Ok(Redis { shown, connection })
     }
 
