@@ -29,6 +29,7 @@
 import * as wnext from 'shallot:filter/next@0.1.3';
 import * as wfctx from 'shallot:filter/fctx@0.1.3';
 import * as wcontext from 'shallot:filter/context@0.1.3';
+import * as wkv from 'shallot:filter/kv@0.1.3';
 import { log as wlog } from 'shallot:filter/log@0.1.3';
 import { ChatResponse } from 'shallot:filter/types@0.1.3';
 
@@ -97,6 +98,44 @@ export const context = {
   set: (key, value) => wcontext.set(key, JSON.stringify(value)),
   remove: (key) => wcontext.remove(key),
   keys: () => wcontext.keys(),
+};
+
+function granted(call) {
+  try {
+    return call();
+  } catch (e) {
+    if (e && e.payload && e.payload.kind) throw new FilterError(e.payload.kind, e.payload.message);
+    throw e;
+  }
+}
+
+/** Shared state kept across invokes (granted by `grants.kv`): keys in this
+ * filter's namespace, in the store the operator chose (in-process, an SQLite
+ * file, or a Redis several hosts share). A key is 1 to 512 bytes, a value at
+ * most 1 MiB; a `ttlMs` of 0 keeps a key until it is deleted. A refusal, or a
+ * store that fails, throws `FilterError`. */
+export const kv = {
+  /** `{ value, version }`, or null for a key never written, deleted or expired. */
+  get(key) {
+    const entry = granted(() => wkv.get(key));
+    return entry === undefined ? null : { value: entry.value, version: Number(entry.version) };
+  },
+  /** Writes `value`; its new version. */
+  set: (key, value, ttlMs = 0) => Number(granted(() => wkv.set(key, value, BigInt(ttlMs)))),
+  /** Writes `value` only if the key is still at `version` (0: absent),
+   * atomically: the new version, or null with nothing written. */
+  swap(key, value, version, ttlMs = 0) {
+    const written = granted(() => wkv.swap(key, value, BigInt(version), BigInt(ttlMs)));
+    return written === undefined ? null : Number(written);
+  },
+  /** Adds `delta` to the counter atomically (absent: 0); a counter this
+   * creates lives `ttlMs`. `{ value, ttlMs }`: the count and its time left. */
+  add(key, delta = 1, ttlMs = 0) {
+    const count = granted(() => wkv.add(key, BigInt(delta), BigInt(ttlMs)));
+    return { value: Number(count.value), ttlMs: Number(count.ttlMs) };
+  },
+  /** Forgets the key; whether it was there. */
+  delete: (key) => granted(() => wkv.delete(key)),
 };
 
 /** The filter's private context in the current invoke: one JSON value, the

@@ -414,3 +414,42 @@ async fn an_inner_failure_a_python_or_javascript_filter_lets_through_keeps_its_o
         );
     }
 }
+
+#[tokio::test]
+async fn python_and_javascript_filters_keep_counters_in_kv_with_their_sdks() {
+    let counting = |lang: &str, store: Option<&str>| {
+        let (path, mut filter) = probes(&[lang], json!({ "kv_count": "calls" })).remove(0);
+        filter.grants.kv = store.map(|store| shallot::StoreSpec::from(store).into());
+        (path, filter)
+    };
+    let store = ":memory:polyglot-kv";
+    let plugins = load(vec![
+        counting("py", Some(store)),
+        counting("js", Some(store)),
+    ])
+    .await;
+    let kernel = answering(&plugins, "ok");
+    for n in 1..=3 {
+        let context = Context::new();
+        kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        for lang in ["py", "js"] {
+            let seen = context.get(&format!("kv:{lang}")).unwrap();
+            assert_eq!(seen["count"], n, "{lang}: {seen}");
+            assert!(seen["version"].as_u64().unwrap() > 0, "{lang}: {seen}");
+        }
+    }
+    let kept = shallot::open_kv(store).await.unwrap();
+    for lang in ["py", "js"] {
+        let counter = kept.get(lang, "calls").await.unwrap().unwrap();
+        assert_eq!(counter.value, "3", "each filter's own namespace: {lang}");
+    }
+    for lang in ["py", "js"] {
+        let plugins = load(vec![counting(lang, None)]).await;
+        let error = answering(&plugins, "ok")
+            .chat(ask("hi"), Context::new())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Auth, "{lang}: {error}");
+        assert!(error.message.contains("kv ="), "{lang}: {error}");
+    }
+}

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from componentize_py_types import Err
 from wit_world.imports import context as _context
 from wit_world.imports import fctx as _fctx
+from wit_world.imports import kv as _kv
 from wit_world.imports import log as _log
 from wit_world.imports import next as _next
 from wit_world.imports import types
@@ -46,6 +47,7 @@ __all__ = [
     "TokenOut",
     "context",
     "export",
+    "kv",
     "log",
     "next",
     "text_of",
@@ -198,7 +200,49 @@ class _Next:
         return _inner_turn(_next.turn_within, request, timeout_ms)
 
 
+def _granted(call: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Err as e:
+        raise FilterError(e.value.kind.name.lower().replace("_", "-"), e.value.message) from None
+
+
+class _Kv:
+    """Shared state kept across invokes (granted by ``grants.kv``): keys in
+    this filter's namespace, in the store the operator chose (in-process,
+    an SQLite file, or a Redis several hosts share). A key is 1 to 512
+    bytes, a value at most 1 MiB; a ``ttl_ms`` of 0 keeps a key until it is
+    deleted. A refusal, or a store that fails, raises ``FilterError``."""
+
+    def get(self, key: str) -> Optional[Tuple[str, int]]:
+        """The key's value and version; ``None`` for a key never written,
+        deleted or expired."""
+        entry = _granted(_kv.get, key)
+        return None if entry is None else (entry.value, entry.version)
+
+    def set(self, key: str, value: str, ttl_ms: int = 0) -> int:
+        """Writes ``value``; its new version."""
+        return _granted(_kv.set, key, value, ttl_ms)
+
+    def swap(self, key: str, value: str, version: int, ttl_ms: int = 0) -> Optional[int]:
+        """Writes ``value`` only if the key is still at ``version`` (0:
+        absent), atomically: the new version, or ``None`` with nothing
+        written."""
+        return _granted(_kv.swap, key, value, version, ttl_ms)
+
+    def add(self, key: str, delta: int = 1, ttl_ms: int = 0) -> Tuple[int, int]:
+        """Adds ``delta`` to the counter atomically (absent: 0); a counter
+        this creates lives ``ttl_ms``. The count and its time left (ms)."""
+        count = _granted(_kv.add, key, delta, ttl_ms)
+        return (count.value, count.ttl_ms)
+
+    def delete(self, key: str) -> bool:
+        """Forgets the key; whether it was there."""
+        return _granted(_kv.delete, key)
+
+
 context = _Context()
+kv = _Kv()
 log = _Log()
 next = _Next()
 

@@ -1,11 +1,11 @@
 // Test guest: the Rust probe's core behaviours, in JavaScript, so one onion
 // can mix languages. Configuration (all optional): tag, hooks,
-// short_circuit, calls, count, prefix, batch, fault, mimic (see
+// short_circuit, calls, count, prefix, batch, fault, mimic, kv_count (see
 // tests/polyglot/py_probe/app.py, which takes the same options).
 import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.3';
-import { Filter, FilterError, TokenTransform, context, exportFilter, next } from './shallot.js';
+import { Filter, FilterError, TokenTransform, context, exportFilter, kv, next } from './shallot.js';
 
-const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic'];
+const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count'];
 const HOOK_NAMES = { 'around-chat': 'chat', 'around-tool': 'tool', 'around-turn': 'turn', 'token-transform': 'tokens' };
 
 class Tokens extends TokenTransform {
@@ -55,6 +55,7 @@ class Probe extends Filter {
     this.batch = c.batch;
     this.fault = c.fault;
     this.mimic = c.mimic ?? false;
+    this.kvCount = c.kv_count;
   }
 
   wants(hook) {
@@ -82,6 +83,10 @@ class Probe extends Filter {
   aroundChat(request, fctx) {
     if (this.fault === 'chat') throw new Error('js-probe: fault in aroundChat');
     this.before(fctx);
+    if (this.kvCount) {
+      const count = kv.add(this.kvCount, 1, 60000).value;
+      context.set(`kv:${this.tag}`, { count, version: kv.get(this.kvCount).version });
+    }
     let response;
     if (this.shortCircuit) {
       const message = { role: 'assistant', content: { tag: 'text', val: `short:${this.tag}` }, toolCalls: [] };

@@ -11,9 +11,11 @@ mix languages. Configuration (all optional):
 - fault: "chat", "tool" or "tokens": raises an unexpected exception there
 - mimic: raises its own FilterError just like an inner failure, instead of
   letting the inner one through
+- kv_count: in around-chat, adds 1 to this kv counter and writes the count,
+  and the version a get then reads, to context "kv:<tag>"
 """
 
-from shallot_filter import Filter, FilterError, TokenTransform, context, export, next, types
+from shallot_filter import Filter, FilterError, TokenTransform, context, export, kv, next, types
 from shallot_filter.exports import *  # noqa: F401,F403
 
 _HOOK_NAMES = {"around-chat": "chat", "around-tool": "tool", "around-turn": "turn", "token-transform": "tokens"}
@@ -24,7 +26,7 @@ class Probe(Filter):
 
     def __init__(self, config):
         config = config or {}
-        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic"}
+        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic", "kv_count"}
         if unknown:
             raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.tag = config.get("tag", "")
@@ -36,6 +38,7 @@ class Probe(Filter):
         self.batch = config.get("batch")
         self.fault = config.get("fault")
         self.mimic = config.get("mimic", False)
+        self.kv_count = config.get("kv_count")
 
     def wants(self, hook):
         return self.hooks is None or _HOOK_NAMES.get(hook) in self.hooks
@@ -61,6 +64,10 @@ class Probe(Filter):
         if self.fault == "chat":
             raise RuntimeError("py-probe: fault in around_chat")
         self._before(fctx)
+        if self.kv_count:
+            count, _ = kv.add(self.kv_count, 1, 60_000)
+            _, version = kv.get(self.kv_count)
+            context.set(f"kv:{self.tag}", {"count": count, "version": version})
         if self.short_circuit:
             message = types.Message(types.Role.ASSISTANT, types.Content_Text(f"short:{self.tag}"), [], None)
             response = types.ChatResponse(message, types.FinishReason.COMPLETE)
