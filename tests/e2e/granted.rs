@@ -816,15 +816,7 @@ async fn limited(kernel: &Kernel, user: &str) -> (Result<(), ChainError>, Value)
 #[tokio::test]
 async fn rate_limit_passes_exactly_its_limit_of_concurrent_requests_per_bucket() {
     let redis = shallot_tests::RedisServer::start();
-    let dir = shallot_tests::target_dir().join("test-scratch");
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("granted-rate-limit.db");
-    let _ = std::fs::remove_file(&file);
-    for store in [
-        ":memory:rate".to_owned(),
-        file.display().to_string(),
-        redis.url(),
-    ] {
+    for store in shallot_tests::every_store("granted-rate-limit", &redis) {
         let config = json!({ "requests": 7, "window_s": 3600, "by": "user" });
         let plugins = load(vec![rate_limit("limit", config, &store)]).await;
         let kernel = shallot_tests::answering(&plugins, "ok");

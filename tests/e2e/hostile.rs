@@ -1335,19 +1335,6 @@ fn kv_grant(store: &str) -> Grants {
     }
 }
 
-/// The stores a `kv` test runs over: in-process, an SQLite file, Redis.
-fn kv_stores(name: &str, redis: &RedisServer) -> Vec<String> {
-    let dir = shallot_tests::target_dir().join("test-scratch");
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{name}.db"));
-    let _ = std::fs::remove_file(&file);
-    vec![
-        format!(":memory:{name}"),
-        file.display().to_string(),
-        redis.url(),
-    ]
-}
-
 /// Every abuse of `kv` fails the abuser's own call with a typed error, in
 /// every store: floods, chatter and compare-and-set storms past the
 /// per-call bounds, huge keys and values, counter overflow, a time to live
@@ -1356,7 +1343,7 @@ fn kv_stores(name: &str, redis: &RedisServer) -> Vec<String> {
 #[tokio::test]
 async fn kv_abuses_are_contained_in_every_store() {
     let redis = RedisServer::start();
-    for store in kv_stores("hostile-kv", &redis) {
+    for store in shallot_tests::every_store("hostile-kv", &redis) {
         let victim = shallot::open_kv(store.as_str()).await.unwrap();
         victim.set("victim", "secret", "kept", None).await.unwrap();
         for (action, kind, says) in [

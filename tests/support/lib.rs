@@ -32,6 +32,21 @@ pub fn target_dir() -> PathBuf {
         .into()
 }
 
+/// The stores a test of a granted store runs over, as a grant names them:
+/// in-process (`:memory:<name>`), a fresh SQLite file (`<name>.db` in the
+/// target directory's scratch space), and `redis`.
+pub fn every_store(name: &str, redis: &RedisServer) -> Vec<String> {
+    let dir = target_dir().join("test-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{name}.db"));
+    let _ = std::fs::remove_file(&file);
+    vec![
+        format!(":memory:{name}"),
+        file.display().to_string(),
+        redis.url(),
+    ]
+}
+
 /// The built guest component `name` (a plugin or a test guest).
 pub fn guest(name: &str) -> PathBuf {
     let path = target_dir()
