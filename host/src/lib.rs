@@ -96,9 +96,9 @@ pub use onion::{
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    CallStats, FilterSet, FilterSpec, FilterStats, Grants, Isolation, KvGrant, LoadError,
-    LoadEvent, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter,
-    cache_state, compile_plugin, configure_filter, read_plugin,
+    CallStats, FilterSet, FilterSpec, FilterStats, Grants, HttpGrant, HttpOrigin, Isolation,
+    KvGrant, LoadError, LoadEvent, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION,
+    WasmFilter, cache_state, compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
 pub use tool::ToolRegistry;

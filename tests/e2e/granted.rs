@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, ToolSpec, TurnResult};
 use shallot::{
-    ApprovalRequest, ChainError, Context, ErrorKind, FilterSpec, Grants, Kernel, LoadError,
+    ApprovalRequest, ChainError, Context, ErrorKind, FilterSpec, Grants, Kernel, Limits, LoadError,
 };
 use shallot_tests::{
     Collector, Reply, ScriptedModel, ask, granted, lines, load, spec, trace_file, trace_grant,
@@ -1184,4 +1184,32 @@ async fn cache_keeps_only_whole_text_answers() {
         let error = refused("cache", "cache", config).await.to_string();
         assert!(error.contains(says), "{error}");
     }
+}
+
+/// A filter granted an origin reaches it with `wasi:http` (through wstd,
+/// as a Rust filter would): a GET, a POST with its body, as many requests
+/// as the grant allows. Time waiting for a response is not the filter's
+/// own: a response that takes longer than the filter's whole `wall_ms`
+/// still arrives, within the grant's `timeout_ms`.
+#[tokio::test]
+async fn a_filter_reaches_its_granted_origin_and_waiting_is_not_its_own_time() {
+    let service = shallot_tests::WebService::start().await;
+    let grant = shallot_tests::http_grant(&[&service.origin()]);
+    let limits = Limits {
+        wall_ms: 200,
+        ..Limits::default()
+    };
+    let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), limits);
+    let lines = fetch(json!({ "url": service.url("/hello"), "times": 2 }))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["200 22 hello from the service"; 2]);
+    let lines = fetch(json!({ "url": service.url("/echo"), "body_bytes": 5000 }))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["200 4 5000"]);
+    let lines = fetch(json!({ "url": service.url("/trickle?bytes=10") }))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["200 10 tttttttttt"]);
 }

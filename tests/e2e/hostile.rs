@@ -20,8 +20,8 @@ use shallot::{
     FilterSpec, Grants, Kernel, Limits, LoadError, LoopConfig, MemoryHistory, ModelEvent, ToolLoop,
 };
 use shallot_tests::{
-    Collector, RedisServer, Reply, ScriptedModel, ask, granted, lines, load, load_in, resident_mib,
-    spec, trace_file, trace_grant, warm,
+    Collector, RedisServer, Reply, ScriptedModel, WebService, ask, granted, lines, load, load_in,
+    resident_mib, spec, trace_file, trace_grant, warm,
 };
 
 fn hostile(on: &str, action: &str, limits: Limits) -> (PathBuf, FilterSpec) {
@@ -1412,4 +1412,157 @@ async fn a_key_store_that_goes_away_is_a_transient_error_not_a_hang() {
         "around-chat",
         "64-bit range",
     );
+}
+
+/// The machine's own name, which resolves (through /etc/hosts) to a
+/// loopback address: a name, not an address, that leads to a private one.
+async fn a_name_for_loopback() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("the host name")
+        .trim()
+        .to_owned();
+    let resolved: Vec<_> = tokio::net::lookup_host((name.as_str(), 80))
+        .await
+        .unwrap_or_else(|e| panic!("this test needs the host name {name} to resolve: {e}"))
+        .collect();
+    assert!(
+        resolved.iter().all(|a| a.ip().is_loopback()),
+        "this test needs the host name {name} to resolve to loopback, not {resolved:?}"
+    );
+    name
+}
+
+/// Outgoing HTTP reaches only what the operator listed: nothing without
+/// the grant, nothing at an unlisted origin (not even another port of a
+/// listed host), nothing while the instance is configured, nothing at a
+/// name that resolves to loopback (unless that origin is listed as
+/// private), nothing through a redirect out of the list. Each refusal is
+/// the filter's own typed error and never leaves the host.
+#[tokio::test]
+async fn http_reaches_only_the_listed_origins_and_no_private_address_through_a_name() {
+    let service = WebService::start().await;
+    let hello = service.url("/hello");
+    let get = |url: &str| json!({ "url": url });
+    let limits = Limits::default();
+    let lines = shallot_tests::fetch(get(&hello), None, limits)
+        .await
+        .unwrap();
+    assert_eq!(lines, ["error HttpRequestDenied"]);
+    let other_port = format!("http://127.0.0.1:{}", service.address.port() + 1);
+    let elsewhere = shallot_tests::http_grant(&[&other_port, "http://localhost:1"]);
+    let lines = shallot_tests::fetch(get(&hello), Some(elsewhere), limits)
+        .await
+        .unwrap();
+    assert_eq!(lines, ["error HttpRequestDenied"]);
+    assert_eq!(service.hits(), 0, "a refused request never left the host");
+
+    let grant = shallot_tests::http_grant(&[&service.origin()]);
+    let (path, mut spec) = spec("fetch", "fetch", json!({ "url": hello, "on": "configure" }));
+    spec.grants.http = Some(grant.clone());
+    let error =
+        shallot::FilterSet::from_specs(&shallot_tests::engine(), vec![(path, spec)], &mut |_| {})
+            .await
+            .err()
+            .expect("the configure call fails");
+    assert!(
+        error.to_string().contains("error HttpRequestDenied"),
+        "{error}"
+    );
+    assert_eq!(service.hits(), 0);
+
+    let name = a_name_for_loopback().await;
+    let by_name = format!("http://{name}:{}", service.address.port());
+    let url = format!("{by_name}/hello");
+    let lines = shallot_tests::fetch(
+        get(&url),
+        Some(shallot_tests::http_grant(&[&by_name])),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(lines, ["error DestinationIpProhibited"]);
+    assert_eq!(
+        service.hits(),
+        0,
+        "the private address was never connected to"
+    );
+    let mut private = shallot_tests::http_grant(&[]);
+    private.private = vec![shallot::HttpOrigin::try_from(by_name.clone()).unwrap()];
+    let lines = shallot_tests::fetch(get(&url), Some(private), limits)
+        .await
+        .unwrap();
+    assert_eq!(lines, ["200 22 hello from the service"]);
+
+    let outside = WebService::start().await;
+    let redirect = service.url(&format!("/redirect?to={}", outside.url("/hello")));
+    let follow = json!({ "url": redirect, "follow": true });
+    let lines = shallot_tests::fetch(follow, Some(grant), limits)
+        .await
+        .unwrap();
+    assert_eq!(lines, ["302 0 ", "error HttpRequestDenied"]);
+    assert_eq!(outside.hits(), 0, "the redirect's target was never reached");
+}
+
+/// A service that trickles, never answers, or sends gigabytes, and a
+/// filter that sends too much or too often: each request ends within the
+/// grant's bounds as the filter's own typed error, and the host holds
+/// none of the flood.
+#[tokio::test]
+async fn http_to_a_hostile_service_is_bounded_in_time_bytes_and_requests() {
+    let service = WebService::start().await;
+    let mut grant = shallot_tests::http_grant(&[&service.origin()]);
+    grant.timeout_ms = 400;
+    grant.receive_bytes = 1 << 20;
+    grant.send_bytes = 64 << 10;
+    grant.requests = 4;
+    let limits = Limits {
+        wall_ms: 5_000,
+        ..Limits::default()
+    };
+    let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), limits);
+    let lines = fetch(json!({ "url": service.url("/silent") }))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["error ConnectionReadTimeout"]);
+    let lines = fetch(json!({ "url": service.url("/trickle?bytes=1000") }))
+        .await
+        .unwrap();
+    assert_eq!(
+        lines,
+        ["error reading incoming body stream: HTTP response timeout"]
+    );
+    let (_, before) = resident_mib();
+    let lines = fetch(json!({ "url": service.url("/flood") }))
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 1);
+    assert!(
+        lines[0].starts_with(
+            "error reading incoming body stream: HTTP response body size exceeds limit"
+        ),
+        "{lines:?}"
+    );
+    let (_, after) = resident_mib();
+    assert!(
+        after < before + 64,
+        "the host held the flood: {before} MiB, then {after} MiB"
+    );
+    let lines = fetch(json!({ "url": service.url("/echo"), "body_bytes": 1 << 20 }))
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].starts_with("error "), "{lines:?}");
+    assert!(
+        service.received() <= 64 << 10,
+        "{} bytes were sent",
+        service.received()
+    );
+    let before = service.hits();
+    let lines = fetch(json!({ "url": service.url("/hello"), "times": 6 }))
+        .await
+        .unwrap();
+    let mut expected = vec!["200 22 hello from the service"; 4];
+    expected.extend(["error ConnectionLimitReached"; 2]);
+    assert_eq!(lines, expected);
+    assert_eq!(service.hits() - before, 4);
 }

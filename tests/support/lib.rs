@@ -1,12 +1,14 @@
 //! What shallot's end-to-end tests and benchmarks share: where the built
 //! guests are, one engine per process, a scriptable model (`model`), a
 //! recording token sink (`sink`), a fake chat-completions server
-//! (`provider`) and a real Redis server (`redis`).
+//! (`provider`), a real Redis server (`redis`) and a web service that
+//! answers well or badly (`web`).
 
 mod model;
 mod provider;
 mod redis;
 mod sink;
+mod web;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -20,6 +22,7 @@ pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};
 pub use redis::RedisServer;
 pub use sink::Collector;
+pub use web::WebService;
 
 /// The target directory this build uses (`CARGO_TARGET_DIR`, relative or
 /// not, or the workspace's `target/`): the one the running test or bench
@@ -45,6 +48,33 @@ pub fn every_store(name: &str, redis: &RedisServer) -> Vec<String> {
         file.display().to_string(),
         redis.url(),
     ]
+}
+
+/// What the `fetch` test guest's requests came to, one line each (`<status>
+/// <bytes> <head of the body>` or `error <ErrorCode>`), configured with
+/// `config`, granted `http`, under `limits`; or how its chat failed.
+pub async fn fetch(
+    config: Value,
+    http: Option<shallot::HttpGrant>,
+    limits: shallot::Limits,
+) -> Result<Vec<String>, ChainError> {
+    let (path, mut spec) = spec("fetch", "fetch", config);
+    spec.limits = limits;
+    spec.grants.http = http;
+    let plugins = load(vec![(path, spec)]).await;
+    let response = answering(&plugins, "the model")
+        .chat(ask("go"), Context::new())
+        .await?;
+    Ok(response.text().lines().map(str::to_owned).collect())
+}
+
+/// An `http` grant of `origins` (texts), with the default bounds.
+pub fn http_grant(origins: &[&str]) -> shallot::HttpGrant {
+    shallot::HttpGrant::to(
+        origins
+            .iter()
+            .map(|o| shallot::HttpOrigin::try_from(o.to_string()).expect("an origin")),
+    )
 }
 
 /// The built guest component `name` (a plugin or a test guest).

@@ -428,6 +428,41 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[test]
+    fn an_http_grant_is_a_list_of_origins_or_a_table_of_them_and_its_bounds() {
+        use crate::plugin::HttpGrant;
+        let dir = std::env::temp_dir().join(format!("shallot-http-grant-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("shallot.toml");
+        let filters = |grant: &str| {
+            let text = format!("[[filter]]\nplugin = \"x.wasm\"\ngrants = {{ http = {grant} }}\n");
+            std::fs::write(&file, text).unwrap();
+            super::read_config(&file)
+        };
+        let read = filters("[\"https://api.example.com\"]").unwrap();
+        let http = read[0].1.grants.http.clone().unwrap();
+        assert_eq!(http.origins[0].to_string(), "https://api.example.com:443");
+        assert_eq!(http.requests, HttpGrant::REQUESTS);
+        let table = "{ origins = [\"http://127.0.0.1:9000\"], private = [\"http://moderation.internal:8080\"], requests = 2, timeout_ms = 900 }";
+        let http = filters(table).unwrap()[0].1.grants.http.clone().unwrap();
+        assert_eq!((http.requests, http.timeout_ms), (2, 900));
+        assert_eq!(http.private[0].host, "moderation.internal");
+        assert_eq!(http.send_bytes, HttpGrant::SEND_BYTES);
+        for (wrong, says) in [
+            ("[\"ftp://x\"]", "the scheme `ftp` is not http or https"),
+            (
+                "{ origins = [\"https://x/path\"] }",
+                "an origin has no path",
+            ),
+            ("{ origins = [], proxy = \"x\" }", "unknown field `proxy`"),
+            ("\"https://x\"", "a list of origins"),
+        ] {
+            let error = filters(wrong).unwrap_err().to_string();
+            assert!(error.contains(says), "{wrong}: {error}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::expand;
 
     #[test]

@@ -1,10 +1,12 @@
 //! The meter: a call's own CPU and wall time, stopped while the guest is
 //! inside `next` (or a host service's wait), checked every epoch tick.
+//! Its wall time also stops while a request the guest sent is in flight
+//! ([`Meter::wait`]), whatever the guest blocks on meanwhile.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::fault::{CpuExceeded, WallExceeded};
@@ -19,8 +21,19 @@ struct Clock {
     wall: Duration,
     /// Start of the segment the guest is running now (polled, not in next).
     running: Option<Instant>,
-    /// Start of the segment outside `next`; `None` while in `next`.
+    /// Start of the segment of own wall time; `None` while in `next` or
+    /// while a wait is open.
     outside: Option<Instant>,
+    /// Whether the guest is inside `next`.
+    in_next: bool,
+    /// Waits open in this call ([`Meter::wait`]).
+    waits: u32,
+    /// Which call this is, so that a wait opened in an earlier call and
+    /// closed in this one changes nothing.
+    call: u64,
+    /// The call's future, suspended with no own wall time running: woken
+    /// when the last wait closes, to set its alarm again.
+    parked: Option<Waker>,
     /// When the host made the guest yield (every epoch tick, for
     /// fairness): time until it is polled again is not the filter's.
     yielded: Option<Instant>,
@@ -43,6 +56,47 @@ impl Clock {
             self.cpu += now - since;
         }
     }
+
+    /// Ends the segment of own wall time, if one runs.
+    fn stop_wall(&mut self, now: Instant) {
+        if let Some(outside) = self.outside.take() {
+            self.wall += now - outside;
+        }
+    }
+
+    /// Starts a segment of own wall time, unless the guest is in `next`
+    /// or waits.
+    fn start_wall(&mut self, now: Instant) {
+        if !self.in_next && self.waits == 0 {
+            self.outside = Some(now);
+        }
+    }
+}
+
+/// An open wait of the guest's (a request in flight): while any is open
+/// in a call, the call's wall time is not the guest's own. Closed when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Wait {
+    meter: Meter,
+    call: u64,
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let mut clock = self.meter.lock();
+        if clock.call != self.call {
+            return;
+        }
+        clock.waits -= 1;
+        clock.start_wall(now);
+        if clock.outside.is_some()
+            && let Some(parked) = clock.parked.take()
+        {
+            parked.wake();
+        }
+    }
 }
 
 /// Times the calls into one instance. Shared by the store's epoch
@@ -57,6 +111,10 @@ impl Meter {
             wall: Duration::ZERO,
             running: None,
             outside: None,
+            in_next: false,
+            waits: 0,
+            call: 0,
+            parked: None,
             yielded: None,
             cpu_budget: Duration::ZERO,
             wall_budget: Duration::ZERO,
@@ -69,11 +127,17 @@ impl Meter {
 
     /// Starts timing a new call under `limits`.
     pub(super) fn start(&self, limits: &Limits) {
-        *self.lock() = Clock {
+        let mut clock = self.lock();
+        let call = clock.call + 1;
+        *clock = Clock {
             cpu: Duration::ZERO,
             wall: Duration::ZERO,
             running: None,
             outside: Some(Instant::now()),
+            in_next: false,
+            waits: 0,
+            call,
+            parked: None,
             yielded: None,
             cpu_budget: Duration::from_millis(limits.cpu_ms.into()),
             wall_budget: Duration::from_millis(limits.wall_ms.into()),
@@ -90,17 +154,30 @@ impl Meter {
         let now = Instant::now();
         let mut clock = self.lock();
         clock.pause(now);
-        if let Some(outside) = clock.outside.take() {
-            clock.wall += now - outside;
-        }
+        clock.stop_wall(now);
+        clock.in_next = true;
     }
 
     /// `next` returned to the guest, which runs on in the same poll.
     pub(crate) fn leave_next(&self) {
         let now = Instant::now();
         let mut clock = self.lock();
-        clock.outside = Some(now);
+        clock.in_next = false;
+        clock.start_wall(now);
         clock.running = Some(now);
+    }
+
+    /// Opens a wait: the call's wall time stops until the [`Wait`] is
+    /// dropped (its CPU time runs on whenever the guest does).
+    pub(crate) fn wait(&self) -> Wait {
+        let now = Instant::now();
+        let mut clock = self.lock();
+        clock.stop_wall(now);
+        clock.waits += 1;
+        Wait {
+            meter: self.clone(),
+            call: clock.call,
+        }
     }
 
     /// The epoch callback's check, at every tick the guest runs through;
@@ -128,7 +205,7 @@ impl Meter {
         {
             clock.outside = Some(outside + (now - yielded));
         }
-        if clock.outside.is_some() {
+        if !clock.in_next {
             clock.running = Some(now);
         }
     }
@@ -161,7 +238,11 @@ where
         let left = {
             let mut clock = this.meter.lock();
             clock.pause(now);
-            clock.wall_left(now)
+            let left = clock.wall_left(now);
+            if left.is_none() && clock.waits > 0 && polled.is_pending() {
+                clock.parked = Some(cx.waker().clone());
+            }
+            left
         };
         if polled.is_ready() {
             return polled;

@@ -45,7 +45,7 @@ use stderr::Stderr;
 
 pub(crate) use fault::{HostMemoryExceeded, fault, timed_out};
 pub use limits::Limits;
-pub(crate) use meter::{Meter, metered};
+pub(crate) use meter::{Meter, Wait, metered};
 
 /// Handles (host resources, WASI streams and pollables) an instance may
 /// hold at once.

@@ -24,7 +24,7 @@ use crate::onion::{ApprovalRequest, Approver};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer};
 use crate::plugin::convert;
-use crate::plugin::{Grants, KvGrant, TraceTarget};
+use crate::plugin::{Grants, HttpGrant, KvGrant, TraceTarget};
 use crate::types::{Call, ChainError, Weigh};
 
 /// The longest conversation id, in bytes.
@@ -52,6 +52,7 @@ pub(super) enum Service {
     Trace,
     Memory,
     Kv,
+    Http,
 }
 
 impl Service {
@@ -62,6 +63,7 @@ impl Service {
             Service::Trace => "trace.write",
             Service::Memory => "memory",
             Service::Kv => "kv",
+            Service::Http => "wasi:http/outgoing-handler",
         }
     }
 
@@ -69,7 +71,7 @@ impl Service {
     /// the instance; a question needs a caller waiting on a decision (an
     /// around hook), not a stream being shaped; the stores are for the
     /// chains (and, for keys, the system prompt), never per token.
-    fn calls(self) -> &'static [Call] {
+    pub(super) fn calls(self) -> &'static [Call] {
         const AROUND: &[Call] = &[Call::AroundChat, Call::AroundTool, Call::AroundTurn];
         const HOOKS: &[Call] = &[
             Call::AroundChat,
@@ -86,7 +88,7 @@ impl Service {
             Call::SystemPrompt,
         ];
         match self {
-            Service::Timer | Service::Trace => HOOKS,
+            Service::Timer | Service::Trace | Service::Http => HOOKS,
             Service::Approval | Service::Memory => AROUND,
             Service::Kv => PROMPTED,
         }
@@ -102,6 +104,7 @@ pub(crate) struct GrantedServices {
     pub trace: Option<Arc<TraceSink>>,
     pub memory: Option<Arc<dyn ConversationStore>>,
     pub kv: Option<GrantedKv>,
+    pub http: Option<Arc<HttpGrant>>,
 }
 
 /// The key store a filter is granted, and its namespace (`None`: the
@@ -141,6 +144,7 @@ impl GrantedServices {
             trace,
             memory,
             kv,
+            http: grants.http.clone().map(Arc::new),
         })
     }
 }

@@ -23,6 +23,7 @@
 
 mod context;
 mod granted;
+mod http;
 mod kv;
 mod log;
 mod next;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::Filter as FilterWorld;
 use super::bindings::shallot::filter::types as wit;
@@ -136,6 +138,9 @@ pub struct HostState {
     quotas: Quotas,
     /// How the model stream ended, while its token transformer flushes.
     pub(crate) stream_end: Option<wit::FinishReason>,
+    /// The filter's outgoing requests (`grants.http`).
+    http: http::OutgoingHttp,
+    http_ctx: WasiHttpCtx,
 }
 
 /// What one call has used of its per-call quotas; reset at once when a
@@ -188,6 +193,11 @@ impl HostState {
     ) -> Self {
         let mut table = ResourceTable::new();
         table.set_max_capacity(sandbox::HANDLES);
+        let http = http::OutgoingHttp::new(
+            services.http.clone(),
+            identity.name.clone(),
+            confinement.meter().clone(),
+        );
         HostState {
             table,
             confinement,
@@ -205,6 +215,8 @@ impl HostState {
             services,
             quotas: Quotas::default(),
             stream_end: None,
+            http,
+            http_ctx: WasiHttpCtx::new(),
         }
     }
 
@@ -224,6 +236,7 @@ impl HostState {
         if fresh_quotas {
             self.quotas = Quotas::default();
         }
+        self.http.enter(Some(call), fresh_quotas);
     }
 
     /// Ends a call. A call that faulted loses its writes to the shared
@@ -235,6 +248,7 @@ impl HostState {
         self.journal.clear();
         self.scope = None;
         self.call = None;
+        self.http.enter(None, false);
     }
 
     /// Puts back what the current call wrote to the shared context.
@@ -328,11 +342,23 @@ impl WasiView for HostState {
     }
 }
 
-/// The linker of filter instances: WASI 0.2 (with nothing granted unless
-/// the filter's grants say so) and the `shallot:filter` imports.
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http,
+        }
+    }
+}
+
+/// The linker of filter instances: WASI 0.2 and `wasi:http` (with nothing
+/// granted unless the filter's grants say so) and the `shallot:filter`
+/// imports.
 pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     FilterWorld::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)?;
     Ok(linker)
 }

@@ -1,0 +1,343 @@
+//! `wasi:http/outgoing-handler`, granted by `grants.http`: the standard
+//! import (so a Python filter's HTTP adapter, a JavaScript filter's
+//! `fetch` and a Rust filter's wasi HTTP crate work as they are), sent by
+//! the host only to the origins the operator lists.
+//!
+//! Each request is checked before anything leaves: the filter must hold
+//! the grant and be in a hook (never while it is made or configured), the
+//! request must be within the call's count, and its origin (scheme, host,
+//! port) must be listed. Its host is then resolved once, the addresses are
+//! checked (no loopback, link-local or private address unless the origin
+//! names it or is listed as private), and the connection goes to a checked
+//! address, never to a name resolved again (no DNS rebinding). A redirect
+//! is only a response to the filter: following it is a new request,
+//! checked the same way. The request's body, its response's body and its
+//! whole time, to the last byte, are bounded; while it is in flight the
+//! call's wall time is not the filter's own ([`Meter::wait`]), and the
+//! invoke's deadline still bounds it.
+
+use std::future::{Future, poll_fn};
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::task::{Poll, ready};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout_at};
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+mod body;
+mod reach;
+
+use body::{Bounded, drain};
+use reach::reachable;
+
+use super::granted::Service;
+use crate::plugin::{HttpGrant, HttpOrigin};
+use crate::sandbox::{Meter, Wait};
+use crate::types::Call;
+
+/// A filter's outgoing requests: its grant, and what the current call has
+/// sent. The hooks of its `wasi:http` view.
+pub(crate) struct OutgoingHttp {
+    grant: Option<Arc<HttpGrant>>,
+    filter: Arc<str>,
+    meter: Meter,
+    call: Option<Call>,
+    sent: u32,
+}
+
+impl OutgoingHttp {
+    pub(crate) fn new(grant: Option<Arc<HttpGrant>>, filter: Arc<str>, meter: Meter) -> Self {
+        OutgoingHttp {
+            grant,
+            filter,
+            meter,
+            call: None,
+            sent: 0,
+        }
+    }
+
+    /// A call starts (with `fresh`, its count of requests starts anew, as
+    /// the other per-call quotas do) or ends (`None`).
+    pub(crate) fn enter(&mut self, call: Option<Call>, fresh: bool) {
+        self.call = call;
+        if fresh {
+            self.sent = 0;
+        }
+    }
+
+    /// The grant and the origin `request` goes to, and whether the origin
+    /// may resolve to a private address; or why it may not be sent.
+    fn admit(
+        &mut self,
+        request: &http::Request<WasiBody>,
+    ) -> Result<(Arc<HttpGrant>, HttpOrigin, bool), (Error, String)> {
+        let Some(grant) = self.grant.clone() else {
+            let why = "the `http` grant is not given to this filter; the operator grants origins with `grants = { http = [\"https://host\"] }`";
+            return Err((Error::HttpRequestDenied, why.into()));
+        };
+        if !self
+            .call
+            .is_some_and(|call| Service::Http.calls().contains(&call))
+        {
+            let here = self.call.map_or("outside any call", Call::as_str);
+            let why = format!("outgoing requests are for hooks, not for {here}");
+            return Err((Error::HttpRequestDenied, why));
+        }
+        self.sent += 1;
+        if self.sent > grant.requests {
+            let why = format!("more than {} requests in one call", grant.requests);
+            return Err((Error::ConnectionLimitReached, why));
+        }
+        let uri = request.uri();
+        let Some(authority) = uri.authority() else {
+            return Err((
+                Error::HttpRequestUriInvalid,
+                "the request has no host".into(),
+            ));
+        };
+        let origin = HttpOrigin::of(uri.scheme_str() == Some("https"), authority);
+        match grant.admits(&origin) {
+            Some(private) => Ok((grant, origin, private)),
+            None => {
+                let why = format!("{origin} is not among the granted origins");
+                Err((Error::HttpRequestDenied, why))
+            }
+        }
+    }
+}
+
+type Sent = wasmtime_wasi_http::Result<(
+    http::Response<WasiBody>,
+    Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+)>;
+
+impl WasiHttpHooks for OutgoingHttp {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _sent: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> Box<dyn Future<Output = Sent> + Send> {
+        match self.admit(&request) {
+            Ok((grant, origin, private)) => {
+                let held = Held::open(self.meter.wait(), grant.timeout_ms);
+                Box::new(send(grant, origin, private, request, options, held))
+            }
+            Err((error, why)) => {
+                tracing::warn!(filter = %self.filter, "refused an outgoing request: {why}");
+                let deadline = Instant::now() + Duration::from_millis(HttpGrant::TIMEOUT_MS.into());
+                Box::new(async move {
+                    drain(request.into_body(), HttpGrant::SEND_BYTES, deadline).await;
+                    Err(error)
+                })
+            }
+        }
+    }
+}
+
+/// The wait a request keeps open, closed when its response ends, when it
+/// fails, or at its deadline, whichever comes first (a response the filter
+/// never reads does not stop its clock for longer than the request may
+/// take).
+#[derive(Clone)]
+struct Held {
+    wait: Arc<Mutex<Option<Wait>>>,
+    deadline: Instant,
+}
+
+impl Held {
+    fn open(wait: Wait, timeout_ms: u32) -> Self {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+        let held = Held {
+            wait: Arc::new(Mutex::new(Some(wait))),
+            deadline,
+        };
+        let at_deadline = held.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            at_deadline.close();
+        });
+        held
+    }
+
+    fn close(&self) {
+        self.wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+}
+
+/// A byte stream a request goes over: TCP, or TLS over TCP.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+async fn send(
+    grant: Arc<HttpGrant>,
+    origin: HttpOrigin,
+    private: bool,
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+    held: Held,
+) -> Sent {
+    let deadline = held.deadline;
+    let by = |asked: Option<Duration>| asked.map_or(deadline, |d| deadline.min(Instant::now() + d));
+    let connect_by = by(options.and_then(|o| o.connect_timeout));
+    let (sender, conn) = match open(&origin, private, connect_by).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            drain(request.into_body(), grant.send_bytes, deadline).await;
+            return Err(error);
+        }
+    };
+    exchange(
+        &grant,
+        request,
+        sender,
+        conn,
+        by(options.and_then(|o| o.first_byte_timeout)),
+        held,
+    )
+    .await
+}
+
+type Connection = hyper::client::conn::http1::Connection<TokioIo<Box<dyn Stream>>, WasiBody>;
+
+/// Resolves the origin's host once, and connects to an address the
+/// grant reaches.
+async fn open(
+    origin: &HttpOrigin,
+    private: bool,
+    connect_by: Instant,
+) -> Result<
+    (
+        hyper::client::conn::http1::SendRequest<WasiBody>,
+        Connection,
+    ),
+    Error,
+> {
+    let addresses = timeout_at(
+        connect_by,
+        tokio::net::lookup_host((origin.host.as_str(), origin.port)),
+    )
+    .await
+    .map_err(|_| Error::DnsTimeout)?
+    .map_err(|e| Error::DnsError {
+        rcode: Some(e.to_string()),
+        info_code: None,
+    })?;
+    let checked: Vec<SocketAddr> = addresses
+        .filter(|a| reachable(origin, private, a.ip()))
+        .collect();
+    if checked.is_empty() {
+        tracing::warn!(
+            "refused an outgoing request to {origin}: it resolves only to addresses the grant does not reach"
+        );
+        return Err(Error::DestinationIpProhibited);
+    }
+    let stream = timeout_at(connect_by, connect(&checked, origin))
+        .await
+        .map_err(|_| Error::ConnectionTimeout)??;
+    let handshake = hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream));
+    Ok(timeout_at(connect_by, handshake)
+        .await
+        .map_err(|_| Error::ConnectionTimeout)??)
+}
+
+/// Sends the request over an open connection and bounds its response.
+async fn exchange(
+    grant: &HttpGrant,
+    mut request: http::Request<WasiBody>,
+    mut sender: hyper::client::conn::http1::SendRequest<WasiBody>,
+    conn: Connection,
+    first_byte_by: Instant,
+    held: Held,
+) -> Sent {
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    *request.uri_mut() = http::Uri::builder()
+        .path_and_query(path)
+        .build()
+        .map_err(|_| Error::HttpRequestUriInvalid)?;
+    let request = request.map(|body| {
+        Bounded::new(body, grant.send_bytes, Error::HttpRequestBodySize, None).boxed_unsync()
+    });
+    let mut response = pin!(timeout_at(first_byte_by, sender.send_request(request)));
+    let mut conn = Some(conn);
+    let response = poll_fn(|cx| {
+        if let Poll::Ready(response) = response.as_mut().poll(cx) {
+            return Poll::Ready(response);
+        }
+        if let Some(driving) = conn.as_mut() {
+            let ended = ready!(Pin::new(driving).poll(cx));
+            conn = None;
+            if let Err(e) = ended {
+                return Poll::Ready(Ok(Err(e)));
+            }
+            return response.as_mut().poll(cx);
+        }
+        Poll::Pending
+    })
+    .await
+    .map_err(|_| Error::ConnectionReadTimeout)??;
+    let response = response.map(|body| {
+        let body = body.map_err(Error::from).boxed_unsync();
+        Bounded::new(
+            body,
+            grant.receive_bytes,
+            Error::HttpResponseBodySize,
+            Some(held),
+        )
+        .boxed_unsync()
+    });
+    let io = async move {
+        match conn {
+            Some(conn) => conn.await.map_err(Error::from),
+            None => Ok(()),
+        }
+    };
+    Ok((response, Box::new(io)))
+}
+
+/// Connects to the first of `addresses` that answers, over TLS for an
+/// `https` origin (its name checked against the certificate).
+async fn connect(addresses: &[SocketAddr], origin: &HttpOrigin) -> Result<Box<dyn Stream>, Error> {
+    let mut refused = Error::ConnectionRefused;
+    for address in addresses {
+        let tcp = match TcpStream::connect(address).await {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                refused = Error::Connect(e);
+                continue;
+            }
+        };
+        if !origin.tls {
+            return Ok(Box::new(tcp));
+        }
+        let name = rustls::pki_types::ServerName::try_from(origin.host.clone())
+            .map_err(|_| Error::HttpRequestUriInvalid)?;
+        let tls = TLS.connect(name, tcp).await.map_err(Error::Tls)?;
+        return Ok(Box::new(tls));
+    }
+    Err(refused)
+}
+
+/// The TLS client: the web's roots, ring's cryptography.
+static TLS: LazyLock<tokio_rustls::TlsConnector> = LazyLock::new(|| {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+});
