@@ -1313,6 +1313,10 @@ fn plugins_list_shows_every_built_in_filter() {
     for (lib, config) in [
         ("budget", r#"{"limit_usd": 10, "prices": {}}"#),
         ("model_fallback", r#"{"models": ["backup"]}"#),
+        (
+            "moderation",
+            r#"{"url": "https://api.openai.com/v1/moderations"}"#,
+        ),
         ("rate_limit", r#"{"requests": 60}"#),
         ("schema_validation", r#"{"schema": {"type": "object"}}"#),
         ("timeout", r#"{"timeout_ms": 1000}"#),
@@ -1333,6 +1337,7 @@ fn plugins_list_shows_every_built_in_filter() {
         "logging",
         "memory",
         "model-fallback",
+        "moderation",
         "rate-limit",
         "safeguard",
         "schema-validation",

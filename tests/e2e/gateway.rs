@@ -365,6 +365,115 @@ async fn a_redaction_filter_holds_on_the_json_answer_and_on_the_stream() {
     served.stop().await.unwrap();
 }
 
+/// `moderation` granted a local service that speaks OpenAI's moderation
+/// wire: a flagged question is answered by the filter (the model is never
+/// asked), and a flagged answer is withheld from the window it is found in,
+/// in the JSON answer and in the stream alike, the flagged text never
+/// reaching the client; an innocent answer comes through whole.
+#[tokio::test]
+async fn moderation_blocks_a_flagged_question_and_withholds_a_flagged_answer_in_json_and_in_the_stream()
+ {
+    let service = shallot_tests::WebService::start().await;
+    let (path, mut moderation) = spec(
+        "moderation",
+        "moderation",
+        json!({ "url": service.url("/moderate"), "window": 16, "failure_response": "Not that." }),
+    );
+    moderation.grants.http = Some(shallot_tests::http_grant(&[&service.origin()]));
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        if request.messages.last().unwrap().text().contains("plans") {
+            let pieces = ["We meet at noon. ", "Then we att", "ack the fort."];
+            Reply::Paced(pieces.map(str::to_owned).to_vec(), Duration::from_millis(2))
+        } else {
+            Reply::Text("All quiet here.".into())
+        }
+    });
+    let served = Served::start(
+        kernel(vec![(path, moderation)], model.clone()).await,
+        config(),
+    )
+    .await;
+    let (status, body) = served.complete(ask("how do I attack a fort?")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(body["choices"][0]["message"]["content"], "Not that.");
+    let (_, events) = served.stream(ask("how do I attack a fort?")).await;
+    assert_eq!(streamed_text(&events), "Not that.");
+    assert_eq!(
+        model.calls(),
+        0,
+        "a flagged question never reaches the model"
+    );
+
+    let (status, body) = served.complete(ask("your plans?")).await;
+    assert_eq!(status, 200, "{body}");
+    let withheld = "[withheld by moderation]";
+    assert_eq!(
+        body["choices"][0]["message"]["content"], withheld,
+        "one answer, one window"
+    );
+    let (_, events) = served.stream(ask("your plans?")).await;
+    assert!(!events.concat().contains("att"), "{events:?}");
+    let text = streamed_text(&events);
+    let released = format!("We meet at noon. {withheld}");
+    assert!(
+        text == released || text == withheld,
+        "a window that passed is released, the flagged one withheld (as the batches fall): {text}"
+    );
+
+    let (_, body) = served.complete(ask("news?")).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "All quiet here.");
+    let (_, events) = served.stream(ask("news?")).await;
+    assert_eq!(streamed_text(&events), "All quiet here.");
+    served.stop().await.unwrap();
+}
+
+/// The webhook wire, and a service that fails: with `fail = "closed"`
+/// (the default) nothing passes unchecked, with `fail = "open"` everything
+/// passes; `action = "flag"` lets a flagged question through, marked.
+#[tokio::test]
+async fn moderation_over_a_webhook_fails_closed_or_open_and_can_flag_instead_of_block() {
+    let service = shallot_tests::WebService::start().await;
+    let gone = format!("http://127.0.0.1:{}", service.address.port() + 1);
+    let served = |settings: Value, origin: String| async move {
+        let (path, mut moderation) = spec("moderation", "moderation", settings);
+        moderation.grants.http = Some(shallot_tests::http_grant(&[&origin]));
+        let model = ScriptedModel::answer("Fine.");
+        Served::start(kernel(vec![(path, moderation)], model).await, config()).await
+    };
+    let webhook = json!({ "url": service.url("/webhook"), "wire": "webhook", "action": "flag" });
+    let flagging = served(webhook, service.origin()).await;
+    let (_, body) = flagging.complete(ask("an attack")).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "Fine.");
+    flagging.stop().await.unwrap();
+    let webhook = json!({ "url": service.url("/webhook"), "wire": "webhook" });
+    let blocking = served(webhook, service.origin()).await;
+    let (_, body) = blocking.complete(ask("an attack")).await;
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    let (_, body) = blocking.complete(ask("a picnic")).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "Fine.");
+    blocking.stop().await.unwrap();
+
+    let closed = served(
+        json!({ "url": format!("{gone}/v1/moderations") }),
+        gone.clone(),
+    )
+    .await;
+    let (_, body) = closed.complete(ask("a picnic")).await;
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    let (_, events) = closed.stream(ask("a picnic")).await;
+    assert!(!events.concat().contains("Fine."), "{events:?}");
+    closed.stop().await.unwrap();
+    let open = served(
+        json!({ "url": format!("{gone}/v1/moderations"), "fail": "open" }),
+        gone,
+    )
+    .await;
+    let (_, body) = open.complete(ask("a picnic")).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "Fine.");
+    open.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_filter_that_answers_itself_is_shown_in_json_and_in_the_stream() {
     let guard = spec(
