@@ -281,10 +281,19 @@ function asWitError(e) {
   return { kind: 'plugin-fault', message: `uncaught ${e && e.stack ? `${e}\n${e.stack}` : String(e)}` };
 }
 
+// Runs a hook. An async hook (one that awaits `fetch`, say) returns a
+// promise, which componentize-js settles by running the event loop
+// before the call returns to the host.
 function guarded(call) {
   beginHook();
   try {
-    return call();
+    const value = call();
+    if (value instanceof Promise) {
+      return value.catch((e) => {
+        throw asWitError(e);
+      });
+    }
+    return value;
   } catch (e) {
     throw asWitError(e);
   }

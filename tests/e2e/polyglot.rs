@@ -453,3 +453,35 @@ async fn python_and_javascript_filters_keep_counters_in_kv_with_their_sdks() {
         assert!(error.message.contains("kv ="), "{lang}: {error}");
     }
 }
+
+/// A Python and a JavaScript filter granted an origin call it with their
+/// language's ordinary HTTP API (componentize-py's asyncio loop over
+/// `wasi:http`, the platform's `fetch`); without the grant, the request
+/// never leaves the host.
+#[tokio::test]
+async fn python_and_javascript_filters_call_a_granted_origin_with_their_own_http_apis() {
+    let service = shallot_tests::WebService::start().await;
+    for lang in ["py", "js"] {
+        let fetching = |grant: bool| {
+            let config = json!({ "tag": lang, "fetch": service.url("/hello") });
+            let (path, mut filter) = probes(&[lang], config).remove(0);
+            filter.grants.http = grant.then(|| shallot_tests::http_grant(&[&service.origin()]));
+            (path, filter)
+        };
+        let plugins = load(vec![fetching(true)]).await;
+        let context = Context::new();
+        answering(&plugins, "ok")
+            .chat(ask("hi"), context.clone())
+            .await
+            .unwrap();
+        let fetched = context.get(&format!("fetched:{lang}")).unwrap();
+        assert_eq!(fetched, "200 hello from the service", "{lang}");
+        let before = service.hits();
+        let plugins = load(vec![fetching(false)]).await;
+        let error = answering(&plugins, "ok")
+            .chat(ask("hi"), Context::new())
+            .await
+            .unwrap_err();
+        assert_eq!(service.hits(), before, "{lang}: {error}");
+    }
+}

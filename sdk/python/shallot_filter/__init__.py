@@ -37,7 +37,12 @@ from wit_world.imports import fctx as _fctx
 from wit_world.imports import kv as _kv
 from wit_world.imports import log as _log
 from wit_world.imports import next as _next
-from wit_world.imports import types
+try:
+    # A filter built with wasi:http (for outgoing HTTP), whose own `types`
+    # is HTTP's: ours is named shallot_types (writing-filters-python.md).
+    from wit_world.imports import shallot_types as types
+except ImportError:
+    from wit_world.imports import types
 
 __all__ = [
     "Filter",

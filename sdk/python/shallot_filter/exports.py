@@ -8,7 +8,12 @@ import json
 
 from wit_world import exports
 from wit_world.exports import plugin
-from wit_world.imports import types
+try:
+    # A filter built with wasi:http (for outgoing HTTP), whose own `types`
+    # is HTTP's: ours is named shallot_types (writing-filters-python.md).
+    from wit_world.imports import shallot_types as types
+except ImportError:
+    from wit_world.imports import types
 
 import shallot_filter as _sdk
 

@@ -1,11 +1,11 @@
 // Test guest: the Rust probe's core behaviours, in JavaScript, so one onion
 // can mix languages. Configuration (all optional): tag, hooks,
-// short_circuit, calls, count, prefix, batch, fault, mimic, kv_count (see
-// tests/polyglot/py_probe/app.py, which takes the same options).
+// short_circuit, calls, count, prefix, batch, fault, mimic, kv_count,
+// fetch (see tests/polyglot/py_probe/app.py, which takes the same options).
 import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.3';
 import { Filter, FilterError, TokenTransform, context, exportFilter, kv, next } from './shallot.js';
 
-const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count'];
+const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count', 'fetch'];
 const HOOK_NAMES = { 'around-chat': 'chat', 'around-tool': 'tool', 'around-turn': 'turn', 'token-transform': 'tokens' };
 
 class Tokens extends TokenTransform {
@@ -56,6 +56,7 @@ class Probe extends Filter {
     this.fault = c.fault;
     this.mimic = c.mimic ?? false;
     this.kvCount = c.kv_count;
+    this.fetchUrl = c.fetch;
   }
 
   wants(hook) {
@@ -81,6 +82,19 @@ class Probe extends Filter {
   }
 
   aroundChat(request, fctx) {
+    if (this.fetchUrl) return this.fetchThenChat(request, fctx);
+    return this.chat(request, fctx);
+  }
+
+  // Fetches `fetch` with the platform's fetch, writes `<status> <body>` to
+  // context "fetched:<tag>", then goes on.
+  async fetchThenChat(request, fctx) {
+    const response = await fetch(this.fetchUrl);
+    context.set(`fetched:${this.tag}`, `${response.status} ${await response.text()}`);
+    return this.chat(request, fctx);
+  }
+
+  chat(request, fctx) {
     if (this.fault === 'chat') throw new Error('js-probe: fault in aroundChat');
     this.before(fctx);
     if (this.kvCount) {

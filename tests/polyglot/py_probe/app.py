@@ -13,7 +13,15 @@ mix languages. Configuration (all optional):
   letting the inner one through
 - kv_count: in around-chat, adds 1 to this kv counter and writes the count,
   and the version a get then reads, to context "kv:<tag>"
+- fetch: in around-chat, GETs this URL with componentize-py's poll_loop
+  (over wasi:http) and writes "<status> <body>" to context "fetched:<tag>"
 """
+
+import asyncio
+from urllib.parse import urlsplit
+
+import poll_loop
+from wit_world.imports.types import Fields, OutgoingRequest, Scheme_Http, Scheme_Https
 
 from shallot_filter import Filter, FilterError, TokenTransform, context, export, kv, next, types
 from shallot_filter.exports import *  # noqa: F401,F403
@@ -26,7 +34,7 @@ class Probe(Filter):
 
     def __init__(self, config):
         config = config or {}
-        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic", "kv_count"}
+        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic", "kv_count", "fetch"}
         if unknown:
             raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.tag = config.get("tag", "")
@@ -39,6 +47,7 @@ class Probe(Filter):
         self.fault = config.get("fault")
         self.mimic = config.get("mimic", False)
         self.kv_count = config.get("kv_count")
+        self.fetch = config.get("fetch")
 
     def wants(self, hook):
         return self.hooks is None or _HOOK_NAMES.get(hook) in self.hooks
@@ -68,6 +77,10 @@ class Probe(Filter):
             count, _ = kv.add(self.kv_count, 1, 60_000)
             _, version = kv.get(self.kv_count)
             context.set(f"kv:{self.tag}", {"count": count, "version": version})
+        if self.fetch:
+            loop = poll_loop.PollLoop()
+            asyncio.set_event_loop(loop)
+            context.set(f"fetched:{self.tag}", loop.run_until_complete(_get(self.fetch)))
         if self.short_circuit:
             message = types.Message(types.Role.ASSISTANT, types.Content_Text(f"short:{self.tag}"), [], None)
             response = types.ChatResponse(message, types.FinishReason.COMPLETE)
@@ -130,3 +143,19 @@ class Tokens(TokenTransform):
 
 
 export(Probe)
+
+
+async def _get(url):
+    """GETs `url`; "<status> <body>"."""
+    parts = urlsplit(url)
+    request = OutgoingRequest(Fields.from_list([]))
+    request.set_scheme(Scheme_Https() if parts.scheme == "https" else Scheme_Http())
+    request.set_authority(parts.netloc)
+    request.set_path_with_query(parts.path + (f"?{parts.query}" if parts.query else ""))
+    response = await poll_loop.send(request)
+    status = response.status()
+    stream = poll_loop.Stream(response.consume())
+    body = b""
+    while (chunk := await stream.next()) is not None:
+        body += chunk
+    return f"{status} {body.decode()}"
