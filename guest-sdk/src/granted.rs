@@ -127,3 +127,19 @@ pub mod kv {
         wit::delete(key).map_err(own)
     }
 }
+
+/// Side calls to a model the operator names (granted by `grants.model`):
+/// outside the onion, so no filter sees them and nothing of them reaches
+/// the caller's stream.
+pub mod model {
+    use crate::bindings::shallot::filter::model as wit;
+    use crate::{ChatRequest, ChatResponse, FilterError};
+
+    /// The granted model's answer to `request`. One hook call may make the
+    /// grant's `calls` and spend its `tokens` (past either,
+    /// `limit-exceeded`); the request's `max_tokens` is capped to what is
+    /// left.
+    pub fn complete(request: &ChatRequest) -> Result<ChatResponse, FilterError> {
+        wit::complete(request).map_err(|e| FilterError::new(e.kind, e.message))
+    }
+}

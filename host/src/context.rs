@@ -30,11 +30,22 @@ pub const RATE_LIMIT: &str = "rate_limit";
 /// `x-shallot-cache` header.
 pub const CACHE: &str = "cache";
 
-/// Keys of the shared context that say whom an invoke is for. The caller
-/// sets them; a sandboxed filter may read them but never set or remove
-/// one, or it could act for another tenant or read another conversation.
-/// Native filters, the embedder's own code, may.
-pub const IDENTITY_KEYS: [&str; 4] = [CONVERSATION_ID, TENANT, CLIENT_KEY, USER];
+/// The shared-context key counting the gateways a request has passed
+/// through before this one (the gateway sets it from the `x-shallot-hops`
+/// header, and refuses a request that has passed through
+/// [`MAX_HOPS`]); a call to an OpenAI-compatible model sends it one more,
+/// so a route or a side call whose model leads back to a gateway ends
+/// there instead of going round for ever.
+pub const HOPS: &str = "hops";
+/// The most gateways one request may pass through.
+pub const MAX_HOPS: u64 = 8;
+
+/// Keys of the shared context that say whom an invoke is for and how far
+/// it came. The caller sets them; a sandboxed filter may read them but
+/// never set or remove one, or it could act for another tenant, read
+/// another conversation, or hide a loop. Native filters, the embedder's
+/// own code, may.
+pub const IDENTITY_KEYS: [&str; 5] = [CONVERSATION_ID, TENANT, CLIENT_KEY, USER, HOPS];
 
 /// A handle to an invoke's shared context. Clones share the same map, so
 /// the caller keeps a clone to read what filters wrote.

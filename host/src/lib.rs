@@ -77,7 +77,8 @@ pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolL
 pub use cache::{Cache, CacheState};
 pub use config::{ClientKey, Config, RouteMode, RouteSpec, Upstream, read_config, read_dir};
 pub use context::{
-    CACHE, CLIENT_KEY, CONVERSATION_ID, Context, IDENTITY_KEYS, RATE_LIMIT, Reducers, TENANT, USER,
+    CACHE, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS, RATE_LIMIT,
+    Reducers, TENANT, USER,
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,
@@ -90,15 +91,17 @@ pub use gateway::{
 };
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};
-pub use model::{ChatModel, EmbeddedModel, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits};
+pub use model::{
+    ChatModel, EmbeddedModel, HOPS_HEADER, ModelEvent, OpenAiConfig, OpenAiModel, ResponseLimits,
+};
 pub use onion::{
     ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
     CallStats, FilterSet, FilterSpec, FilterStats, Grants, HttpGrant, HttpOrigin, Isolation,
-    KvGrant, LoadError, LoadEvent, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION,
-    WasmFilter, cache_state, compile_plugin, configure_filter, read_plugin,
+    KvGrant, LoadError, LoadEvent, ModelGrant, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE,
+    WIT_VERSION, WasmFilter, cache_state, compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
 pub use tool::ToolRegistry;

@@ -474,6 +474,47 @@ async fn moderation_over_a_webhook_fails_closed_or_open_and_can_flag_instead_of_
     open.stop().await.unwrap();
 }
 
+/// A route whose model is the gateway itself: each call to it is one hop
+/// further (`x-shallot-hops`), and at the eighth the gateway answers `508`
+/// (not retried), so the request ends with an error naming the loop
+/// instead of going round until every place is taken.
+#[tokio::test]
+async fn a_route_whose_model_leads_back_to_the_gateway_ends_at_the_hop_limit() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let itself =
+        shallot::OpenAiModel::new(shallot::OpenAiConfig::new(format!("{base}/v1"), "scripted"))
+            .unwrap();
+    let kernel = Kernel::builder().model(itself).build().unwrap();
+    let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        gateway
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let served = Served {
+        base,
+        stop: Some(stop),
+        task,
+    };
+    let (status, body) = served.complete(ask("hello")).await;
+    assert!(status >= 400, "{status}: {body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("passed through 8 gateways"), "{body}");
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", served.base))
+        .header(shallot::HOPS_HEADER, "8")
+        .json(&ask("hello"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 508);
+    served.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_filter_that_answers_itself_is_shown_in_json_and_in_the_stream() {
     let guard = spec(

@@ -1213,3 +1213,106 @@ async fn a_filter_reaches_its_granted_origin_and_waiting_is_not_its_own_time() {
         .unwrap();
     assert_eq!(lines, ["200 10 tttttttttt"]);
 }
+
+/// A conversation past `summarize`'s trigger: the older messages become
+/// one summary from a side call to the granted model, which no filter and
+/// no stream sees; the system prompt and the latest messages stay, and the
+/// cut moves back so that a tool call and its result stay together.
+#[tokio::test]
+async fn summarize_replaces_the_older_messages_by_a_side_call_summary_keeping_tool_pairs_whole() {
+    use shallot::types::{Message, Role, ToolCall};
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        if request.messages[0].text().starts_with("Summarize") {
+            Reply::Text("SUMMARY: they asked twice".into())
+        } else {
+            Reply::Text("ok".into())
+        }
+    });
+    let (path, mut summarize) = spec(
+        "summarize",
+        "summarize",
+        json!({ "trigger_tokens": 10, "keep": 3 }),
+    );
+    summarize.grants.model = Some(shallot::ModelGrant::of("default"));
+    let counter = spec("probe", "outer", json!({ "count": true, "tag": "outer" }));
+    let plugins = load(vec![counter, (path.clone(), summarize.clone())]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let mut call = Message::new(Role::Assistant, "");
+    call.content = None;
+    call.tool_calls = vec![ToolCall {
+        id: "c1".into(),
+        name: "weather".into(),
+        arguments: "{}".into(),
+    }];
+    let conversation = vec![
+        Message::system("You are helpful."),
+        Message::user("What is the capital of France? I have asked this before."),
+        Message::assistant("Paris, as it was the last time you asked."),
+        Message::user("And the weather there?"),
+        call.clone(),
+        Message::tool_result("c1", "sunny"),
+        Message::assistant("It is sunny."),
+        Message::user("Thanks, and now?"),
+    ];
+    let sink = Collector::default();
+    let context = Context::new();
+    let answer = kernel
+        .chat_stream(
+            ChatRequest::new(conversation.clone()),
+            context.clone(),
+            sink.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.text(), "ok");
+    assert_eq!(sink.text(), "ok", "the side call is never streamed");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let side = &requests[0];
+    assert_eq!(side.messages.len(), 2);
+    assert!(
+        side.messages[1].text().contains("capital of France"),
+        "{:?}",
+        side.messages
+    );
+    assert!(
+        !side.messages[1].text().contains("It is sunny"),
+        "kept messages are not summarized"
+    );
+    assert!(side.messages.iter().all(|m| m.text() != "You are helpful."));
+    assert_eq!(side.options["max_tokens"], 512);
+    let main = &requests[1];
+    assert_eq!(main.messages[0].text(), "You are helpful.");
+    assert_eq!(
+        main.messages[1].text(),
+        "Summary of the earlier conversation: SUMMARY: they asked twice"
+    );
+    assert_eq!(
+        main.messages[2..],
+        conversation[4..],
+        "the tool call stays with its result"
+    );
+    assert_eq!(
+        context.get("summarize").unwrap(),
+        json!({ "summarized": 3, "kept": 4 })
+    );
+    let outer = context.get("fctx:outer").unwrap();
+    assert_eq!(outer["n"], 1, "the filter outside saw one chat: {outer}");
+
+    summarize.grants.model = None;
+    let plugins = load(vec![(path, summarize)]).await;
+    let error = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("ok"))
+        .build()
+        .unwrap()
+        .chat(ChatRequest::new(conversation), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
+    assert!(error.message.contains("model ="), "{error}");
+}

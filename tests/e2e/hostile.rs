@@ -1566,3 +1566,39 @@ async fn http_to_a_hostile_service_is_bounded_in_time_bytes_and_requests() {
     assert_eq!(lines, expected);
     assert_eq!(service.hits() - before, 4);
 }
+
+/// A flood of model side calls stops at the grant's calls, or at its
+/// tokens, whichever comes first, as the filter's own `limit-exceeded`;
+/// each call's `max_tokens` is capped to the tokens left, however much it
+/// asks; the side calls never go through the filters.
+#[tokio::test]
+async fn model_side_calls_are_bounded_in_calls_and_tokens_per_hook_call() {
+    for (grant, calls, says) in [
+        (
+            shallot::ModelGrant::of("default"),
+            4,
+            "more than 4 model side calls",
+        ),
+        (
+            shallot::ModelGrant {
+                calls: 100,
+                tokens: 3,
+                ..shallot::ModelGrant::of("default")
+            },
+            3,
+            "spent its 3 tokens",
+        ),
+    ] {
+        let mut bad = hostile("chat", "model-flood", generous());
+        bad.1.grants.model = Some(grant);
+        let plugins = load(vec![bad]).await;
+        let model = ScriptedModel::answer("fine");
+        let kernel = kernel(&plugins, model.clone());
+        let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+        assert_contained(&error, ErrorKind::LimitExceeded, "around-chat", says);
+        assert_eq!(model.calls(), calls);
+        let asked = model.requests()[0].options["max_tokens"].as_u64().unwrap();
+        assert!(asked <= 8192, "max_tokens capped: {asked}");
+        innocent_chat_works(&kernel).await;
+    }
+}

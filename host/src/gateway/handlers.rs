@@ -17,7 +17,8 @@ use super::wire::{ApiError, CompletionRequest, Head};
 use super::{GatewayState, Route};
 use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
-use crate::context::{CLIENT_KEY, CONVERSATION_ID, TENANT, USER};
+use crate::context::{CLIENT_KEY, CONVERSATION_ID, HOPS, MAX_HOPS, TENANT, USER};
+use crate::model::HOPS_HEADER;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -204,7 +205,9 @@ fn context_of(
     key: Option<&ClientKey>,
     headers: &HeaderMap,
 ) -> Result<Context, ApiError> {
-    let mut context = Context::new().with("model", request.model.as_str());
+    let mut context = Context::new()
+        .with("model", request.model.as_str())
+        .with(HOPS, hops(headers)?);
     if let Some(user) = &request.user {
         context = context.with(USER, user.as_str());
     }
@@ -270,6 +273,31 @@ pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
 
 /// The conversation a request names, if any: 1 to 256 printable ASCII
 /// characters.
+/// How many gateways the request passed through before this one
+/// (`x-shallot-hops`); refused at [`MAX_HOPS`]: a route's model, or a
+/// filter's side call, that leads back to a gateway.
+fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
+    let Some(value) = headers.get(HOPS_HEADER) else {
+        return Ok(0);
+    };
+    let hops: u64 = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| ApiError::invalid(format!("the {HOPS_HEADER} header must be a number")))?;
+    if hops >= MAX_HOPS {
+        return Err(ApiError::new(
+            StatusCode::LOOP_DETECTED,
+            "invalid_request_error",
+            Some("loop_detected"),
+            format!(
+                "this request has passed through {hops} gateways: a route's model or a filter's side call leads back to a gateway"
+            ),
+        ));
+    }
+    Ok(hops)
+}
+
 pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(CONVERSATION_HEADER) else {
         return Ok(None);

@@ -1,7 +1,7 @@
 //! Building a kernel: its filters in order, its model, tools, turn
 //! terminal and approver, checked and composed once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Kernel;
@@ -9,7 +9,7 @@ use crate::agent::ToolLoop;
 use crate::context::{Context, Reducers};
 use crate::engine::Engine;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
-use crate::onion::{Approver, Chat, Filter, KernelFilter, Onion, Terminal, Tool, Turn};
+use crate::onion::{Approver, Chat, Filter, KernelFilter, Onion, SideModel, Terminal, Tool, Turn};
 use crate::plugin::{self, FilterSet, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{ChainError, ErrorKind, ToolSpec};
@@ -66,6 +66,7 @@ pub struct KernelBuilder {
     tools: ToolRegistry,
     turn: Option<Arc<dyn Terminal<Turn>>>,
     approver: Option<Arc<dyn Approver>>,
+    side_models: HashMap<String, Arc<dyn ChatModel>>,
     reducers: Reducers,
 }
 
@@ -106,6 +107,16 @@ impl KernelBuilder {
     /// The model at the core of the chat chain (default: [`EmbeddedModel`]).
     pub fn model(mut self, model: impl ChatModel) -> Self {
         self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// A model filters may call aside under `name` (their `grants.model`),
+    /// besides `default` (the model of [`KernelBuilder::model`]) and
+    /// `embedded` (the embedded model), which a name given here replaces.
+    /// A side call goes to the model directly: no filter sees it and it is
+    /// never streamed to the caller.
+    pub fn side_model(mut self, name: impl Into<String>, model: impl ChatModel) -> Self {
+        self.side_models.insert(name.into(), Arc::new(model));
         self
     }
 
@@ -203,6 +214,22 @@ impl KernelBuilder {
             model,
             limits: self.response_limits,
         });
+        let terminal = |model| -> Arc<dyn SideModel> {
+            Arc::new(ModelTerminal {
+                model,
+                limits: self.response_limits,
+            })
+        };
+        let mut side_models: HashMap<String, Arc<dyn SideModel>> = HashMap::from([
+            ("default".to_owned(), chat.clone() as Arc<dyn SideModel>),
+            (
+                "embedded".to_owned(),
+                terminal(Arc::new(EmbeddedModel::new())),
+            ),
+        ]);
+        for (name, model) in self.side_models {
+            side_models.insert(name, terminal(model));
+        }
         let mut onion = Onion::compose(
             self.filters,
             chat,
@@ -211,6 +238,7 @@ impl KernelBuilder {
             tools.shared_specs(),
         );
         onion.approver = self.approver;
+        onion.side_models = side_models;
         onion.response_limits = self.response_limits;
         onion.reducers = self.reducers;
         Ok(Kernel {

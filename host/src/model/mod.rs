@@ -16,12 +16,12 @@ use futures::{FutureExt, StreamExt};
 
 pub use embedded::EmbeddedModel;
 pub(crate) use openai::wire;
-pub use openai::{OpenAiConfig, OpenAiModel};
+pub use openai::{HOPS_HEADER, OpenAiConfig, OpenAiModel};
 
 use crate::context::Context;
 use crate::onion::Invoke;
 use crate::onion::TokenStream;
-use crate::onion::{Chat, Terminal};
+use crate::onion::{Chat, SideModel, Terminal};
 pub use crate::types::ResponseLimits;
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
@@ -106,6 +106,28 @@ impl Terminal<Chat> for ModelTerminal {
                 Err(error)
             }
         }
+    }
+}
+
+/// A side call (the `model` import): the model's own answer, checked
+/// against the response limits, with the invoke's model options (its
+/// route's upstream model) but not its system prompts, and never streamed.
+#[async_trait]
+impl SideModel for ModelTerminal {
+    async fn side_chat(
+        &self,
+        mut request: ChatRequest,
+        invoke: &Arc<Invoke>,
+        context: &Context,
+    ) -> Result<ChatResponse, ChainError> {
+        for (key, value) in invoke.model_options() {
+            if !request.options.contains_key(key) {
+                request = request.with_option(key, value.clone());
+            }
+        }
+        let response = self.model.chat(&request, context).await?;
+        self.check(&response)?;
+        Ok(response)
     }
 }
 

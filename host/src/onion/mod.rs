@@ -19,6 +19,7 @@ mod approval;
 mod chain;
 mod filter;
 mod invoke;
+mod side;
 mod token_transform;
 
 pub use approval::{ApprovalRequest, Approver};
@@ -27,8 +28,10 @@ pub use chain::{ChainKind, Chat, Next, Tool, Turn};
 pub use filter::{Fctx, Filter, FilterScope, Hook, Terminal};
 pub(crate) use invoke::{Branch, PriorValue};
 pub use invoke::{Invoke, InvokeOptions};
+pub use side::SideModel;
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chain::Layer;
@@ -56,6 +59,8 @@ pub(crate) struct Onion {
     pub tools: Vec<Arc<ToolSpec>>,
     /// Who answers the `approval` import; `None` denies every question.
     pub approver: Option<Arc<dyn Approver>>,
+    /// The models of the `model` import, by the names a grant gives.
+    pub side_models: HashMap<String, Arc<dyn SideModel>>,
     /// Bounds on an answer of the chat chain, the model's or a filter's.
     pub response_limits: ResponseLimits,
     /// How the tools' writes to shared-context keys combine.
@@ -84,6 +89,7 @@ impl Onion {
             filters,
             tools,
             approver: None,
+            side_models: Default::default(),
             response_limits: ResponseLimits::default(),
             reducers: Reducers::default(),
         }

@@ -12,6 +12,7 @@ wasmtime::component::bindgen!({
         "shallot:filter/approval": async | trappable,
         "shallot:filter/memory": async | trappable,
         "shallot:filter/kv": async | trappable,
+        "shallot:filter/model": async | trappable,
         default: trappable,
     },
     // `next` is async (it runs the inner layers), which makes every store

@@ -30,6 +30,88 @@ pub struct Grants {
     /// The origins `wasi:http/outgoing-handler` may reach, and its bounds.
     /// `None`: every request is refused.
     pub http: Option<HttpGrant>,
+    /// The model of the `model` import (side calls), and its bounds.
+    /// `None`: no side calls.
+    pub model: Option<ModelGrant>,
+}
+
+/// The `model` grant: which model a filter may call aside, by the name the
+/// kernel gives it (`default`: the model behind the filter's chain, its
+/// route's upstream in `shallot serve`; `embedded`: the embedded model),
+/// and how much one hook call may ask of it. Written `model = "default"`
+/// or `model = { name = "default", calls = 4, tokens = 8192 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ModelForm")]
+pub struct ModelGrant {
+    /// The model's name.
+    pub name: String,
+    /// Side calls one hook call may make.
+    pub calls: u32,
+    /// Tokens (input and output, as the model reports them) the side calls
+    /// of one hook call may spend in all.
+    pub tokens: u32,
+}
+
+impl ModelGrant {
+    /// Side calls per hook call unless the operator says otherwise.
+    pub const CALLS: u32 = 4;
+    /// Tokens per hook call unless the operator says otherwise.
+    pub const TOKENS: u32 = 8192;
+
+    /// A grant of the model `name`, with the default bounds.
+    pub fn of(name: impl Into<String>) -> Self {
+        ModelGrant {
+            name: name.into(),
+            calls: Self::CALLS,
+            tokens: Self::TOKENS,
+        }
+    }
+}
+
+/// The two ways an operator writes a `model` grant.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a model's name (\"default\", \"embedded\") or a table { name = \"...\", calls = 4, tokens = 8192 }"
+)]
+enum ModelForm {
+    Name(String),
+    Table(ModelTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    name: String,
+    #[serde(default = "calls")]
+    calls: u32,
+    #[serde(default = "tokens")]
+    tokens: u32,
+}
+
+fn calls() -> u32 {
+    ModelGrant::CALLS
+}
+
+fn tokens() -> u32 {
+    ModelGrant::TOKENS
+}
+
+impl From<ModelForm> for ModelGrant {
+    fn from(form: ModelForm) -> Self {
+        match form {
+            ModelForm::Name(name) => ModelGrant::of(name),
+            ModelForm::Table(ModelTable {
+                name,
+                calls,
+                tokens,
+            }) => ModelGrant {
+                name,
+                calls,
+                tokens,
+            },
+        }
+    }
 }
 
 /// The `kv` grant: a store (as for `memory`), and the namespace of the

@@ -14,6 +14,7 @@
 
 mod assembly;
 mod body;
+mod failure;
 pub(crate) mod wire;
 
 use std::time::Duration;
@@ -26,9 +27,10 @@ use serde_json::{Value, json};
 
 use self::assembly::Assembly;
 use self::body::Refused;
+use self::failure::{status_error, transport_error};
 use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
 use super::{ChatModel, ModelEvent};
-use crate::context::Context;
+use crate::context::{Context, HOPS};
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
 
@@ -61,6 +63,9 @@ fn default_retries() -> u32 {
 
 /// The longest a `Retry-After` (or backoff) wait may be.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The header that counts the gateways a request passed through; a
+/// shallot gateway refuses one that has passed through too many.
+pub const HOPS_HEADER: &str = "x-shallot-hops";
 
 impl OpenAiConfig {
     /// A config for `base_url` and `model`, with the default timeout and retries.
@@ -150,15 +155,22 @@ impl OpenAiModel {
         body
     }
 
-    /// Sends `body`, retrying retryable failures.
-    async fn send(&self, body: &Value, whole: bool) -> Result<reqwest::Response, ChainError> {
+    /// Sends `body`, retrying retryable failures, one gateway further than
+    /// `context`'s request came (`x-shallot-hops`).
+    async fn send(
+        &self,
+        body: &Value,
+        whole: bool,
+        context: &Context,
+    ) -> Result<reqwest::Response, ChainError> {
+        let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
         let url = format!(
             "{}/chat/completions",
             self.config.base_url.trim_end_matches('/')
         );
         let mut attempt = 0;
         loop {
-            let mut post = self.client.post(&url).json(body);
+            let mut post = self.client.post(&url).header(HOPS_HEADER, hops).json(body);
             if whole {
                 post = post.timeout(Duration::from_millis(self.config.timeout_ms));
             }
@@ -184,89 +196,6 @@ impl OpenAiModel {
             tokio::time::sleep(wait).await;
             attempt += 1;
         }
-    }
-}
-
-/// A failed HTTP status as a typed error, with the server's message and its
-/// `Retry-After`.
-async fn status_error(response: reqwest::Response) -> (ChainError, Option<Duration>) {
-    let status = response.status().as_u16();
-    let retry_after = retry_after(response.headers());
-    let text = body::error_text(response).await;
-    let said = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v["error"]["message"]
-                .as_str()
-                .or_else(|| v["error"].as_str())
-                .map(str::to_owned)
-        })
-        .unwrap_or(text);
-    let kind = match status {
-        408 | 409 | 429 | 500..=599 => ErrorKind::Transient,
-        401 | 403 => ErrorKind::Auth,
-        404 => ErrorKind::NotFound,
-        _ => ErrorKind::InvalidRequest,
-    };
-    (
-        ChainError::new(
-            kind,
-            format!(
-                "the model server answered {status}: {}",
-                body::cut(said.trim())
-            ),
-        ),
-        retry_after,
-    )
-}
-
-/// How long the server asks to wait: `retry-after-ms` (OpenAI's), else
-/// `Retry-After` in seconds or as an HTTP date. A value that is no
-/// duration is no answer.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let header = |name| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
-    let seconds = |v: &str| {
-        v.parse::<f64>()
-            .ok()
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-    };
-    if let Some(ms) = header("retry-after-ms").and_then(&seconds) {
-        return Some(ms / 1000);
-    }
-    let value = header("retry-after")?;
-    seconds(value).or_else(|| {
-        let at = httpdate::parse_http_date(value).ok()?;
-        Some(
-            at.duration_since(std::time::SystemTime::now())
-                .unwrap_or_default(),
-        )
-    })
-}
-
-fn transport_error(error: reqwest::Error) -> ChainError {
-    // Without the URL: it may carry credentials (`user:pass@`, `?api-key=`)
-    // and the error may reach a gateway's clients.
-    let error = error.without_url();
-    if error.is_timeout() {
-        ChainError::new(
-            ErrorKind::Timeout,
-            format!("the model server did not answer in time: {error}"),
-        )
-    } else if error.is_builder() {
-        ChainError::new(
-            ErrorKind::InvalidRequest,
-            format!("bad model request: {error}"),
-        )
-    } else {
-        ChainError::new(
-            ErrorKind::Transient,
-            format!("cannot reach the model server: {error}"),
-        )
     }
 }
 
@@ -323,18 +252,18 @@ impl ChatModel for OpenAiModel {
     async fn chat(
         &self,
         request: &ChatRequest,
-        _context: &Context,
+        context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        let response = self.send(&self.body(request, false), true).await?;
+        let response = self.send(&self.body(request, false), true, context).await?;
         completed(&body::read(response, body::answer_cap()).await?)
     }
 
     async fn stream(
         &self,
         request: &ChatRequest,
-        _context: &Context,
+        context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let response = self.send(&self.body(request, true), false).await?;
+        let response = self.send(&self.body(request, true), false, context).await?;
         let json = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -444,7 +373,7 @@ mod tests {
 
     use reqwest::header::{HeaderMap, HeaderValue};
 
-    use super::retry_after;
+    use super::failure::retry_after;
 
     fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
         let mut headers = HeaderMap::new();

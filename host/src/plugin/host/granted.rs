@@ -24,7 +24,7 @@ use crate::onion::{ApprovalRequest, Approver};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{approval, memory, model_stream, timer};
 use crate::plugin::convert;
-use crate::plugin::{Grants, HttpGrant, KvGrant, TraceTarget};
+use crate::plugin::{Grants, HttpGrant, KvGrant, ModelGrant, TraceTarget};
 use crate::types::{Call, ChainError, Weigh};
 
 /// The longest conversation id, in bytes.
@@ -53,6 +53,7 @@ pub(super) enum Service {
     Memory,
     Kv,
     Http,
+    Model,
 }
 
 impl Service {
@@ -64,6 +65,7 @@ impl Service {
             Service::Memory => "memory",
             Service::Kv => "kv",
             Service::Http => "wasi:http/outgoing-handler",
+            Service::Model => "model.complete",
         }
     }
 
@@ -89,7 +91,7 @@ impl Service {
         ];
         match self {
             Service::Timer | Service::Trace | Service::Http => HOOKS,
-            Service::Approval | Service::Memory => AROUND,
+            Service::Approval | Service::Memory | Service::Model => AROUND,
             Service::Kv => PROMPTED,
         }
     }
@@ -105,6 +107,7 @@ pub(crate) struct GrantedServices {
     pub memory: Option<Arc<dyn ConversationStore>>,
     pub kv: Option<GrantedKv>,
     pub http: Option<Arc<HttpGrant>>,
+    pub model: Option<ModelGrant>,
 }
 
 /// The key store a filter is granted, and its namespace (`None`: the
@@ -145,6 +148,7 @@ impl GrantedServices {
             memory,
             kv,
             http: grants.http.clone().map(Arc::new),
+            model: grants.model.clone(),
         })
     }
 }

@@ -26,6 +26,7 @@ mod granted;
 mod http;
 mod kv;
 mod log;
+mod model;
 mod next;
 mod resources;
 mod trace;
@@ -161,6 +162,9 @@ pub(crate) struct Quotas {
     stored_bytes: usize,
     /// Key-store operations.
     kv_ops: u32,
+    /// Side calls to the granted model, and the tokens they spent.
+    model_calls: u32,
+    model_tokens: u32,
     store_wait: std::time::Duration,
     /// Questions put to the approval handler, and the time spent waiting
     /// for its answers.

@@ -30,7 +30,7 @@ impl HostState {
     /// can handle in its place, not a fault that blames it. One that does
     /// not fit only because of what the filter already holds is the
     /// filter's fault, as for anything else it keeps.
-    fn hand_over<T: Weigh + Send + 'static>(
+    pub(super) fn hand_over<T: Weigh + Send + 'static>(
         &mut self,
         value: T,
     ) -> wasmtime::Result<Result<Resource<T>, wit::FilterError>> {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Message, Next,
     TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval,
-    context, kv, log, memory, timer, trace,
+    context, kv, log, memory, model, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -56,7 +56,7 @@ struct Misbehave {
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
     /// kv-forever (a time to live of ten years), kv-trespass (reads and
     /// deletes keys spelled as another namespace's, and fails if it finds
-    /// one).
+    /// one), model-flood (model side calls until refused).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -261,6 +261,12 @@ impl Misbehave {
                     }
                 }
             }
+            "model-flood" => loop {
+                let ask = ChatRequest::new(&[Message::user("again")]);
+                ask.set_options(r#"{"max_tokens": 1000000000}"#)
+                    .map_err(FilterError::invalid)?;
+                model::complete(&ask)?;
+            },
             "kv-forever" => kv::set("forever", "v", 10 * 366 * 24 * 3_600_000).map(drop),
             "kv-trespass" => {
                 for key in [
