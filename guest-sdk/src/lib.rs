@@ -11,8 +11,11 @@
 //! Besides [`next`], [`Fctx`], [`context`] and [`log`], a filter the
 //! operator grants them can use host services: [`timer`] (sleep, for a
 //! backoff), [`approval`] (ask the host's approval handler), [`trace`]
-//! (JSON lines to the operator's sink) and [`memory`] (a conversation
-//! store); without the grant each call returns an `auth` error naming it.
+//! (JSON lines to the operator's sink), [`memory`] (a conversation
+//! store), [`kv`] (keys kept across invokes) and [`model`] (side calls to a
+//! model, outside the onion); without the grant each call returns an
+//! `auth` error naming it. Outgoing HTTP is the standard `wasi:http`
+//! client (`grants.http`): use a wasi HTTP crate such as `wstd`.
 //! [`validate::reenter`] runs a turn until a check passes, and
 //! [`HeldTokens`] holds a stream's tokens back, to release or drop when the
 //! stream ends ([`TokenTransform::flush`] is told why it did).

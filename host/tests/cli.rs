@@ -1341,6 +1341,7 @@ fn plugins_list_shows_every_built_in_filter() {
         "rate-limit",
         "safeguard",
         "schema-validation",
+        "summarize",
         "timeout",
         "token-redact",
         "tool-retry",
