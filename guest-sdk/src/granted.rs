@@ -143,3 +143,30 @@ pub mod model {
         wit::complete(request).map_err(|e| FilterError::new(e.kind, e.message))
     }
 }
+
+/// Counters and histograms of the filter's own, on the gateway's
+/// `/metrics` as `shallot_gateway_plugin_<filter>_<name>` (no grant
+/// needed). A metric is declared by its first use: its kind and label
+/// names stay; at most 32 metrics, 4 labels and 64 series a metric (more
+/// series count in the one labelled `other`), label values of 64 bytes.
+pub mod metrics {
+    use crate::FilterError;
+    use crate::bindings::shallot::filter::metrics as wit;
+
+    fn pairs(labels: &[(&str, &str)]) -> Vec<(String, String)> {
+        labels
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    /// Adds `value` to the counter `name` in the series `labels`.
+    pub fn count(name: &str, labels: &[(&str, &str)], value: u64) -> Result<(), FilterError> {
+        wit::count(name, &pairs(labels), value).map_err(|e| FilterError::new(e.kind, e.message))
+    }
+
+    /// Records `value` in the histogram `name` (buckets 0.005 to 10).
+    pub fn observe(name: &str, labels: &[(&str, &str)], value: f64) -> Result<(), FilterError> {
+        wit::observe(name, &pairs(labels), value).map_err(|e| FilterError::new(e.kind, e.message))
+    }
+}

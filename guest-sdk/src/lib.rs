@@ -120,7 +120,7 @@ pub use bindings::shallot::filter::types::{
 pub use error::{FilterError, TurnResult};
 pub use fctx::Fctx;
 pub use filter::Filter;
-pub use granted::{approval, kv, memory, model, timer, trace};
+pub use granted::{approval, kv, memory, metrics, model, timer, trace};
 pub use next::Next;
 pub use shallot_guest_macro::{around_chat, around_tool, around_turn, filter};
 pub use tokens::{HeldTokens, PassThrough, Token, TokenOut, TokenTransform, Tokens};

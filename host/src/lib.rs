@@ -99,9 +99,10 @@ pub use onion::{
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{
-    CallStats, FilterSet, FilterSpec, FilterStats, Grants, HttpGrant, HttpOrigin, Isolation,
-    KvGrant, LoadError, LoadEvent, ModelGrant, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE,
-    WIT_VERSION, WasmFilter, cache_state, compile_plugin, configure_filter, read_plugin,
+    CallStats, FilterMetric, FilterSet, FilterSpec, FilterStats, Grants, HISTOGRAM_BUCKETS,
+    HttpGrant, HttpOrigin, Isolation, KvGrant, LoadError, LoadEvent, MetricKind, MetricValue,
+    ModelGrant, OWN_TIME_BUCKETS, Plugin, TraceTarget, WIT_PACKAGE, WIT_VERSION, WasmFilter,
+    cache_state, compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
 pub use tool::ToolRegistry;

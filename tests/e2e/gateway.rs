@@ -425,6 +425,63 @@ async fn moderation_blocks_a_flagged_question_and_withholds_a_flagged_answer_in_
     assert_eq!(body["choices"][0]["message"]["content"], "All quiet here.");
     let (_, events) = served.stream(ask("news?")).await;
     assert_eq!(streamed_text(&events), "All quiet here.");
+    let (_, metrics) = served.get("/metrics").await;
+    let flagged = r#"shallot_gateway_plugin_moderation_checks_total{filter="moderation",outcome="flagged",role="user"} 2"#;
+    assert!(
+        metrics.contains(flagged),
+        "the filter's own metric: {metrics}"
+    );
+    served.stop().await.unwrap();
+}
+
+/// A filter that floods its metrics: a thousand series of one counter
+/// (kept to 64, the rest counted as `other`), label values that would
+/// forge exposition lines (escaped), and metrics past 32 (refused, its own
+/// `invalid-request`); `/metrics` stays small and says only the truth.
+#[tokio::test]
+async fn a_filter_that_floods_its_metrics_cannot_blow_up_or_forge_the_exposition() {
+    let bad = spec(
+        "misbehave",
+        "flood",
+        json!({ "on": "chat", "do": "metrics-flood" }),
+    );
+    let served = Served::start(
+        kernel(vec![bad], ScriptedModel::answer("fine")).await,
+        config(),
+    )
+    .await;
+    let (status, body) = served.complete(ask("go")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 32 metrics"),
+        "{body}"
+    );
+    let (_, metrics) = served.get("/metrics").await;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("shallot_gateway_forged")),
+        "{metrics}"
+    );
+    let floods: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("shallot_gateway_plugin_flood_floods_total"))
+        .collect();
+    assert_eq!(floods.len(), 64, "{floods:?}");
+    assert!(
+        floods.contains(
+            &r#"shallot_gateway_plugin_flood_floods_total{filter="flood",n="other"} 937"#
+        ),
+        "{floods:?}"
+    );
+    let declared = metrics
+        .lines()
+        .filter(|l| l.starts_with("# TYPE shallot_gateway_plugin_flood_"))
+        .count();
+    assert_eq!(declared, 32);
     served.stop().await.unwrap();
 }
 

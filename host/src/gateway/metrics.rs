@@ -19,7 +19,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::plugin::{CallStats, FilterStats, WasmFilter};
+use crate::plugin::{
+    CallStats, FilterMetric, FilterStats, HISTOGRAM_BUCKETS, MetricKind, MetricValue, WasmFilter,
+};
 use crate::types::Usage;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -154,8 +156,90 @@ impl Collector for ServedFilters {
                 })
             }),
         )?;
-        encode_tokens_and_instances(&stats, &mut encoder)
+        encode_tokens_and_instances(&stats, &mut encoder)?;
+        encode_declared(&stats, &mut encoder)
     }
+}
+
+/// A label value as the text exposition writes it: `\`, `"` and line
+/// feeds escaped (prometheus-client writes values as they are), so no
+/// value a filter gives can end its line or forge another.
+fn escaped(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A filter's name in a metric family's name: a-z and 0-9, the rest `_`.
+fn family_part(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect()
+}
+
+/// The metrics each filter declared, each a family
+/// `plugin_<filter>_<metric>` labelled with the filter's name and its own
+/// labels. A family whose name another filter's already took (two names
+/// alike but for their punctuation) is left out.
+fn encode_declared(
+    stats: &[FilterStats],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut named = std::collections::HashSet::new();
+    for filter in stats {
+        for metric in &filter.metrics {
+            let name = format!("plugin_{}_{}", family_part(&filter.name), metric.name);
+            if !named.insert(name.clone()) {
+                continue;
+            }
+            encode_metric(encoder, &name, &filter.name, metric)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_metric(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    filter: &str,
+    metric: &FilterMetric,
+) -> Result<(), std::fmt::Error> {
+    let help = format!("Declared by the filter {}", family_part(filter));
+    let kind = match metric.kind {
+        MetricKind::Counter => MetricType::Counter,
+        MetricKind::Histogram => MetricType::Histogram,
+    };
+    let mut family = encoder.encode_descriptor(name, &help, None, kind)?;
+    for (values, value) in &metric.series {
+        let mut labels = vec![("filter".to_owned(), escaped(filter))];
+        labels.extend(
+            metric
+                .labels
+                .iter()
+                .cloned()
+                .zip(values.iter().map(|v| escaped(v))),
+        );
+        let mut series = family.encode_family(&labels)?;
+        match value {
+            MetricValue::Counter(n) => ConstCounter::new(*n).encode(series)?,
+            MetricValue::Histogram {
+                sum,
+                count,
+                buckets,
+            } => {
+                let bounds = HISTOGRAM_BUCKETS.iter().chain([&f64::MAX]);
+                let buckets: Vec<(f64, u64)> =
+                    bounds.copied().zip(buckets.iter().copied()).collect();
+                series.encode_histogram::<NoLabelSet>(*sum, *count, &buckets, None)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The per-filter token counts and instance gauges.

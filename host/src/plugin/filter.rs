@@ -146,8 +146,8 @@ impl WasmFilter {
     }
 
     /// What it did so far: calls and its own CPU time by call, its own
-    /// errors by kind, tokens through its transformers, and its
-    /// instances ready and in use now. Starts from zero for each loaded
+    /// errors by kind, tokens through its transformers, its instances
+    /// ready and in use now, and the metrics it declared. Starts from zero for each loaded
     /// filter (a reload makes new ones).
     pub fn stats(&self) -> FilterStats {
         let stats = &self.template.identity.stats;
@@ -160,6 +160,7 @@ impl WasmFilter {
             tokens_out,
             instances_ready: self.spares().ready.len(),
             instances_in_use: quota.saturating_sub(self.quota.available_permits()),
+            metrics: stats.metrics.snapshot(),
         }
     }
 

@@ -6,7 +6,8 @@
 //! [`Guest`](crate::onion::Guest) of the onion) and `instance` one of its
 //! instances, which `admission` reserves for invokes and hands to their
 //! calls; `host` is what an instance imports; `convert` maps WIT types to
-//! ours; `stats` counts what each filter did.
+//! ours; `stats` counts what each filter did, and `metrics` keeps the
+//! metrics it declares.
 
 mod admission;
 pub(crate) mod bindings;
@@ -17,6 +18,7 @@ mod grants;
 pub(crate) mod host;
 mod instance;
 mod loader;
+mod metrics;
 mod set;
 mod stats;
 
@@ -29,5 +31,6 @@ pub use loader::{
     FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile_plugin, configure_filter,
     read_plugin,
 };
+pub use metrics::{FilterMetric, HISTOGRAM_BUCKETS, MetricKind, MetricValue};
 pub use set::{FilterSet, LoadEvent};
 pub use stats::{CallStats, FilterStats, OWN_TIME_BUCKETS};

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::metrics::{FilterMetric, Metrics};
 use crate::types::{Call, ErrorKind};
 
 /// The calls counted, in the order of [`Stats`]'s arrays.
@@ -62,6 +63,8 @@ pub(crate) struct Stats {
     errors: [[AtomicU64; KINDS.len()]; CALLS.len()],
     tokens_in: AtomicU64,
     tokens_out: AtomicU64,
+    /// The metrics the filter declared.
+    pub(crate) metrics: Metrics,
 }
 
 impl Stats {
@@ -168,4 +171,6 @@ pub struct FilterStats {
     pub instances_ready: usize,
     /// Instances in use by invokes now.
     pub instances_in_use: usize,
+    /// The metrics it declared (the `metrics` import), by name.
+    pub metrics: Vec<FilterMetric>,
 }

@@ -22,6 +22,9 @@
 //! answer that is not its wire) counts as flagged with `fail = "closed"`
 //! (the default) and as passed with `fail = "open"`.
 //!
+//! Each check is counted in the filter's `checks` metric, by `role`
+//! (`user`, `assistant`) and `outcome` (`passed`, `flagged`, `failed`).
+//!
 //! Each window is one request; a token transform's requests count per
 //! stream, so grant `requests` of at least the longest answer over
 //! `window`, plus one.
@@ -30,7 +33,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shallot_guest::{
     ChatRequest, ChatResponse, Filter, FilterError, FinishReason, HeldTokens, Next, Role, TokenOut,
-    TokenTransform, Tokens, context, log,
+    TokenTransform, Tokens, context, log, metrics,
 };
 use wstd::http::{Body, Client, Request};
 
@@ -122,9 +125,19 @@ enum Verdict {
 
 impl Moderation {
     /// Asks the service about `text` (from `role`); a failure is judged
-    /// by `fail`.
+    /// by `fail`. Each check is counted in the `checks` metric, by role
+    /// and outcome.
     fn verdict(&self, text: &str, role: &str, context: Value) -> Verdict {
-        match wstd::runtime::block_on(self.ask(text, role, context)) {
+        let asked = wstd::runtime::block_on(self.ask(text, role, context));
+        let outcome = match &asked {
+            Ok(Some(_)) => "flagged",
+            Ok(None) => "passed",
+            Err(_) => "failed",
+        };
+        if let Err(e) = metrics::count("checks", &[("role", role), ("outcome", outcome)], 1) {
+            log::warn(&format!("could not count the check: {}", e.message));
+        }
+        match asked {
             Ok(Some(reason)) => Verdict::Flagged(reason),
             Ok(None) => Verdict::Passed,
             Err(why) => {

@@ -54,6 +54,7 @@ pub(super) enum Service {
     Kv,
     Http,
     Model,
+    Metrics,
 }
 
 impl Service {
@@ -66,6 +67,7 @@ impl Service {
             Service::Kv => "kv",
             Service::Http => "wasi:http/outgoing-handler",
             Service::Model => "model.complete",
+            Service::Metrics => "metrics",
         }
     }
 
@@ -90,7 +92,7 @@ impl Service {
             Call::SystemPrompt,
         ];
         match self {
-            Service::Timer | Service::Trace | Service::Http => HOOKS,
+            Service::Timer | Service::Trace | Service::Http | Service::Metrics => HOOKS,
             Service::Approval | Service::Memory | Service::Model => AROUND,
             Service::Kv => PROMPTED,
         }

@@ -26,6 +26,7 @@ mod granted;
 mod http;
 mod kv;
 mod log;
+mod metrics;
 mod model;
 mod next;
 mod resources;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Message, Next,
     TokenOut, TokenTransform, Tokens, ToolRequest, ToolResponse, TurnRequest, TurnResult, approval,
-    context, kv, log, memory, model, timer, trace,
+    context, kv, log, memory, metrics, model, timer, trace,
 };
 
 #[derive(Deserialize, Clone)]
@@ -56,7 +56,9 @@ struct Misbehave {
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
     /// kv-forever (a time to live of ten years), kv-trespass (reads and
     /// deletes keys spelled as another namespace's, and fails if it finds
-    /// one), model-flood (model side calls until refused).
+    /// one), model-flood (model side calls until refused), metrics-flood
+    /// (a thousand series of one counter, label values that forge
+    /// exposition lines, then new metrics until refused).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -260,6 +262,17 @@ impl Misbehave {
                         return Err(FilterError::new(ErrorKind::Internal, "a stale swap wrote"));
                     }
                 }
+            }
+            "metrics-flood" => {
+                for n in 0..1000 {
+                    metrics::count("floods", &[("n", &n.to_string())], 1)?;
+                }
+                let forged = "x\"} 1\nshallot_gateway_forged 99\n#";
+                metrics::count("forged", &[("value", forged)], 1)?;
+                for n in 0.. {
+                    metrics::count(&format!("metric_{n}"), &[], 1)?;
+                }
+                Ok(())
             }
             "model-flood" => loop {
                 let ask = ChatRequest::new(&[Message::user("again")]);
