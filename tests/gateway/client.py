@@ -1,11 +1,12 @@
 """The gateway as an application sees it: the official `openai` SDK against
 a running `shallot serve` (base URL in argv[1], serving `shallot-echo` with
 safeguard, token-redact, a misbehave filter that blocks "forbidden" and
-traps on "crash", and the response cache, to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
+traps on "crash", summarize and the response cache, to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
 """
 
 import json
 import sys
+import urllib.request
 
 import openai
 
@@ -108,3 +109,18 @@ streamed = "".join(c.choices[0].delta.content or "" for c in ask("cache this ans
 check("a cached answer streams", streamed == answer, streamed)
 skipped = raw("cache this answer", extra_body={"cache": False})
 check("a request can opt out", skipped.headers.get("x-shallot-cache") == "skip", dict(skipped.headers))
+
+# A long conversation: summarize replaces its older messages by a summary
+# (a side call to the route's model), the answer is to the latest message,
+# and the gateway's /metrics count the summary.
+long = []
+for n in range(6):
+    long.append({"role": "user", "content": f"Question {n}: tell me about the number {n} at some length, please."})
+    long.append({"role": "assistant", "content": f"The number {n} is a fine number, and there is a lot to say about it."})
+long.append({"role": "user", "content": "and the last one"})
+latest = client.chat.completions.create(model=MODEL, messages=long)
+check("a summarized conversation answers its latest message", "and the last one" in latest.choices[0].message.content, latest)
+with urllib.request.urlopen(sys.argv[1].removesuffix("/v1") + "/metrics") as response:
+    metrics = response.read().decode()
+summarized = 'shallot_gateway_plugin_summarize_summaries_total{filter="summarize",outcome="summarized"} 1'
+check("the summary is counted in the filter's metric", summarized in metrics, [l for l in metrics.splitlines() if "summar" in l])

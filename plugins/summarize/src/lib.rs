@@ -11,13 +11,17 @@
 //! logged; a missing grant fails the request (`auth`), as a configuration
 //! error should.
 //!
+//! Each conversation past the trigger is counted in the filter's
+//! `summaries` metric, by `outcome` (`summarized`, or `kept` when no
+//! summary could be had).
+//!
 //! Config: `{"trigger_tokens": 4000, "keep": 6, "summary_tokens": 512}`.
 
 use serde::Deserialize;
 use serde_json::json;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Message, Next, Role, context, log,
-    model,
+    metrics, model,
 };
 
 #[derive(Deserialize)]
@@ -102,6 +106,13 @@ impl Summarize {
     }
 }
 
+/// Counts a conversation past the trigger in `summaries`.
+fn count(outcome: &str) {
+    if let Err(e) = metrics::count("summaries", &[("outcome", outcome)], 1) {
+        log::warn(&format!("could not count the summary: {}", e.message));
+    }
+}
+
 #[shallot_guest::filter(name = "summarize")]
 impl Filter for Summarize {
     fn configure(&mut self) -> Result<(), String> {
@@ -130,9 +141,11 @@ impl Filter for Summarize {
                     "kept the conversation whole: no summary ({})",
                     e.message
                 ));
+                count("kept");
                 return next.chat(request);
             }
         };
+        count("summarized");
         let mut kept = messages[..system].to_vec();
         kept.push(Message::system(format!(
             "Summary of the earlier conversation: {summary}"
