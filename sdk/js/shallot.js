@@ -30,6 +30,8 @@ import * as wnext from 'shallot:filter/next@0.1.3';
 import * as wfctx from 'shallot:filter/fctx@0.1.3';
 import * as wcontext from 'shallot:filter/context@0.1.3';
 import * as wkv from 'shallot:filter/kv@0.1.3';
+import * as wmetrics from 'shallot:filter/metrics@0.1.3';
+import * as wmodel from 'shallot:filter/model@0.1.3';
 import { log as wlog } from 'shallot:filter/log@0.1.3';
 import { ChatResponse } from 'shallot:filter/types@0.1.3';
 
@@ -136,6 +138,26 @@ export const kv = {
   },
   /** Forgets the key; whether it was there. */
   delete: (key) => granted(() => wkv.delete(key)),
+};
+
+/** Counters and histograms of the filter's own, on the gateway's
+ * `/metrics` as `shallot_gateway_plugin_<filter>_<name>` (no grant
+ * needed). A metric keeps the kind and label names of its first use; at
+ * most 32 metrics, 4 labels and 64 series a metric (more series count in
+ * the one labelled `other`). A refusal throws `FilterError`. */
+export const metrics = {
+  /** Adds `value` to the counter `name` in the series `labels` (an object). */
+  count: (name, labels = {}, value = 1) => granted(() => wmetrics.count(name, Object.entries(labels), BigInt(value))),
+  /** Records `value` in the histogram `name` (buckets 0.005 to 10). */
+  observe: (name, value, labels = {}) => granted(() => wmetrics.observe(name, Object.entries(labels), value)),
+};
+
+/** Side calls to the model the operator grants (`grants.model`), outside
+ * the onion: no filter sees them, nothing of them is streamed. Bounded per
+ * hook call in calls and tokens (`limit-exceeded` past either). */
+export const model = {
+  /** The granted model's answer to `request` (a `ChatRequest`). */
+  complete: (request) => granted(() => wmodel.complete(request)),
 };
 
 /** The filter's private context in the current invoke: one JSON value, the

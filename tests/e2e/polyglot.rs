@@ -485,3 +485,24 @@ async fn python_and_javascript_filters_call_a_granted_origin_with_their_own_http
         assert_eq!(service.hits(), before, "{lang}: {error}");
     }
 }
+
+/// Python and JavaScript filters count in metrics of their own with their
+/// SDKs, each under its own name.
+#[tokio::test]
+async fn python_and_javascript_filters_declare_metrics_with_their_sdks() {
+    let plugins = load(probes(&["py", "js"], json!({ "metric": "probe_calls" }))).await;
+    let kernel = answering(&plugins, "ok");
+    for _ in 0..3 {
+        kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    }
+    for (filter, lang) in plugins.filters().iter().zip(["py", "js"]) {
+        let metrics = filter.stats().metrics;
+        assert_eq!(metrics.len(), 1, "{lang}: {metrics:?}");
+        assert_eq!(metrics[0].name, "probe_calls");
+        assert_eq!(
+            metrics[0].series,
+            [(vec![lang.to_owned()], shallot::MetricValue::Counter(3))],
+            "{lang}"
+        );
+    }
+}

@@ -36,6 +36,8 @@ from wit_world.imports import context as _context
 from wit_world.imports import fctx as _fctx
 from wit_world.imports import kv as _kv
 from wit_world.imports import log as _log
+from wit_world.imports import metrics as _metrics
+from wit_world.imports import model as _model
 from wit_world.imports import next as _next
 try:
     # A filter built with wasi:http (for outgoing HTTP), whose own `types`
@@ -54,6 +56,8 @@ __all__ = [
     "export",
     "kv",
     "log",
+    "metrics",
+    "model",
     "next",
     "text_of",
     "types",
@@ -246,8 +250,37 @@ class _Kv:
         return _granted(_kv.delete, key)
 
 
+class _Metrics:
+    """Counters and histograms of this filter's own, on the gateway's
+    ``/metrics`` as ``shallot_gateway_plugin_<filter>_<name>`` (no grant
+    needed). A metric keeps the kind and label names of its first use; at
+    most 32 metrics, 4 labels and 64 series a metric (more series count in
+    the one labelled ``other``). A refusal raises ``FilterError``."""
+
+    def count(self, name: str, labels: Optional[dict] = None, value: int = 1) -> None:
+        """Adds ``value`` to the counter ``name`` in the series ``labels``."""
+        _granted(_metrics.count, name, list((labels or {}).items()), value)
+
+    def observe(self, name: str, value: float, labels: Optional[dict] = None) -> None:
+        """Records ``value`` in the histogram ``name`` (buckets 0.005 to 10)."""
+        _granted(_metrics.observe, name, list((labels or {}).items()), value)
+
+
+class _Model:
+    """Side calls to the model the operator grants (``grants.model``),
+    outside the onion: no filter sees them, nothing of them is streamed.
+    Bounded per hook call in calls and tokens (``FilterError``
+    ``limit-exceeded`` past either)."""
+
+    def complete(self, request: types.ChatRequest) -> types.ChatResponse:
+        """The granted model's answer to ``request``."""
+        return _granted(_model.complete, request)
+
+
 context = _Context()
 kv = _Kv()
+metrics = _Metrics()
+model = _Model()
 log = _Log()
 next = _Next()
 

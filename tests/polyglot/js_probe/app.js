@@ -1,11 +1,11 @@
 // Test guest: the Rust probe's core behaviours, in JavaScript, so one onion
 // can mix languages. Configuration (all optional): tag, hooks,
 // short_circuit, calls, count, prefix, batch, fault, mimic, kv_count,
-// fetch (see tests/polyglot/py_probe/app.py, which takes the same options).
+// fetch, metric (see tests/polyglot/py_probe/app.py, which takes the same options).
 import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.3';
-import { Filter, FilterError, TokenTransform, context, exportFilter, kv, next } from './shallot.js';
+import { Filter, FilterError, TokenTransform, context, exportFilter, kv, metrics, next } from './shallot.js';
 
-const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count', 'fetch'];
+const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count', 'fetch', 'metric'];
 const HOOK_NAMES = { 'around-chat': 'chat', 'around-tool': 'tool', 'around-turn': 'turn', 'token-transform': 'tokens' };
 
 class Tokens extends TokenTransform {
@@ -57,6 +57,7 @@ class Probe extends Filter {
     this.mimic = c.mimic ?? false;
     this.kvCount = c.kv_count;
     this.fetchUrl = c.fetch;
+    this.metric = c.metric;
   }
 
   wants(hook) {
@@ -96,6 +97,7 @@ class Probe extends Filter {
 
   chat(request, fctx) {
     if (this.fault === 'chat') throw new Error('js-probe: fault in aroundChat');
+    if (this.metric) metrics.count(this.metric, { lang: 'js' });
     this.before(fctx);
     if (this.kvCount) {
       const count = kv.add(this.kvCount, 1, 60000).value;

@@ -13,6 +13,7 @@ mix languages. Configuration (all optional):
   letting the inner one through
 - kv_count: in around-chat, adds 1 to this kv counter and writes the count,
   and the version a get then reads, to context "kv:<tag>"
+- metric: in around-chat, counts 1 in this metric, labelled lang="py"
 - fetch: in around-chat, GETs this URL with componentize-py's poll_loop
   (over wasi:http) and writes "<status> <body>" to context "fetched:<tag>"
 """
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 import poll_loop
 from wit_world.imports.types import Fields, OutgoingRequest, Scheme_Http, Scheme_Https
 
-from shallot_filter import Filter, FilterError, TokenTransform, context, export, kv, next, types
+from shallot_filter import Filter, FilterError, TokenTransform, context, export, kv, metrics, next, types
 from shallot_filter.exports import *  # noqa: F401,F403
 
 _HOOK_NAMES = {"around-chat": "chat", "around-tool": "tool", "around-turn": "turn", "token-transform": "tokens"}
@@ -34,7 +35,7 @@ class Probe(Filter):
 
     def __init__(self, config):
         config = config or {}
-        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic", "kv_count", "fetch"}
+        unknown = set(config) - {"tag", "hooks", "short_circuit", "calls", "count", "prefix", "batch", "fault", "mimic", "kv_count", "fetch", "metric"}
         if unknown:
             raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.tag = config.get("tag", "")
@@ -48,6 +49,7 @@ class Probe(Filter):
         self.mimic = config.get("mimic", False)
         self.kv_count = config.get("kv_count")
         self.fetch = config.get("fetch")
+        self.metric = config.get("metric")
 
     def wants(self, hook):
         return self.hooks is None or _HOOK_NAMES.get(hook) in self.hooks
@@ -77,6 +79,8 @@ class Probe(Filter):
             count, _ = kv.add(self.kv_count, 1, 60_000)
             _, version = kv.get(self.kv_count)
             context.set(f"kv:{self.tag}", {"count": count, "version": version})
+        if self.metric:
+            metrics.count(self.metric, {"lang": "py"})
         if self.fetch:
             loop = poll_loop.PollLoop()
             asyncio.set_event_loop(loop)
