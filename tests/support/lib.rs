@@ -9,6 +9,7 @@ mod provider;
 mod redis;
 mod sink;
 mod web;
+mod wire;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

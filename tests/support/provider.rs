@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::wire::read_request;
+
 /// What the fake provider answers one request with.
 #[derive(Clone, Debug)]
 pub enum Canned {
@@ -37,7 +39,7 @@ pub struct FakeProvider {
 impl FakeProvider {
     /// Starts serving on a loopback port.
     pub async fn start(script: Vec<Canned>) -> Self {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
@@ -55,33 +57,13 @@ impl FakeProvider {
                 served += 1;
                 let recorded = recorded.clone();
                 tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    let body_start = loop {
-                        let n = socket.read(&mut buf).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        request.extend_from_slice(&buf[..n]);
-                        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
-                        }
+                    let Some(received) = read_request(&mut socket).await else {
+                        return;
                     };
-                    let head = String::from_utf8_lossy(&request[..body_start]).to_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while request.len() < body_start + length {
-                        let n = socket.read(&mut buf).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        request.extend_from_slice(&buf[..n]);
+                    if received.body.len() < received.length {
+                        return;
                     }
-                    let body = serde_json::from_slice(&request[body_start..body_start + length])
-                        .unwrap_or(Value::Null);
+                    let body = serde_json::from_slice(&received.body).unwrap_or(Value::Null);
                     recorded.lock().unwrap().push(body);
                     match canned {
                         Canned::Json(status, body, headers) => {

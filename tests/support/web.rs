@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::wire::{Received, read_request};
 
 /// The service; it stops with the test's runtime.
 pub struct WebService {
@@ -76,37 +78,10 @@ impl WebService {
 }
 
 async fn serve(mut socket: TcpStream, received: Arc<AtomicUsize>) {
-    let mut request = Vec::new();
-    let mut buf = [0u8; 16 << 10];
-    let body_start = loop {
-        let n = socket.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            return;
-        }
-        request.extend_from_slice(&buf[..n]);
-        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
+    let Some(Received { head, body, .. }) = read_request(&mut socket).await else {
+        return;
     };
-    let head = String::from_utf8_lossy(&request[..body_start]).into_owned();
     let target = head.split(' ').nth(1).unwrap_or("/").to_owned();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().to_owned())
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = request[body_start..].to_vec();
-    while body.len() < length {
-        let n = socket.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        body.extend_from_slice(&buf[..n]);
-    }
     received.fetch_add(body.len(), Ordering::SeqCst);
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let _ = match path {
@@ -132,7 +107,7 @@ async fn serve(mut socket: TcpStream, received: Arc<AtomicUsize>) {
             trickle(&mut socket, bytes).await
         }
         "/silent" => {
-            let _ = socket.read(&mut buf).await;
+            let _ = read_request(&mut socket).await;
             Ok(())
         }
         "/flood" => flood(&mut socket).await,
