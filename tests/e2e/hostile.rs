@@ -1602,3 +1602,33 @@ async fn model_side_calls_are_bounded_in_calls_and_tokens_per_hook_call() {
         innocent_chat_works(&kernel).await;
     }
 }
+
+/// A filter that floods its metrics keeps 64 series of a metric (the rest
+/// counted in `other`, the total true) and 32 metrics; the 33rd is its own
+/// `invalid-request`, and the kernel serves on.
+#[tokio::test]
+async fn a_metrics_flood_is_held_to_its_caps_with_true_totals() {
+    let plugins = load(vec![hostile("chat", "metrics-flood", generous())]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::InvalidRequest,
+        "around-chat",
+        "at most 32 metrics",
+    );
+    innocent_chat_works(&kernel).await;
+    let metrics = plugins.filters()[0].stats().metrics;
+    assert_eq!(metrics.len(), 32);
+    let floods = metrics.iter().find(|m| m.name == "floods").unwrap();
+    assert_eq!(floods.series.len(), 64);
+    let total: u64 = floods
+        .series
+        .iter()
+        .map(|(_, value)| match value {
+            shallot::MetricValue::Counter(n) => *n,
+            shallot::MetricValue::Histogram { .. } => 0,
+        })
+        .sum();
+    assert_eq!(total, 1000);
+}
