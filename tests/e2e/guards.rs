@@ -2,7 +2,7 @@
 //! host: safeguard refuses a request with a listed word before the model
 //! sees it (PEER-CASES I8-I13, and beyond the peer: tool results and the
 //! text parts of multimodal messages), call-limit halts the model call past
-//! its limit or warns and goes on (seed 004's `middleware_call_limit`), and
+//! its limit or warns and goes on (the first seed's `middleware_call_limit`), and
 //! validation sends an answer that breaks its rules back with feedback
 //! until one passes or its retries run out (PEER-CASES H7, H8).
 

@@ -2,8 +2,8 @@
 //! real host: timeout fails a tool call past its deadline with a typed
 //! timeout naming the filter (PEER-CASES I2-I4, and beyond the peer: an
 //! inner failure before the deadline keeps its own error), and
-//! model-fallback moves to the next model on the errors it is for (seed
-//! 004's `middleware_model_fallback`).
+//! model-fallback moves to the next model on the errors it is for (the
+//! first seed's `middleware_model_fallback`).
 
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, ToolSpec};
