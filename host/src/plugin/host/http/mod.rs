@@ -285,6 +285,7 @@ async fn exchange(
     })
     .await
     .map_err(|_| Error::ConnectionReadTimeout)??;
+    let deadline = held.deadline;
     let response = response.map(|body| {
         let body = body.map_err(Error::from).boxed_unsync();
         Bounded::new(
@@ -295,9 +296,14 @@ async fn exchange(
         )
         .boxed_unsync()
     });
+    // The connection closes at the request's deadline however the filter
+    // holds its response, so held responses cannot pile up open sockets.
     let io = async move {
         match conn {
-            Some(conn) => conn.await.map_err(Error::from),
+            Some(conn) => timeout_at(deadline, conn)
+                .await
+                .map_err(|_| Error::HttpResponseTimeout)?
+                .map_err(Error::from),
             None => Ok(()),
         }
     };
