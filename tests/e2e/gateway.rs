@@ -531,6 +531,98 @@ async fn moderation_over_a_webhook_fails_closed_or_open_and_can_flag_instead_of_
     open.stop().await.unwrap();
 }
 
+/// `POST /v1/embeddings` reaches the route's model through no filter: the
+/// embedded model's vectors (the same text, the same vector), an
+/// OpenAI-compatible upstream asked for its own model, a model without
+/// embeddings a `404`, bad input a `400`; counted in `/metrics`.
+#[tokio::test]
+async fn embeddings_reach_the_routes_model_and_are_counted() {
+    let embed = |served: &Served, body: Value| {
+        let url = format!("{}/v1/embeddings", served.base);
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let embedded = Kernel::builder().build().unwrap();
+    let served = Served::start(embedded, config()).await;
+    let (status, body) = embed(
+        &served,
+        json!({ "model": "scripted", "input": ["a cat", "a dog", "a cat"] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["model"], "scripted");
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    assert_eq!(data[0]["embedding"].as_array().unwrap().len(), 16);
+    assert_eq!(data[0]["embedding"], data[2]["embedding"]);
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    for bad in [
+        json!({ "input": "x" }),
+        json!({ "model": "scripted" }),
+        json!({ "model": "scripted", "input": 5 }),
+    ] {
+        let (status, body) = embed(&served, bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+    let (status, _) = embed(&served, json!({ "model": "nobody", "input": "x" })).await;
+    assert_eq!(status, 404);
+    let (_, metrics) = served.get("/metrics").await;
+    let counted =
+        r#"shallot_gateway_requests_total{model="scripted",mode="embeddings",status="200"} 1"#;
+    assert!(metrics.contains(counted), "{metrics}");
+    served.stop().await.unwrap();
+
+    let vectors = json!({ "object": "list", "data": [{ "object": "embedding", "index": 0, "embedding": [0.5, 0.5] }], "model": "text-embedding-3-small", "usage": { "prompt_tokens": 2, "total_tokens": 2 } });
+    let upstream = FakeProvider::start(vec![Canned::Json(200, vectors, vec![])]).await;
+    let model = shallot::OpenAiModel::new(shallot::OpenAiConfig::new(
+        upstream.url.clone(),
+        "text-embedding-3-small",
+    ))
+    .unwrap();
+    let served = Served::start(Kernel::builder().model(model).build().unwrap(), config()).await;
+    let (status, body) = embed(
+        &served,
+        json!({ "model": "scripted", "input": "two words", "dimensions": 2 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"][0]["embedding"], json!([0.5, 0.5]));
+    let asked = &upstream.bodies()[0];
+    assert_eq!(
+        asked["model"], "text-embedding-3-small",
+        "the upstream is asked for its own model"
+    );
+    assert_eq!(asked["input"], "two words");
+    assert_eq!(asked["dimensions"], 2);
+    served.stop().await.unwrap();
+
+    let served = Served::start(
+        kernel(vec![], ScriptedModel::answer("no vectors")).await,
+        config(),
+    )
+    .await;
+    let (status, body) = embed(&served, json!({ "model": "scripted", "input": "x" })).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("has no embeddings"),
+        "{body}"
+    );
+    served.stop().await.unwrap();
+}
+
 /// A route whose model is the gateway itself: each call to it is one hop
 /// further (`x-shallot-hops`), and at the eighth the gateway answers `508`
 /// (not retried), so the request ends with an error naming the loop

@@ -4,7 +4,9 @@ safeguard, token-redact, a misbehave filter that blocks "forbidden" and
 traps on "crash", summarize and the response cache, to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
 """
 
+import base64
 import json
+import struct
 import sys
 import urllib.request
 
@@ -109,6 +111,17 @@ streamed = "".join(c.choices[0].delta.content or "" for c in ask("cache this ans
 check("a cached answer streams", streamed == answer, streamed)
 skipped = raw("cache this answer", extra_body={"cache": False})
 check("a request can opt out", skipped.headers.get("x-shallot-cache") == "skip", dict(skipped.headers))
+
+# Embeddings: the embedded model's vectors, through the gateway's key;
+# the same text, the same vector, as numbers or base64.
+vectors = client.embeddings.create(model=MODEL, input=["a cat", "a dog", "a cat"])
+check("embeddings come back, one per input", [len(d.embedding) for d in vectors.data] == [16, 16, 16], vectors)
+check("the same text, the same vector", vectors.data[0].embedding == vectors.data[2].embedding, vectors.data)
+packed = client.embeddings.create(model=MODEL, input="a cat", encoding_format="base64")
+raw = packed.data[0].embedding
+floats = list(struct.unpack("<16f", base64.b64decode(raw))) if isinstance(raw, str) else raw
+same = len(floats) == 16 and all(abs(a - b) < 1e-6 for a, b in zip(floats, vectors.data[0].embedding))
+check("base64 embeddings decode to the same vector", same, raw)
 
 # A long conversation: summarize replaces its older messages by a summary
 # (a side call to the route's model), the answer is to the latest message,

@@ -134,9 +134,12 @@ pub(super) async fn completions(
     // clients do not get to make up label values.
     let model = routed.unwrap_or_default();
     let seconds = started.elapsed().as_secs_f64();
-    gateway
-        .metrics
-        .request(&model, stream, response.status().as_u16(), seconds);
+    gateway.metrics.request(
+        &model,
+        if stream { "stream" } else { "json" },
+        response.status().as_u16(),
+        seconds,
+    );
     span.in_scope(|| {
         tracing::info!(
             status = response.status().as_u16(),
@@ -276,7 +279,7 @@ pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
 /// How many gateways the request passed through before this one
 /// (`x-shallot-hops`); refused at [`MAX_HOPS`]: a route's model, or a
 /// filter's side call, that leads back to a gateway.
-fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
+pub(super) fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
     let Some(value) = headers.get(HOPS_HEADER) else {
         return Ok(0);
     };

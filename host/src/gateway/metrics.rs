@@ -27,7 +27,7 @@ use crate::types::Usage;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Request {
     model: String,
-    /// `json` or `stream`.
+    /// `json`, `stream` or `embeddings`.
     mode: &'static str,
     /// The HTTP status.
     status: u16,
@@ -302,7 +302,7 @@ impl Metrics {
         let requests = registered(
             &mut registry,
             "requests",
-            "Chat completion requests, by model, mode and HTTP status",
+            "Chat completion and embeddings requests, by model, mode (json, stream, embeddings) and HTTP status",
             Family::<Request, Counter>::default(),
         );
         let broken = registered(
@@ -355,9 +355,9 @@ impl Metrics {
         }
     }
 
-    /// A request answered with `status` after `seconds`.
-    pub fn request(&self, model: &str, stream: bool, status: u16, seconds: f64) {
-        let mode = if stream { "stream" } else { "json" };
+    /// A request answered with `status` after `seconds`, in `mode`
+    /// (`json`, `stream`, `embeddings`).
+    pub fn request(&self, model: &str, mode: &'static str, status: u16, seconds: f64) {
         let model = model.to_owned();
         self.requests
             .get_or_create(&Request {

@@ -41,6 +41,7 @@ mod admission;
 mod answer;
 mod auth;
 mod build;
+mod embeddings;
 mod handlers;
 mod metrics;
 mod reported;

@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Gateway;
+use super::embeddings::embeddings;
 use super::handlers::{completions, exposition, model, models, ready};
 use super::wire::ApiError;
 
@@ -78,6 +79,7 @@ impl Gateway {
     pub(super) fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(completions))
+            .route("/v1/embeddings", post(embeddings))
             .route("/v1/models", get(models))
             .route("/v1/models/{*model}", get(model))
             .route("/healthz", get(|| async { "ok\n" }))

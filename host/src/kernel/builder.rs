@@ -211,7 +211,7 @@ impl KernelBuilder {
         let tools = Arc::new(self.tools);
         let turn = self.turn.unwrap_or_else(|| Arc::new(ToolLoop::default()));
         let chat = Arc::new(ModelTerminal {
-            model,
+            model: model.clone(),
             limits: self.response_limits,
         });
         let terminal = |model| -> Arc<dyn SideModel> {
@@ -245,6 +245,7 @@ impl KernelBuilder {
             onion: Arc::new(onion),
             wasm: self.wasm.into(),
             tools,
+            model,
         })
     }
 

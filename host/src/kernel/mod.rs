@@ -14,6 +14,7 @@ mod builder;
 pub use builder::{BuildError, KernelBuilder};
 
 use crate::context::Context;
+use crate::model::ChatModel;
 use crate::onion::{
     ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, TokenSink, TokenStream, Tool, Turn,
 };
@@ -23,6 +24,7 @@ use crate::types::{
     ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Origin, Resumable,
     Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
+use serde_json::Value;
 
 /// A turn that paused carries its filters' private contexts and the
 /// shared context, so that the resumed turn goes on from them (a `memory`
@@ -48,12 +50,20 @@ pub struct Kernel {
     /// reserves on admission.
     wasm: Arc<[Option<Arc<WasmFilter>>]>,
     tools: Arc<ToolRegistry>,
+    /// The model at the core of the chat chain.
+    model: Arc<dyn ChatModel>,
 }
 
 impl Kernel {
     /// A builder with no filters, the embedded model and no tools.
     pub fn builder() -> KernelBuilder {
         KernelBuilder::default()
+    }
+
+    /// Embeds the inputs of `request` (an OpenAI embeddings request) with
+    /// the kernel's model, directly: embeddings go through no filter.
+    pub async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+        self.model.embed(request, context).await
     }
 
     /// The filters, outermost first, with their hooks.

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{ChatModel, ModelEvent};
 use crate::context::Context;
-use crate::types::ChainError;
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, ToolCall, Usage};
 
 /// The embedded default model (`shallot-echo`).
@@ -222,6 +222,67 @@ impl ChatModel for EmbeddedModel {
             .chain(stream::once(async move { Ok(ModelEvent::Done(done)) }))
             .boxed())
     }
+
+    /// A deterministic embedding of each input (a string or a list of
+    /// strings): 16 numbers from its SHA-256, of length 1, as numbers or
+    /// (`"encoding_format": "base64"`) as OpenAI's base64. Not a meaning,
+    /// but the same text always gets the same vector, for the demo and for
+    /// tests.
+    async fn embed(&self, request: &Value, _context: &Context) -> Result<Value, ChainError> {
+        let inputs: Vec<&str> = match &request["input"] {
+            Value::String(text) => vec![text.as_str()],
+            Value::Array(items) => items.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        };
+        let count = match &request["input"] {
+            Value::Array(items) => items.len(),
+            _ => 1,
+        };
+        if inputs.is_empty() || inputs.len() != count {
+            return Err(ChainError::new(
+                ErrorKind::InvalidRequest,
+                "the embedded model embeds a string or a list of strings",
+            ));
+        }
+        let base64 = request["encoding_format"] == "base64";
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                let vector = vector(text);
+                let embedding = if base64 {
+                    // As OpenAI sends it: the little-endian f32s, in base64.
+                    use base64::Engine;
+                    let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                } else {
+                    json!(vector)
+                };
+                json!({ "object": "embedding", "index": index, "embedding": embedding })
+            })
+            .collect();
+        let tokens: usize = inputs.iter().map(|t| t.split_whitespace().count()).sum();
+        Ok(json!({
+            "object": "list",
+            "data": data,
+            "model": self.name(),
+            "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+        }))
+    }
+}
+
+/// 16 numbers of `text`'s SHA-256, scaled to a vector of length 1.
+fn vector(text: &str) -> Vec<f32> {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(text.as_bytes());
+    let raw: Vec<f32> = digest[..16].iter().map(|b| f32::from(*b) - 127.5).collect();
+    let norm = raw
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::EPSILON);
+    raw.iter().map(|x| x / norm).collect()
 }
 
 #[cfg(test)]

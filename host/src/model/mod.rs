@@ -13,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
+use serde_json::Value;
 
 pub use embedded::EmbeddedModel;
 pub(crate) use openai::wire;
@@ -61,6 +62,17 @@ pub trait ChatModel: Send + Sync + 'static {
         request: &ChatRequest,
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError>;
+
+    /// Embeds the inputs of `request`, an OpenAI embeddings request
+    /// (`{"input": ..., ...}`), answering in OpenAI's shape. A model
+    /// without embeddings (the default) answers `not-found`.
+    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+        let _ = (request, context);
+        Err(ChainError::new(
+            ErrorKind::NotFound,
+            format!("the model '{}' has no embeddings", self.name()),
+        ))
+    }
 }
 
 /// The chat chain's terminal over a [`ChatModel`].

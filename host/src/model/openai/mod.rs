@@ -63,6 +63,11 @@ fn default_retries() -> u32 {
 
 /// The longest a `Retry-After` (or backoff) wait may be.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// The chat completions endpoint, under the API base.
+const CHAT: &str = "chat/completions";
+/// The embeddings endpoint, under the API base.
+const EMBEDDINGS: &str = "embeddings";
+
 /// The header that counts the gateways a request passed through; a
 /// shallot gateway refuses one that has passed through too many.
 pub const HOPS_HEADER: &str = "x-shallot-hops";
@@ -159,15 +164,13 @@ impl OpenAiModel {
     /// `context`'s request came (`x-shallot-hops`).
     async fn send(
         &self,
+        path: &str,
         body: &Value,
         whole: bool,
         context: &Context,
     ) -> Result<reqwest::Response, ChainError> {
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
-        let url = format!(
-            "{}/chat/completions",
-            self.config.base_url.trim_end_matches('/')
-        );
+        let url = format!("{}/{path}", self.config.base_url.trim_end_matches('/'));
         let mut attempt = 0;
         loop {
             let mut post = self.client.post(&url).header(HOPS_HEADER, hops).json(body);
@@ -254,7 +257,9 @@ impl ChatModel for OpenAiModel {
         request: &ChatRequest,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        let response = self.send(&self.body(request, false), true, context).await?;
+        let response = self
+            .send(CHAT, &self.body(request, false), true, context)
+            .await?;
         completed(&body::read(response, body::answer_cap()).await?)
     }
 
@@ -263,7 +268,9 @@ impl ChatModel for OpenAiModel {
         request: &ChatRequest,
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let response = self.send(&self.body(request, true), false, context).await?;
+        let response = self
+            .send(CHAT, &self.body(request, true), false, context)
+            .await?;
         let json = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -295,6 +302,21 @@ impl ChatModel for OpenAiModel {
             }
         });
         Ok(stream.boxed())
+    }
+
+    /// Forwards the request to the server's `/embeddings`, asking for
+    /// this model, and returns its answer as it is.
+    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+        let mut body = request.clone();
+        body["model"] = json!(self.config.model);
+        let response = self.send(EMBEDDINGS, &body, true, context).await?;
+        let answer = body::read(response, body::answer_cap()).await?;
+        serde_json::from_slice(&answer).map_err(|e| {
+            ChainError::new(
+                ErrorKind::Transient,
+                format!("the model server's embeddings are not JSON: {e}"),
+            )
+        })
     }
 }
 

@@ -1,0 +1,87 @@
+//! `POST /v1/embeddings`: OpenAI's embeddings, forwarded to the route's
+//! model (an OpenAI-compatible upstream, or the embedded model's
+//! deterministic vectors) behind the gateway's keys, its places and its
+//! deadline, counted in `/metrics` as mode `embeddings`. Embeddings go
+//! through no filter: there is no conversation to shape, and nothing of
+//! them is shown as text.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::GatewayState;
+use super::handlers::{hops, read_body};
+use super::wire::ApiError;
+use crate::context::{CLIENT_KEY, Context, HOPS, TENANT};
+use crate::types::{ChainError, ErrorKind};
+
+pub(super) async fn embeddings(
+    State(gateway): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    request: Request,
+) -> Response {
+    let body = read_body(&gateway, request).await;
+    let started = Instant::now();
+    let mut routed = None;
+    let response = match embed(&gateway, &headers, body, &mut routed).await {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(error) => error.into_response(),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let status = response.status().as_u16();
+    let model = routed.unwrap_or_default();
+    gateway
+        .metrics
+        .request(&model, "embeddings", status, seconds);
+    tracing::info!(model, status, ms = seconds * 1000.0, "embedded");
+    response
+}
+
+async fn embed(
+    gateway: &Arc<GatewayState>,
+    headers: &HeaderMap,
+    body: Result<Bytes, ApiError>,
+    routed: &mut Option<String>,
+) -> Result<Value, ApiError> {
+    let served = gateway.served();
+    let key = served.authorize(headers)?;
+    let request: Value = serde_json::from_slice(&body?)
+        .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?;
+    let Some(model) = request.get("model").and_then(Value::as_str) else {
+        return Err(ApiError::invalid("an embeddings request names its `model`"));
+    };
+    if request.get("input").is_none_or(Value::is_null) {
+        return Err(ApiError::invalid("an embeddings request has an `input`"));
+    }
+    let route = served.route(key, model)?;
+    *routed = Some(route.model.clone());
+    let _place = gateway.place().await?;
+    let mut context = Context::new()
+        .with("model", route.model.as_str())
+        .with(HOPS, hops(headers)?);
+    if let Some(key) = key {
+        context = context.with(CLIENT_KEY, key.name.as_str());
+        if let Some(tenant) = &key.tenant {
+            context = context.with(TENANT, tenant.as_str());
+        }
+    }
+    let within = gateway.config.request_timeout;
+    let answer = tokio::time::timeout(within, route.kernel.embed(&request, &context))
+        .await
+        .unwrap_or_else(|_| {
+            let message = format!("the embeddings took longer than {} ms", within.as_millis());
+            Err(ChainError::new(ErrorKind::Timeout, message))
+        })
+        .map_err(|e| ApiError::chain(&e))?;
+    let mut answer = answer;
+    if answer.is_object() {
+        // Named as the client asked, as a chat completion is.
+        answer["model"] = json!(route.model);
+    }
+    Ok(answer)
+}
