@@ -1370,6 +1370,40 @@ fn limited(dir: &std::path::Path, plugin: &str, config: &str, store: &str) -> Pa
     path
 }
 
+/// A plugins directory with a filter that needs a configuration it was not
+/// given lists the others and says what that one needs, instead of failing
+/// whole.
+#[test]
+fn plugins_list_shows_a_filter_that_needs_a_configuration_and_what_it_needs() {
+    let dir = std::env::temp_dir().join(format!("shallot-unconfigured-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for lib in ["logging", "budget"] {
+        std::fs::copy(guest(lib), dir.join(format!("{lib}.wasm"))).unwrap();
+    }
+    let out = shallot(&["plugins", "list", "--plugins", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let logging = stdout
+        .lines()
+        .find(|l| l.starts_with("1   logging"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(logging.contains("around-chat"), "{logging}");
+    let budget = stdout
+        .lines()
+        .find(|l| l.starts_with("-   budget"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        budget.contains("needs a configuration") && budget.contains("limit_usd"),
+        "{budget}"
+    );
+    assert!(
+        stdout.contains("chat           logging -> model"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `rate-limit` at `limit` requests an hour per user, its counters in `store`.
 fn rate_limited(dir: &std::path::Path, limit: u32, store: &str) -> PathBuf {
     let config = format!("{{ requests = {limit}, window_s = 3600, by = \"user\" }}");

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use shallot::{
-    CacheState, Engine, FilterSet, FilterSpec, Hook, LoadEvent, WIT_PACKAGE, WIT_VERSION,
-    cache_state, read_config, read_dir, read_plugin,
+    CacheState, Call, Engine, FilterSet, FilterSpec, Hook, LoadError, LoadEvent, WIT_PACKAGE,
+    WIT_VERSION, cache_state, read_config, read_dir, read_plugin,
 };
 
 use super::{Source, human_size, report};
@@ -16,7 +16,9 @@ use super::{Source, human_size, report};
 pub(crate) enum PluginsCommand {
     /// List the filters a plugins directory or shallot.toml resolves to, in
     /// layer order (first = outermost), with hooks, version, size and
-    /// compile-cache state. Compiles what is not cached yet.
+    /// compile-cache state, then those that need a configuration they were
+    /// not given, with what they said they need. Compiles what is not
+    /// cached yet.
     List {
         #[command(flatten)]
         source: Source,
@@ -52,7 +54,7 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
         }
     }
     let mut compile_times = HashMap::new();
-    let set = FilterSet::from_specs(engine, specs, &mut |event| {
+    let mut progress = |event: LoadEvent<'_>| {
         report(&event);
         if let LoadEvent::Loaded {
             filter,
@@ -61,8 +63,19 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
         {
             compile_times.insert(filter.plugin().path().to_path_buf(), t);
         }
-    })
-    .await?;
+    };
+    let (set, unconfigured) =
+        match FilterSet::from_specs(engine, specs.clone(), &mut progress).await {
+            Ok(set) => (set, Vec::new()),
+            Err(error) if wants_configuration(&error) => {
+                let (ready, unconfigured) = configurable(engine, specs).await;
+                (
+                    FilterSet::from_specs(engine, ready, &mut progress).await?,
+                    unconfigured,
+                )
+            }
+            Err(error) => return Err(error.into()),
+        };
     println!(
         "{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} PLUGIN",
         "#", "NAME", "HOOKS", "VERSION", "SIZE", "ISOLATION", "CACHE"
@@ -91,8 +104,44 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
             path.display(),
         );
     }
+    for (path, error) in &unconfigured {
+        if let LoadError::Filter { error, .. } = error {
+            let name = error.origin.as_ref().map_or("?", |o| &*o.filter);
+            let says = error
+                .message
+                .trim_start_matches("rejected its configuration: ");
+            let says = shallot::terminal_text(says);
+            println!(
+                "-   {name:<16} needs a configuration: {says}  {}",
+                path.display()
+            );
+        }
+    }
     print_chains(&set);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `error` is a filter refusing the configuration it was given
+/// (or the lack of one), rather than a plugin that cannot load.
+fn wants_configuration(error: &LoadError) -> bool {
+    matches!(error, LoadError::Filter { error, .. }
+        if error.origin.as_ref().is_some_and(|o| o.call == Call::Configure))
+}
+
+/// The specs that configure (any other failure is the whole set's again),
+/// and the refusals of those that do not.
+async fn configurable(
+    engine: &Engine,
+    specs: Vec<(PathBuf, FilterSpec)>,
+) -> (Vec<(PathBuf, FilterSpec)>, Vec<(PathBuf, LoadError)>) {
+    let (mut ready, mut unconfigured) = (Vec::new(), Vec::new());
+    for (path, spec) in specs {
+        match FilterSet::from_specs(engine, vec![(path.clone(), spec.clone())], &mut |_| {}).await {
+            Err(error) if wants_configuration(&error) => unconfigured.push((path, error)),
+            _ => ready.push((path, spec)),
+        }
+    }
+    (ready, unconfigured)
 }
 
 /// The resolved order of every chain, so nobody has to work it out.
