@@ -54,7 +54,7 @@ fn in_words(n: usize) -> String {
     ];
     match n {
         0..20 => ONES[n].to_owned(),
-        _ if n % 10 == 0 => TENS[n / 10].to_owned(),
+        _ if n.is_multiple_of(10) => TENS[n / 10].to_owned(),
         _ => format!("{}-{}", TENS[n / 10], ONES[n % 10]),
     }
 }
