@@ -470,7 +470,10 @@ async fn trace_writes_a_line_per_turn_chat_and_tool_call_to_the_operators_sink()
         )
         .build()
         .unwrap();
-    let context = Context::new().with("conversation_id", "c-7");
+    let context = Context::new()
+        .with("conversation_id", "c-7")
+        .with(shallot::USER, "u-1")
+        .with(shallot::CLIENT_KEY, "team-a");
     done(kernel.turn(go("hi"), context).await);
     let events = lines(&path);
     let kinds: Vec<&str> = events
@@ -485,6 +488,10 @@ async fn trace_writes_a_line_per_turn_chat_and_tool_call_to_the_operators_sink()
     for event in &events {
         assert_eq!(event["filter"], "trace");
         assert_eq!(event["conversation_id"], "c-7");
+        assert_eq!(
+            (&event["user"], &event["key"]),
+            (&json!("u-1"), &json!("team-a"))
+        );
         assert!(
             event["ts"].as_u64().unwrap() > 0 && event["ms"].as_f64().unwrap() >= 0.0,
             "{event}"

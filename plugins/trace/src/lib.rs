@@ -7,7 +7,8 @@
 //!
 //! Timings need real clocks (`grants.clock = true`); without them `ms` is
 //! 0. Every line also carries `ts` (the host's time) and `filter`, and the
-//! shared context's `conversation_id`, `tenant` and `user_id` when set.
+//! shared context's `conversation_id`, `tenant`, `key` and `user` (the
+//! keys the gateway sets) when set.
 //!
 //! Config: `{"turns": true, "chats": true, "tools": true}` (all optional).
 
@@ -48,7 +49,7 @@ fn error(error: &FilterError) -> Value {
 /// `started`; a sink that refuses it is logged, never the call's failure.
 fn emit(mut event: Map<String, Value>, started: Instant) {
     event.insert("ms".into(), json!(started.elapsed().as_secs_f64() * 1000.0));
-    for key in ["conversation_id", "tenant", "user_id"] {
+    for key in ["conversation_id", "tenant", "key", "user"] {
         if let Some(value) = context::get::<Value>(key) {
             event.insert(key.into(), value);
         }
