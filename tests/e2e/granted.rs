@@ -300,6 +300,19 @@ async fn approval_lets_other_tools_run_untouched() {
     );
 }
 
+/// With `tools = "all"` every tool's calls are decided, sensitive or not,
+/// as AgentScope's approval of all tools does.
+#[tokio::test]
+async fn approval_of_all_tools_decides_the_calls_of_every_tool() {
+    let config = json!({ "default": "deny", "tools": "all" });
+    let (kernel, runs) = approving(config, false, None::<Answer>).await;
+    let output = call(&kernel, "list", json!({})).await;
+    assert_eq!(not_approved(&output)["error"]["tool"], "list");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the tool never ran");
+    let error = refused("approval", "approval", json!({ "tools": "some" })).await;
+    assert!(error.to_string().contains("unknown variant"), "{error}");
+}
+
 // PEER-CASES I7
 #[tokio::test]
 async fn approval_runs_a_sensitive_tool_the_handler_approves() {

@@ -38,6 +38,18 @@ struct Approval {
     on_timeout: Action,
     #[serde(default = "default_message")]
     message: String,
+    /// Which calls it decides: of `sensitive` tools (the default), or of
+    /// `all` tools.
+    #[serde(default)]
+    tools: Scope,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[serde(rename_all = "lowercase")]
+enum Scope {
+    #[default]
+    Sensitive,
+    All,
 }
 
 #[derive(Deserialize)]
@@ -130,13 +142,17 @@ impl Filter for Approval {
 
     fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
         let spec = request.tool();
-        if !spec.sensitive {
+        if !spec.sensitive && self.tools == Scope::Sensitive {
             return next.tool(request);
         }
         let arguments = request.arguments();
         let action = match self.decide(&spec.name, &arguments) {
             Action::Ask => {
-                let reason = format!("{} is a sensitive tool", spec.name);
+                let reason = if spec.sensitive {
+                    format!("{} is a sensitive tool", spec.name)
+                } else {
+                    format!("every call of a tool is asked about ({})", spec.name)
+                };
                 match approval::ask(&spec.name, &arguments, &reason, self.timeout_ms) {
                     Ok(true) => Action::Allow,
                     Ok(false) => {
