@@ -15,9 +15,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::GatewayState;
-use super::handlers::{hops, read_body};
+use super::handlers::{caller, read_body};
 use super::wire::ApiError;
-use crate::context::{CLIENT_KEY, Context, HOPS, TENANT};
 use crate::types::{ChainError, ErrorKind};
 
 pub(super) async fn embeddings(
@@ -61,15 +60,7 @@ async fn embed(
     let route = served.route(key, model)?;
     *routed = Some(route.model.clone());
     let _place = gateway.place().await?;
-    let mut context = Context::new()
-        .with("model", route.model.as_str())
-        .with(HOPS, hops(headers)?);
-    if let Some(key) = key {
-        context = context.with(CLIENT_KEY, key.name.as_str());
-        if let Some(tenant) = &key.tenant {
-            context = context.with(TENANT, tenant.as_str());
-        }
-    }
+    let context = caller(&route.model, key, headers)?;
     let within = gateway.config.request_timeout;
     let answer = tokio::time::timeout(within, route.kernel.embed(&request, &context))
         .await

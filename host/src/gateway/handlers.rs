@@ -201,6 +201,25 @@ pub(super) async fn complete(
     Ok(response)
 }
 
+/// Who asks, as every endpoint's context says it: the model asked for, the
+/// gateways the request came through, the client's key and its tenant.
+pub(super) fn caller(
+    model: &str,
+    key: Option<&ClientKey>,
+    headers: &HeaderMap,
+) -> Result<Context, ApiError> {
+    let mut context = Context::new()
+        .with("model", model)
+        .with(HOPS, hops(headers)?);
+    if let Some(key) = key {
+        context = context.with(CLIENT_KEY, key.name.as_str());
+        if let Some(tenant) = &key.tenant {
+            context = context.with(TENANT, tenant.as_str());
+        }
+    }
+    Ok(context)
+}
+
 /// The shared context a request's filters see: the model asked for, the
 /// client's `user`, its key and tenant, and the conversation it names.
 fn context_of(
@@ -208,17 +227,9 @@ fn context_of(
     key: Option<&ClientKey>,
     headers: &HeaderMap,
 ) -> Result<Context, ApiError> {
-    let mut context = Context::new()
-        .with("model", request.model.as_str())
-        .with(HOPS, hops(headers)?);
+    let mut context = caller(&request.model, key, headers)?;
     if let Some(user) = &request.user {
         context = context.with(USER, user.as_str());
-    }
-    if let Some(key) = key {
-        context = context.with(CLIENT_KEY, key.name.as_str());
-        if let Some(tenant) = &key.tenant {
-            context = context.with(TENANT, tenant.as_str());
-        }
     }
     if let Some(conversation) = conversation(headers)? {
         // Behind keys, a conversation belongs to the tenant (or the key):
@@ -279,7 +290,7 @@ pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
 /// How many gateways the request passed through before this one
 /// (`x-shallot-hops`); refused at [`MAX_HOPS`]: a route's model, or a
 /// filter's side call, that leads back to a gateway.
-pub(super) fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
+fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
     let Some(value) = headers.get(HOPS_HEADER) else {
         return Ok(0);
     };
