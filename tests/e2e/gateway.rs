@@ -661,6 +661,16 @@ async fn a_route_whose_model_leads_back_to_the_gateway_ends_at_the_hop_limit() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 508);
+    for forged in ["-1", "lots", "99999999999999999999999"] {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", served.base))
+            .header(shallot::HOPS_HEADER, forged)
+            .json(&ask("hello"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{forged}");
+    }
     served.stop().await.unwrap();
 }
 

@@ -97,11 +97,7 @@ impl Terminal<Chat> for ModelTerminal {
                 .map(|prompt| Message::system(prompt.as_str()));
             request.messages_mut().splice(0..0, system);
         }
-        for (key, value) in invoke.model_options() {
-            if !request.options.contains_key(key) {
-                request = request.with_option(key, value.clone());
-            }
-        }
+        let request = with_invoke_options(request, invoke);
         let Some(sink) = invoke.sink() else {
             let response = self.model.chat(&request, context).await?;
             self.check(&response)?;
@@ -121,6 +117,17 @@ impl Terminal<Chat> for ModelTerminal {
     }
 }
 
+/// `request` with the invoke's model options (e.g. its route's upstream
+/// model) where it sets none of its own.
+fn with_invoke_options(mut request: ChatRequest, invoke: &Invoke) -> ChatRequest {
+    for (key, value) in invoke.model_options() {
+        if !request.options.contains_key(key) {
+            request = request.with_option(key, value.clone());
+        }
+    }
+    request
+}
+
 /// A side call (the `model` import): the model's own answer, checked
 /// against the response limits, with the invoke's model options (its
 /// route's upstream model) but not its system prompts, and never streamed.
@@ -128,15 +135,11 @@ impl Terminal<Chat> for ModelTerminal {
 impl SideModel for ModelTerminal {
     async fn side_chat(
         &self,
-        mut request: ChatRequest,
+        request: ChatRequest,
         invoke: &Arc<Invoke>,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        for (key, value) in invoke.model_options() {
-            if !request.options.contains_key(key) {
-                request = request.with_option(key, value.clone());
-            }
-        }
+        let request = with_invoke_options(request, invoke);
         let response = self.model.chat(&request, context).await?;
         self.check(&response)?;
         Ok(response)
