@@ -912,21 +912,33 @@ fn serve_exports_a_span_per_request_and_per_filter_call_to_an_otlp_collector() {
 
 #[test]
 fn serve_works_with_the_official_openai_python_sdk() {
+    sdk_client("openai", "client.py", "/v1");
+}
+
+#[test]
+fn serve_works_with_the_official_anthropic_python_sdk() {
+    sdk_client("anthropic", "anthropic_client.py", "");
+}
+
+/// Runs `tests/gateway/<script>`, which drives a gateway serving
+/// `tests/gateway/shallot.toml` with the Python SDK `module`, given the
+/// gateway's address and `path` as its base URL.
+fn sdk_client(module: &str, script: &str, path: &str) {
     let python = target_dir().join("polyglot/venv/bin/python");
     let has_sdk = Command::new(&python)
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {module}")])
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         has_sdk,
-        "{} has no openai SDK: run scripts/build-polyglot first",
+        "{} has no {module} SDK: run scripts/build-polyglot first",
         python.display()
     );
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let gateway = Gateway::start(&root.join("tests/gateway/shallot.toml"));
     let client = Command::new(&python)
-        .arg(root.join("tests/gateway/client.py"))
-        .arg(format!("http://{}/v1", gateway.address))
+        .arg(root.join("tests/gateway").join(script))
+        .arg(format!("http://{}{path}", gateway.address))
         .output()
         .unwrap();
     let rest = gateway.terminate();

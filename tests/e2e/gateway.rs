@@ -17,18 +17,18 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// A gateway serving on a free loopback port.
-struct Served {
-    base: String,
+pub(crate) struct Served {
+    pub(crate) base: String,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
 impl Served {
-    async fn start(kernel: Kernel, config: GatewayConfig) -> Self {
+    pub(crate) async fn start(kernel: Kernel, config: GatewayConfig) -> Self {
         Self::gateway(Gateway::new(vec![Route::proxy("scripted", kernel)], config)).await
     }
 
-    async fn gateway(gateway: Gateway) -> Self {
+    pub(crate) async fn gateway(gateway: Gateway) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -43,7 +43,7 @@ impl Served {
         }
     }
 
-    async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let response = reqwest::get(format!("{}{path}", self.base)).await.unwrap();
         (response.status().as_u16(), response.text().await.unwrap())
     }
@@ -114,13 +114,13 @@ impl Served {
         }
     }
 
-    async fn stop(mut self) -> std::io::Result<()> {
+    pub(crate) async fn stop(mut self) -> std::io::Result<()> {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap()
     }
 }
 
-fn config() -> GatewayConfig {
+pub(crate) fn config() -> GatewayConfig {
     GatewayConfig::default()
 }
 
@@ -133,7 +133,7 @@ fn ask_model(model: &str) -> Value {
     json!({ "model": model, "messages": [{ "role": "user", "content": "key?" }] })
 }
 
-async fn kernel(
+pub(crate) async fn kernel(
     filters: Vec<(std::path::PathBuf, shallot::FilterSpec)>,
     model: ScriptedModel,
 ) -> Kernel {
@@ -1446,6 +1446,7 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
             model: "agent".into(),
             kernel: agent,
             mode: RouteMode::Agent,
+            store: None,
         },
     ];
     let served = Served::gateway(Gateway::new(routes, config())).await;
@@ -1875,7 +1876,9 @@ async fn routes_and_keys_are_built_from_a_config_by_the_library() {
     };
     let toml = write("pass");
     let plugins = load(toml.filters().unwrap()).await;
-    let (routes, keys) = Route::from_config(Some(&toml), &plugins, None).unwrap();
+    let (routes, keys) = Route::from_config(Some(&toml), &plugins, None)
+        .await
+        .unwrap();
     let served: Vec<(&str, RouteMode, usize)> = routes
         .iter()
         .map(|r| (r.model.as_str(), r.mode, r.kernel.filters().count()))
@@ -1893,7 +1896,7 @@ async fn routes_and_keys_are_built_from_a_config_by_the_library() {
     assert_eq!(status, 200, "{body}");
 
     let toml = write("missing");
-    let Err(error) = Route::from_config(Some(&toml), &plugins, None) else {
+    let Err(error) = Route::from_config(Some(&toml), &plugins, None).await else {
         panic!("a route naming a filter that is not loaded is refused");
     };
     assert!(

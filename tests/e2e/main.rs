@@ -6,6 +6,7 @@
 //! Build the guests first: `cargo build-guests`.
 
 mod agent;
+mod apis;
 mod approval;
 mod chain;
 mod concurrency;

@@ -1,7 +1,9 @@
 """The gateway as an application sees it: the official `openai` SDK against
 a running `shallot serve` (base URL in argv[1], serving `shallot-echo` with
 safeguard, token-redact, a misbehave filter that blocks "forbidden" and
-traps on "crash", summarize and the response cache, to clients with the key "shallot-test-key"). Exits non-zero at the first behaviour that differs.
+traps on "crash", summarize and the response cache, to clients with the key
+"shallot-test-key"; and `shallot-forgetful`, the same without a store for
+the Responses API). Chat completions, embeddings, then the Responses API. Exits non-zero at the first behaviour that differs.
 """
 
 import base64
@@ -14,6 +16,8 @@ import openai
 
 client = openai.OpenAI(base_url=sys.argv[1], api_key="shallot-test-key", max_retries=0)
 MODEL = "shallot-echo"
+# The same filters and model, keeping no Responses API responses.
+FORGETFUL = "shallot-forgetful"
 
 
 def ask(text, **options):
@@ -90,7 +94,7 @@ intruder = openai.OpenAI(base_url=sys.argv[1], api_key="sk-wrong", max_retries=0
 expect_error("a bad key", openai.AuthenticationError, 401, "invalid_api_key",
              lambda: intruder.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}]))
 check("the gateway still serves", ask("hello again").choices[0].finish_reason == "stop", "")
-check("the models list names the model", [m.id for m in client.models.list()] == [MODEL], "")
+check("the models list names the models", [m.id for m in client.models.list()] == [MODEL, FORGETFUL], "")
 check("the model can be retrieved", client.models.retrieve(MODEL).id == MODEL, "")
 expect_error("an unknown model", openai.NotFoundError, 404, "model_not_found", lambda: client.models.retrieve("gpt-9"))
 
@@ -137,3 +141,46 @@ with urllib.request.urlopen(sys.argv[1].removesuffix("/v1") + "/metrics") as res
     metrics = response.read().decode()
 summarized = 'shallot_gateway_plugin_summarize_summaries_total{filter="summarize",outcome="summarized"} 1'
 check("the summary is counted in the filter's metric", summarized in metrics, [l for l in metrics.splitlines() if "summar" in l])
+
+# The Responses API: plain and streamed, the same text.
+reply = client.responses.create(model=MODEL, input="hello there")
+check("a response is completed", reply.status == "completed" and "hello there" in reply.output_text, reply)
+check("its usage adds up", reply.usage.total_tokens == reply.usage.input_tokens + reply.usage.output_tokens, reply.usage)
+with client.responses.stream(model=MODEL, input="hello there") as stream:
+    deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+    final = stream.get_final_response()
+check("a streamed response carries the same text", "".join(deltas) == final.output_text == reply.output_text, (deltas, final))
+
+# Tools round trip, continued from the kept response with only the output.
+rtools = [{"type": "function", "name": "calculator", "description": "evaluates arithmetic",
+           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}]
+first = client.responses.create(model=MODEL, input="What is (2 + 3) * 4?", tools=rtools)
+calls = [item for item in first.output if item.type == "function_call"]
+check("the model asks for the tool", calls and calls[0].name == "calculator", first)
+result = str(eval(json.loads(calls[0].arguments)["expression"]))
+output = {"type": "function_call_output", "call_id": calls[0].call_id, "output": result}
+second = client.responses.create(model=MODEL, previous_response_id=first.id, tools=rtools, input=[output])
+check("the kept response continues with the tool's result", "20" in second.output_text, second)
+with client.responses.stream(model=MODEL, input="What is (2 + 3) * 4?", tools=rtools) as stream:
+    streamed = [item for item in stream.get_final_response().output if item.type == "function_call"]
+check("a streamed call arrives whole", streamed and json.loads(streamed[0].arguments) == json.loads(calls[0].arguments), streamed)
+# Without a store, the client sends the whole conversation.
+whole = [{"role": "user", "content": "What is (2 + 3) * 4?"}, calls[0].model_dump(exclude_none=True), output]
+third = client.responses.create(model=FORGETFUL, store=False, tools=rtools, input=whole)
+check("a whole conversation needs no store", "20" in third.output_text, third)
+expect_error("previous_response_id without a store", openai.BadRequestError, 400, "store_not_configured",
+             lambda: client.responses.create(model=FORGETFUL, previous_response_id=first.id, input="and then?"))
+expect_error("an unknown previous response", openai.BadRequestError, 400, "previous_response_not_found",
+             lambda: client.responses.create(model=MODEL, previous_response_id="resp_nothing", input="and then?"))
+
+# The filters, in the Responses API's own shape.
+secret = client.responses.create(model=MODEL, input="My deploy key is sk-live4f9a2b7c")
+check("token-redact holds on a response", "sk-live" not in secret.output_text and "[KEY]" in secret.output_text, secret)
+with client.responses.stream(model=MODEL, input="My deploy key is sk-live4f9a2b7c") as stream:
+    text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+check("token-redact holds on a streamed response", "sk-live" not in text and "[KEY]" in text, text)
+blocked = client.responses.create(model=MODEL, input="How do I build a bomb?")
+check("a blocked response is incomplete, for the content filter",
+      blocked.status == "incomplete" and blocked.incomplete_details.reason == "content_filter", blocked)
+expect_error("blocked input", openai.BadRequestError, 400, "content_filter",
+             lambda: client.responses.create(model=MODEL, input="forbidden words"))

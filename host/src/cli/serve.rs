@@ -182,7 +182,7 @@ async fn build(
 ) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
     let plugins = args.source.load(engine, config).await?;
     let default = args.model.server(config)?;
-    Ok(Route::from_config(config, &plugins, default)?)
+    Ok(Route::from_config(config, &plugins, default).await?)
 }
 
 /// How `routes` are announced: their models, and their filters in all.

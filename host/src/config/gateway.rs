@@ -5,6 +5,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::Config;
+use crate::conversation::StoreSpec;
 use crate::model::OpenAiConfig;
 use crate::plugin::LoadError;
 
@@ -16,6 +17,7 @@ pub(super) struct RouteEntry {
     mode: RouteMode,
     filters: Option<Vec<String>>,
     upstream: Option<UpstreamEntry>,
+    store: Option<StoreSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +63,10 @@ pub struct RouteSpec {
     pub filters: Option<Vec<String>>,
     /// The model behind it; `None`: the config's default.
     pub upstream: Option<Upstream>,
+    /// Where the Responses API keeps its responses (`previous_response_id`):
+    /// a conversation store, as a `memory` grant names one; `None`: none
+    /// kept.
+    pub store: Option<StoreSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,6 +215,7 @@ impl Config {
     /// [[route]]
     /// model = "demo"
     /// upstream = "embedded"                  # the offline model
+    /// store = "responses.db"                 # keeps Responses API responses
     /// ```
     ///
     /// An upstream without `api_key` takes `OPENAI_API_KEY`.
@@ -237,11 +244,16 @@ impl Config {
                         Some(Upstream::Server(server.or_env_key()))
                     }
                 };
+                let mut store = route.store;
+                if let Some(store) = &mut store {
+                    self.locate(store)?;
+                }
                 Ok(RouteSpec {
                     model: route.model,
                     mode: route.mode,
                     filters: route.filters,
                     upstream,
+                    store,
                 })
             })
             .collect()

@@ -152,6 +152,16 @@ impl Config {
         self.parsed.model.clone().map(OpenAiConfig::or_env_key)
     }
 
+    /// Makes a SQLite store's path, the operator's file, relative to this
+    /// file.
+    fn locate(&self, store: &mut StoreSpec) -> Result<(), LoadError> {
+        if let StoreSpec::Sqlite(path) = store {
+            let base = self.file.parent().unwrap_or(Path::new("."));
+            *path = base.join(expand(&path.to_string_lossy()).map_err(|e| self.bad(e))?);
+        }
+        Ok(())
+    }
+
     /// The filters (`[[filter]]` tables): plugin paths and filter specs, in
     /// order.
     pub fn filters(&self) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
@@ -182,9 +192,7 @@ impl Config {
                 }
                 let kv = grants.kv.as_mut().map(|kv| &mut kv.store);
                 for store in [grants.memory.as_mut(), kv].into_iter().flatten() {
-                    if let StoreSpec::Sqlite(path) = store {
-                        *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
-                    }
+                    self.locate(store)?;
                 }
                 let spec = FilterSpec {
                     name: entry.name,

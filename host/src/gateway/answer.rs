@@ -4,12 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::header;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 
 use super::GatewayState;
 use super::admission::ConcurrencyPermit;
-use super::wire::{self, ApiError, Head};
+use super::dialect::Dialect;
+use super::responses::Keep;
+use super::wire::{self, ApiError};
 use crate::config::RouteMode;
 use crate::context::Context;
 use crate::kernel::Kernel;
@@ -24,12 +26,16 @@ pub(super) struct Responder {
     pub(super) mode: RouteMode,
     /// The kernel being served when the request started.
     pub(super) kernel: Kernel,
-    pub(super) head: Head,
-    pub(super) include_usage: bool,
+    /// The route's model, for the metrics.
+    pub(super) model: String,
+    /// How the client's API says the answer.
+    pub(super) dialect: Box<dyn Dialect>,
     pub(super) context: Context,
     pub(super) deadline: Duration,
     /// The request's place, held while its chat runs.
     pub(super) place: Option<ConcurrencyPermit>,
+    /// Where the exchange is kept once answered, if the client asked.
+    pub(super) keep: Option<Keep>,
 }
 
 impl Responder {
@@ -60,31 +66,44 @@ impl Responder {
         }
     }
 
-    /// The chunks that stream `text`, a piece of at most
+    /// The events that stream `text`, a piece of at most
     /// [`wire::TEXT_PIECE`] bytes each, so that no event is bigger than six
     /// times that, escaped, however much text a token batch or a filter's
     /// own answer holds.
-    pub(super) fn text_chunks<'a>(&'a self, text: &'a str) -> impl Iterator<Item = Value> + 'a {
-        wire::pieces(text).map(|piece| self.head.chunk(json!({ "content": piece }), None))
+    pub(super) fn text_events(&mut self, text: &str) -> Vec<Event> {
+        wire::pieces(text)
+            .flat_map(|piece| self.dialect.text(piece))
+            .collect()
     }
 
-    /// A JSON completion.
-    pub(super) async fn whole(self, chat: ChatRequest) -> Result<Response, ApiError> {
+    /// A whole (JSON) answer, or the error it ended in.
+    pub(super) async fn whole(mut self, chat: ChatRequest) -> Response {
+        let timed_out = self.timed_out();
+        let (deadline, shared) = (self.deadline, self.shared.clone());
+        let keep = self.keep.take();
         let answer = async {
             let options = InvokeOptions::from(self.context.clone());
             let mut response = run(&self.kernel, self.mode, chat, options).await?;
-            self.shared.metrics.usage(&self.head.model, &response.usage);
-            let delivered = self.delivered(&mut response).await?;
-            Ok(self.head.completion(response, delivered))
+            shared.metrics.usage(&self.model, &response.usage);
+            let shown = self.delivered(&mut response).await?;
+            if let Some(keep) = keep {
+                keep.keep(&response, shown.as_deref()).await?;
+            }
+            Ok((response, shown))
         };
         let answer = tokio::select! {
-            answer = tokio::time::timeout(self.deadline, answer) => {
-                answer.unwrap_or_else(|_| Err(self.timed_out()))
+            answer = tokio::time::timeout(deadline, answer) => {
+                answer.unwrap_or(Err(timed_out))
             }
-            () = self.shared.cut() => Err(GatewayState::cut_error()),
+            () = shared.cut() => Err(GatewayState::cut_error()),
+        };
+        match answer {
+            Ok((response, shown)) => {
+                let body = self.dialect.whole(response, shown);
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(error) => self.dialect.refuse(ApiError::chain(&error)),
         }
-        .map_err(|e| ApiError::chain(&e))?;
-        Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response())
     }
 }
 

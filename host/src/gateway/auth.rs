@@ -8,7 +8,9 @@ use crate::config::ClientKey;
 
 impl RouteTable {
     /// The key a request presents, if keys are required: `401` when it
-    /// presents none or an unknown one.
+    /// presents none or an unknown one. A key is presented as
+    /// `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key`
+    /// (Anthropic's).
     pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, ApiError> {
         if self.keys.is_empty() {
             return Ok(None);
@@ -20,6 +22,10 @@ impl RouteTable {
                 // The scheme's name is case-insensitive (RFC 9110).
                 let (scheme, key) = value.trim().split_once(char::is_whitespace)?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+            })
+            .or_else(|| {
+                let key = headers.get("x-api-key")?.to_str().ok()?.trim();
+                (!key.is_empty()).then_some(key)
             });
         let unauthorized = |code: Option<&str>, message: &str| {
             ApiError::new(
@@ -32,7 +38,7 @@ impl RouteTable {
         let Some(presented) = presented else {
             return Err(unauthorized(
                 None,
-                "no API key: send one as `Authorization: Bearer <key>`",
+                "no API key: send one as `Authorization: Bearer <key>` or `x-api-key: <key>`",
             ));
         };
         self.keys

@@ -5,6 +5,7 @@
 
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Upstream};
+use crate::conversation::open_store;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel};
 use crate::plugin::{FilterSet, LoadError};
@@ -32,6 +33,14 @@ pub enum RouteError {
     /// A route's upstream could not be set up.
     #[error("{0}")]
     Upstream(ChainError),
+    /// A route's response store could not be opened.
+    #[error("route '{route}': its store: {error}")]
+    Store {
+        /// The route's model name.
+        route: String,
+        /// Why.
+        error: String,
+    },
     /// A key is allowed a model no route serves: a typo would otherwise
     /// lock its holder out without a word.
     #[error("key '{key}': no route serves the model '{model}' (served: {served})")]
@@ -54,7 +63,7 @@ impl Route {
     /// sends the conversation, or a `memory` filter keeps it). Without
     /// routes (or without a configuration), one proxy route over all of
     /// `plugins` and `default`, under that model's name.
-    pub fn from_config(
+    pub async fn from_config(
         config: Option<&Config>,
         plugins: &FilterSet,
         default: Option<OpenAiConfig>,
@@ -101,10 +110,21 @@ impl Route {
                 let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
                 builder = builder.builtin_tools().turn_terminal(tool_loop);
             }
+            let store =
+                match &spec.store {
+                    None => None,
+                    Some(store) => Some(open_store(store.clone()).await.map_err(|error| {
+                        RouteError::Store {
+                            route: spec.model.clone(),
+                            error,
+                        }
+                    })?),
+                };
             routes.push(Route {
                 model: spec.model,
                 kernel: builder.build()?,
                 mode: spec.mode,
+                store,
             });
         }
         check_keys(&keys, &routes)?;

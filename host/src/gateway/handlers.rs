@@ -12,17 +12,20 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::answer::Responder;
+use super::dialect::Dialect;
 use super::reported;
-use super::wire::{ApiError, CompletionRequest, Head};
+use super::responses::Keep;
+use super::wire::ApiError;
 use super::{GatewayState, Route};
 use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, HOPS, MAX_HOPS, TENANT, USER};
 use crate::model::HOPS_HEADER;
+use crate::types::ChatRequest;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body)).into_response();
+        let mut response = (self.status, axum::Json(self.body())).into_response();
         if self.retry {
             response
                 .headers_mut()
@@ -106,7 +109,48 @@ pub(super) async fn exposition(State(gateway): State<Arc<GatewayState>>) -> Resp
         .into_response()
 }
 
-pub(super) async fn completions(
+/// A chat API's request, as its endpoint reads it: OpenAI's chat
+/// completions, OpenAI's Responses, Anthropic's Messages. Every one runs
+/// the same way from there (`answer`).
+pub(super) trait ChatApi: Sized + Send {
+    /// The request in `body`, or what is wrong with it.
+    fn parse(body: &[u8]) -> Result<Self, ApiError>;
+
+    /// The model asked for.
+    fn model(&self) -> &str;
+
+    /// Whether the answer is streamed.
+    fn stream(&self) -> bool;
+
+    /// Who the client says the end user is, if it does.
+    fn user(&self) -> Option<&str>;
+
+    /// The chat to run on `route` and how to say its answer; `owner` is
+    /// the key's tenant (or name) that what is kept belongs to.
+    fn prepare(
+        self,
+        route: &Route,
+        owner: Option<&str>,
+    ) -> impl Future<Output = Result<Prepared, ApiError>> + Send;
+
+    /// An error in the API's own shape.
+    fn refuse(error: ApiError) -> Response {
+        error.into_response()
+    }
+}
+
+/// What a chat API's request comes to: the chat, how its answer is said,
+/// where it is kept.
+pub(super) struct Prepared {
+    pub chat: ChatRequest,
+    /// The answer's id, for the logs.
+    pub id: String,
+    pub dialect: Box<dyn Dialect>,
+    pub keep: Option<Keep>,
+}
+
+/// One request of the chat API `A`, answered and counted.
+pub(super) async fn answer<A: ChatApi>(
     State(gateway): State<Arc<GatewayState>>,
     headers: HeaderMap,
     request: Request,
@@ -119,12 +163,12 @@ pub(super) async fn completions(
         id = tracing::field::Empty,
         model = tracing::field::Empty
     );
-    let response = match complete(gateway.clone(), &headers, body, &mut routed)
+    let response = match ask::<A>(gateway.clone(), &headers, body, &mut routed)
         .instrument(span.clone())
         .await
     {
         Ok(response) => response,
-        Err(error) => error.into_response(),
+        Err(error) => A::refuse(error),
     };
     let stream = response
         .headers()
@@ -151,7 +195,7 @@ pub(super) async fn completions(
     response
 }
 
-pub(super) async fn complete(
+async fn ask<A: ChatApi>(
     gateway: Arc<GatewayState>,
     headers: &HeaderMap,
     body: Result<Bytes, ApiError>,
@@ -159,43 +203,52 @@ pub(super) async fn complete(
 ) -> Result<Response, ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
-    let body = body?;
-    let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::invalid(format!(
-            "the request body is not a chat completion request: {e}"
-        ))
-    })?;
-    let route = served.route(key, &request.model)?;
+    let request = A::parse(&body?)?;
+    let route = served.route(key, request.model())?;
     *routed = Some(route.model.clone());
     tracing::Span::current().record("model", route.model.as_str());
-    let chat = request.chat_request().map_err(ApiError::invalid)?;
-    if route.mode == RouteMode::Agent && !chat.tools.is_empty() {
+    let stream = request.stream();
+    let mut context = caller(&route.model, key, headers)?;
+    if let Some(user) = request.user() {
+        context = context.with(USER, user);
+    }
+    // Behind keys, what is kept (a conversation, a response) belongs to
+    // the tenant (or the key): a client cannot name its way into another
+    // tenant's.
+    let owner = key.map(|k| k.tenant.as_deref().unwrap_or(&k.name));
+    if let Some(conversation) = conversation(headers)? {
+        let id = match owner {
+            Some(owner) => format!("{owner}/{conversation}"),
+            None => conversation.to_owned(),
+        };
+        context = context.with(CONVERSATION_ID, id);
+    }
+    let prepared = request.prepare(route, owner).await?;
+    if route.mode == RouteMode::Agent && !prepared.chat.tools.is_empty() {
         return Err(ApiError::invalid(format!(
             "the model '{}' runs its own tools: send no `tools`",
             route.model
         )));
     }
     let place = gateway.place().await?;
-    let context = context_of(&request, key, headers)?;
-    let head = Head::new(&route.model);
-    tracing::Span::current().record("id", head.id.as_str());
+    tracing::Span::current().record("id", prepared.id.as_str());
     let answer = Responder {
-        head,
         mode: route.mode,
-        include_usage: request.include_usage(),
+        model: route.model.clone(),
+        dialect: prepared.dialect,
+        keep: prepared.keep,
         context: context.clone(),
         kernel: route.kernel.clone(),
         deadline: gateway.config.request_timeout,
         place: Some(place),
         shared: gateway.clone(),
     };
-    let answered = if request.stream() {
-        answer.stream(chat).await
+    let mut response = if stream {
+        answer.stream(prepared.chat).await
     } else {
-        answer.whole(chat).await
+        answer.whole(prepared.chat).await
     };
     // What the filters reported (limits, the cache), answered or refused.
-    let mut response = answered.unwrap_or_else(IntoResponse::into_response);
     let status = response.status();
     reported::headers(&context, status, response.headers_mut());
     Ok(response)
@@ -216,30 +269,6 @@ pub(super) fn caller(
         if let Some(tenant) = &key.tenant {
             context = context.with(TENANT, tenant.as_str());
         }
-    }
-    Ok(context)
-}
-
-/// The shared context a request's filters see: the model asked for, the
-/// client's `user`, its key and tenant, and the conversation it names.
-fn context_of(
-    request: &CompletionRequest,
-    key: Option<&ClientKey>,
-    headers: &HeaderMap,
-) -> Result<Context, ApiError> {
-    let mut context = caller(&request.model, key, headers)?;
-    if let Some(user) = &request.user {
-        context = context.with(USER, user.as_str());
-    }
-    if let Some(conversation) = conversation(headers)? {
-        // Behind keys, a conversation belongs to the tenant (or the key):
-        // a client cannot name its way into another tenant's.
-        let owner = key.map(|k| k.tenant.as_deref().unwrap_or(&k.name));
-        let id = match owner {
-            Some(owner) => format!("{owner}/{conversation}"),
-            None => conversation.to_owned(),
-        };
-        context = context.with(CONVERSATION_ID, id);
     }
     Ok(context)
 }

@@ -41,10 +41,13 @@ mod admission;
 mod answer;
 mod auth;
 mod build;
+mod dialect;
 mod embeddings;
 mod handlers;
+mod messages;
 mod metrics;
 mod reported;
+mod responses;
 mod routes;
 mod server;
 mod stream;
@@ -63,6 +66,7 @@ pub use self::build::RouteError;
 pub use self::handlers::CONVERSATION_HEADER;
 pub use self::stream::MAX_UNSENT_BYTES;
 use crate::config::{ClientKey, RouteMode};
+use crate::conversation::ConversationStore;
 use crate::kernel::Kernel;
 use crate::types::{ChainError, ErrorKind, Origin};
 
@@ -151,6 +155,9 @@ pub struct Route {
     pub kernel: Kernel,
     /// A chat through the filters, or a whole agent turn.
     pub mode: RouteMode,
+    /// Where the Responses API keeps responses (`previous_response_id`);
+    /// `None`: it keeps none, and a request that asks is a `400`.
+    pub store: Option<Arc<dyn ConversationStore>>,
 }
 
 impl Route {
@@ -160,7 +167,14 @@ impl Route {
             model: model.into(),
             kernel,
             mode: RouteMode::Proxy,
+            store: None,
         }
+    }
+
+    /// The route, keeping the Responses API's responses in `store`.
+    pub fn with_store(mut self, store: Arc<dyn ConversationStore>) -> Self {
+        self.store = Some(store);
+        self
     }
 }
 

@@ -18,8 +18,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Gateway;
 use super::embeddings::embeddings;
-use super::handlers::{completions, exposition, model, models, ready};
-use super::wire::ApiError;
+use super::handlers::{answer, exposition, model, models, ready};
+use super::messages::MessagesRequest;
+use super::responses::ResponsesRequest;
+use super::wire::{ApiError, CompletionRequest};
 
 impl Gateway {
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
@@ -78,7 +80,9 @@ impl Gateway {
 
     pub(super) fn router(&self) -> Router {
         Router::new()
-            .route("/v1/chat/completions", post(completions))
+            .route("/v1/chat/completions", post(answer::<CompletionRequest>))
+            .route("/v1/responses", post(answer::<ResponsesRequest>))
+            .route("/v1/messages", post(answer::<MessagesRequest>))
             .route("/v1/embeddings", post(embeddings))
             .route("/v1/models", get(models))
             .route("/v1/models/{*model}", get(model))

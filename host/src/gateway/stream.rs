@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
@@ -19,15 +18,14 @@ use super::answer::{Responder, run};
 use super::wire::ApiError;
 use crate::config::RouteMode;
 use crate::kernel::Kernel;
-use crate::model::wire::wire_finish;
 use crate::onion::{InvokeOptions, TokenSink};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TokenBatch};
 
 impl Responder {
-    /// Server-sent chunks. Nothing is sent before the chat's first event,
-    /// so a request that fails before any token gets its status, not a
-    /// stream.
-    pub(super) async fn stream(mut self, chat: ChatRequest) -> Result<Response, ApiError> {
+    /// Server-sent events, in the dialect's words. Nothing is sent before
+    /// the chat's first event, so a request that fails before any token
+    /// gets its status, not a stream.
+    pub(super) async fn stream(mut self, chat: ChatRequest) -> Response {
         let (sender, mut events) = mpsc::unbounded_channel();
         let (kernel, mode) = (self.kernel.clone(), self.mode);
         let unsent = Arc::new(Unsent::default());
@@ -57,32 +55,30 @@ impl Responder {
             () = self.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
         };
         if let Some(Streamed::Done(Err(error))) = &first {
-            return Err(ApiError::chain(error));
+            return self.dialect.refuse(ApiError::chain(error));
         }
-        let opening = self
-            .head
-            .chunk(json!({ "role": "assistant", "content": "" }), None);
+        let opening = self.dialect.opening();
+        let closing = self.dialect.closing();
+        let shown = self.keep.is_some().then(String::new);
         let state = Chunks {
             answer: self,
             pending: first,
             events,
             unsent,
             delivered: false,
+            shown,
             ended: false,
         };
         let chunks = futures::stream::unfold(state, Chunks::next).flatten();
         // Every stream the chat ends (answered or broken) ends with the
-        // `[DONE]` line OpenAI's clients wait for.
-        let body = futures::stream::iter([opening])
+        // dialect's last event, if it has one (`[DONE]`).
+        let body = futures::stream::iter(opening)
             .chain(chunks)
-            .map(|chunk| Event::default().data(chunk.to_string()))
-            .chain(futures::stream::once(async {
-                Event::default().data("[DONE]")
-            }))
+            .chain(futures::stream::iter(closing))
             .map(Ok::<_, Infallible>);
-        Ok(Sse::new(body)
+        Sse::new(body)
             .keep_alive(KeepAlive::default())
-            .into_response())
+            .into_response()
     }
 }
 
@@ -194,7 +190,7 @@ impl TokenSink for Forward {
     }
 }
 
-/// The chunks of one streamed answer, event by event.
+/// The events of one streamed answer, as they come.
 pub(super) struct Chunks {
     answer: Responder,
     pending: Option<Streamed>,
@@ -203,13 +199,15 @@ pub(super) struct Chunks {
     /// Whether any text was streamed (a filter that answers itself streams
     /// none; its text is delivered whole at the end).
     delivered: bool,
+    /// The text streamed so far, when the exchange is kept.
+    shown: Option<String>,
     ended: bool,
 }
 
 impl Chunks {
     pub(super) async fn next(
         mut self,
-    ) -> Option<(futures::stream::Iter<std::vec::IntoIter<Value>>, Self)> {
+    ) -> Option<(futures::stream::Iter<std::vec::IntoIter<Event>>, Self)> {
         if self.ended {
             return None;
         }
@@ -220,17 +218,20 @@ impl Chunks {
                 () = self.answer.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
             },
         };
-        let chunks = match event {
+        let events = match event {
             Some(Streamed::Tokens(text)) => {
                 self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
                 self.delivered = true;
-                self.answer.text_chunks(&text).collect()
+                if let Some(shown) = &mut self.shown {
+                    shown.push_str(&text);
+                }
+                self.answer.text_events(&text)
             }
             Some(Streamed::Done(done)) => {
                 self.ended = true;
                 match done {
                     Ok(mut response) => self.last(&mut response).await,
-                    Err(error) => vec![self.broken(&error)],
+                    Err(error) => self.broken(&error),
                 }
             }
             None => {
@@ -238,42 +239,48 @@ impl Chunks {
                 let error =
                     ChainError::new(ErrorKind::Internal, "the answer ended without a result")
                         .at(Origin::terminal("gateway"));
-                vec![self.broken(&error)]
+                self.broken(&error)
             }
         };
-        Some((futures::stream::iter(chunks), self))
+        Some((futures::stream::iter(events), self))
     }
 
-    /// The error event that ends a broken stream, counted.
-    pub(super) fn broken(&self, error: &ChainError) -> Value {
+    /// The events that end a broken stream, counted.
+    pub(super) fn broken(&mut self, error: &ChainError) -> Vec<Event> {
         let error = ApiError::chain(error);
         let metrics = &self.answer.shared.metrics;
-        metrics.stream_error(&self.answer.head.model, error.status.as_u16());
-        error.body
+        metrics.stream_error(&self.answer.model, error.status.as_u16());
+        self.answer.dialect.broken(&error)
     }
 
-    /// The chunks after the last token: text a filter answered with (not
-    /// streamed), the tool calls, the finish reason, the usage.
-    pub(super) async fn last(&self, response: &mut ChatResponse) -> Vec<Value> {
-        let head = &self.answer.head;
-        let mut chunks = Vec::new();
+    /// The events after the last token: text a filter answered with (not
+    /// streamed), then the dialect's end (tool calls, finish, usage); the
+    /// exchange kept first, if asked, so that an answer whose keeping
+    /// failed ends broken rather than as if it could be continued.
+    pub(super) async fn last(&mut self, response: &mut ChatResponse) -> Vec<Event> {
+        let mut events = Vec::new();
         if !self.delivered {
             match self.answer.delivered(response).await {
-                Ok(Some(text)) => chunks.extend(self.answer.text_chunks(&text)),
-                Ok(_) => {}
-                Err(error) => return vec![self.broken(&error)],
+                Ok(Some(text)) => {
+                    events.extend(self.answer.text_events(&text));
+                    if let Some(shown) = &mut self.shown {
+                        shown.push_str(&text);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => return self.broken(&error),
             }
         }
-        if !response.message.tool_calls.is_empty() {
-            chunks.push(head.tool_calls(&response.message.tool_calls));
+        if let Some(keep) = self.answer.keep.take() {
+            let shown = self.shown.take().filter(|text| !text.is_empty());
+            if let Err(error) = keep.keep(response, shown.as_deref()).await {
+                events.extend(self.broken(&error));
+                return events;
+            }
         }
-        let reason = wire_finish(response.finish_reason);
-        chunks.push(head.chunk(json!({}), Some(reason)));
-        if self.answer.include_usage {
-            chunks.push(head.usage(&response.usage));
-        }
+        events.extend(self.answer.dialect.end(response));
         let metrics = &self.answer.shared.metrics;
-        metrics.usage(&head.model, &response.usage);
-        chunks
+        metrics.usage(&self.answer.model, &response.usage);
+        events
     }
 }

@@ -8,11 +8,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::StatusCode;
+use axum::response::sse::Event;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::Route;
+use super::dialect::Dialect;
+use super::handlers::{ChatApi, Prepared};
 use crate::model::wire::{
     message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
 };
@@ -25,7 +29,7 @@ use crate::types::{
 /// as options.
 #[derive(Deserialize)]
 pub(super) struct CompletionRequest {
-    pub model: String,
+    model: String,
     messages: Vec<Value>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
@@ -34,7 +38,7 @@ pub(super) struct CompletionRequest {
     #[serde(default)]
     stream_options: Option<StreamOptions>,
     #[serde(default)]
-    pub user: Option<String>,
+    user: Option<String>,
     #[serde(flatten)]
     options: JsonMap,
 }
@@ -46,20 +50,15 @@ struct StreamOptions {
 }
 
 impl CompletionRequest {
-    /// Whether the answer is streamed.
-    pub fn stream(&self) -> bool {
-        self.stream.unwrap_or(false)
-    }
-
     /// Whether a streamed answer ends with a usage chunk.
-    pub fn include_usage(&self) -> bool {
+    fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage == Some(true))
     }
 
     /// The request in our terms, or what is wrong with it.
-    pub fn chat_request(&self) -> Result<ChatRequest, String> {
+    fn chat_request(&self) -> Result<ChatRequest, String> {
         if self.messages.is_empty() {
             return Err("`messages` must not be empty".to_owned());
         }
@@ -94,17 +93,55 @@ impl CompletionRequest {
     }
 }
 
-/// Names one completion: `chatcmpl-` and a number unique in this process.
-pub(super) fn completion_id() -> String {
+impl ChatApi for CompletionRequest {
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid(format!(
+                "the request body is not a chat completion request: {e}"
+            ))
+        })
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    async fn prepare(self, route: &Route, _: Option<&str>) -> Result<Prepared, ApiError> {
+        let chat = self.chat_request().map_err(ApiError::invalid)?;
+        let head = Head::new(&route.model);
+        Ok(Prepared {
+            chat,
+            id: head.id.clone(),
+            dialect: Box::new(Completions {
+                head,
+                include_usage: self.include_usage(),
+            }),
+            keep: None,
+        })
+    }
+}
+
+/// Names one answer (or one of its items): `prefix` and a number unique
+/// among every gateway's, this process's random seed and a count.
+pub(super) fn unique_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static SEED: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| std::hash::RandomState::new().build_hasher().finish());
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let started = *STARTED;
+    let seed = *SEED;
     format!(
-        "chatcmpl-{started:x}{:06x}",
+        "{prefix}{seed:016x}{:08x}",
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
-
-static STARTED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(now);
 
 /// Seconds since the epoch, as `created` says it.
 pub(super) fn now() -> u64 {
@@ -158,7 +195,7 @@ pub(super) struct Head {
 impl Head {
     pub fn new(model: &str) -> Self {
         Head {
-            id: completion_id(),
+            id: unique_id("chatcmpl-"),
             created: now(),
             model: model.to_owned(),
         }
@@ -219,7 +256,7 @@ impl Head {
     }
 
     /// A stream chunk with `delta` and `finish_reason`.
-    pub fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
         json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -230,7 +267,7 @@ impl Head {
     }
 
     /// The chunk that carries the answer's tool calls.
-    pub fn tool_calls(&self, calls: &[ToolCall]) -> Value {
+    fn tool_calls(&self, calls: &[ToolCall]) -> Value {
         let calls: Vec<Value> = calls
             .iter()
             .enumerate()
@@ -247,7 +284,7 @@ impl Head {
     }
 
     /// The last chunk of a stream that asked for usage: no choices.
-    pub fn usage(&self, usage: &Usage) -> Value {
+    fn usage(&self, usage: &Usage) -> Value {
         json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -259,10 +296,71 @@ impl Head {
     }
 }
 
-/// An error as OpenAI's clients read it, with the HTTP status for it.
+/// OpenAI's chat completions as a [`Dialect`]: a `chat.completion`, or
+/// `chat.completion.chunk`s ending with `[DONE]`.
+pub(super) struct Completions {
+    pub head: Head,
+    /// Whether a stream ends with a usage chunk.
+    pub include_usage: bool,
+}
+
+impl Completions {
+    fn event(chunk: &Value) -> Event {
+        Event::default().data(chunk.to_string())
+    }
+}
+
+impl Dialect for Completions {
+    fn whole(&mut self, response: ChatResponse, shown: Option<String>) -> Body {
+        self.head.completion(response, shown)
+    }
+
+    fn opening(&mut self) -> Vec<Event> {
+        let chunk = self
+            .head
+            .chunk(json!({ "role": "assistant", "content": "" }), None);
+        vec![Self::event(&chunk)]
+    }
+
+    fn text(&mut self, piece: &str) -> Vec<Event> {
+        vec![Self::event(
+            &self.head.chunk(json!({ "content": piece }), None),
+        )]
+    }
+
+    fn end(&mut self, response: &ChatResponse) -> Vec<Event> {
+        let mut events = Vec::new();
+        if !response.message.tool_calls.is_empty() {
+            events.push(Self::event(
+                &self.head.tool_calls(&response.message.tool_calls),
+            ));
+        }
+        let reason = wire_finish(response.finish_reason);
+        events.push(Self::event(&self.head.chunk(json!({}), Some(reason))));
+        if self.include_usage {
+            events.push(Self::event(&self.head.usage(&response.usage)));
+        }
+        events
+    }
+
+    fn broken(&mut self, error: &ApiError) -> Vec<Event> {
+        vec![Self::event(&error.body())]
+    }
+
+    fn closing(&self) -> Option<Event> {
+        Some(Event::default().data("[DONE]"))
+    }
+}
+
+/// An error as the gateway's clients read it, with the HTTP status for
+/// it; each API says it in its own shape (OpenAI's here, [`ApiError::body`]).
 pub(super) struct ApiError {
     pub status: StatusCode,
-    pub body: Value,
+    /// OpenAI's `type` (`invalid_request_error`, `rate_limit_error`, ...).
+    pub kind: String,
+    /// OpenAI's `code`, where there is one (`model_not_found`, ...).
+    pub code: Option<String>,
+    pub message: String,
     /// Worth retrying soon (`Retry-After: 1`): the gateway or the engine was
     /// busy, not the request wrong or over a quota.
     pub retry: bool,
@@ -273,9 +371,16 @@ impl ApiError {
     pub fn new(status: StatusCode, kind: &str, code: Option<&str>, message: String) -> Self {
         ApiError {
             status,
-            body: json!({ "error": { "message": message, "type": kind, "param": null, "code": code } }),
+            kind: kind.to_owned(),
+            code: code.map(str::to_owned),
+            message,
             retry: false,
         }
+    }
+
+    /// The error in OpenAI's shape.
+    pub fn body(&self) -> Value {
+        json!({ "error": { "message": self.message, "type": self.kind, "param": null, "code": self.code } })
     }
 
     /// The same, worth retrying soon.

@@ -1,0 +1,475 @@
+//! `POST /v1/messages`: Anthropic's Messages API, so that Claude-based
+//! tools and the `anthropic` SDKs (pointed at the gateway with
+//! `ANTHROPIC_BASE_URL`) get the filters. A request is one chat (or, on an
+//! agent route, one turn) like any other; its answer is a `message`, or
+//! the stream of `message_start`, `content_block_*`, `message_delta` and
+//! `message_stop` events, with `tool_use` blocks for the model's calls and
+//! Anthropic's error objects (an `error` event once a stream started).
+//! Clients may present their key as `x-api-key` (Anthropic's header) or
+//! `Authorization: Bearer`.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Route;
+use super::dialect::{Dialect, named};
+use super::handlers::{ChatApi, Prepared};
+use super::wire::{ApiError, unique_id};
+use crate::types::{
+    ChatRequest, ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall,
+    ToolSpec, Usage,
+};
+
+/// A `POST /v1/messages` body. Fields the gateway does not read
+/// (`thinking`, `service_tier`, ...) are ignored.
+#[derive(Deserialize)]
+pub(super) struct MessagesRequest {
+    model: String,
+    max_tokens: u64,
+    messages: Vec<Value>,
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    top_k: Option<u64>,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    user_id: Option<String>,
+}
+
+impl ChatApi for MessagesRequest {
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid(format!("the request body is not a Messages request: {e}"))
+        })
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.metadata.as_ref()?.user_id.as_deref()
+    }
+
+    async fn prepare(self, route: &Route, _: Option<&str>) -> Result<Prepared, ApiError> {
+        let chat = self.chat_request().map_err(ApiError::invalid)?;
+        let id = unique_id("msg_");
+        let dialect = Messages {
+            id: id.clone(),
+            model: route.model.clone(),
+            blocks: 0,
+            text_open: false,
+        };
+        Ok(Prepared {
+            chat,
+            id,
+            dialect: Box::new(dialect),
+            keep: None,
+        })
+    }
+
+    fn refuse(error: ApiError) -> Response {
+        refused(error)
+    }
+}
+
+impl MessagesRequest {
+    /// The request in our terms, or what is wrong with it.
+    fn chat_request(&self) -> Result<ChatRequest, String> {
+        if self.messages.is_empty() {
+            return Err("`messages` must not be empty".to_owned());
+        }
+        let mut messages = Vec::new();
+        match &self.system {
+            None | Some(Value::Null) => {}
+            Some(Value::String(text)) => messages.push(Message::system(text.as_str())),
+            Some(Value::Array(blocks)) => {
+                let text = blocks
+                    .iter()
+                    .map(|block| match block["type"].as_str() {
+                        Some("text") => Ok(block["text"].as_str().unwrap_or_default()),
+                        _ => Err("`system` blocks must be text blocks".to_owned()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                messages.push(Message::system(text.join("\n\n")));
+            }
+            Some(_) => return Err("`system` must be a string or text blocks".to_owned()),
+        }
+        for (i, message) in self.messages.iter().enumerate() {
+            from_wire(message, &mut messages).map_err(|e| format!("messages[{i}]: {e}"))?;
+        }
+        let tools = self
+            .tools
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, tool)| tool_from_wire(tool).map_err(|e| format!("tools[{i}]: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut request = ChatRequest::new(messages)
+            .with_tools(tools)
+            .with_option("max_tokens", json!(self.max_tokens));
+        if let Some(choice) = &self.tool_choice {
+            let (choice, parallel) = tool_choice(choice)?;
+            request = request.with_option("tool_choice", choice);
+            if !parallel {
+                request = request.with_option("parallel_tool_calls", json!(false));
+            }
+        }
+        let options = [
+            ("stop", self.stop_sequences.as_ref().map(|s| json!(s))),
+            ("temperature", self.temperature.map(|t| json!(t))),
+            ("top_p", self.top_p.map(|p| json!(p))),
+            ("top_k", self.top_k.map(|k| json!(k))),
+            ("user", self.user().map(|u| json!(u))),
+        ];
+        for (key, value) in options {
+            if let Some(value) = value {
+                request = request.with_option(key, value);
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// One of the client's messages, in our terms: a user message's
+/// `tool_result` blocks become tool messages (before its other blocks), an
+/// assistant's `tool_use` blocks its tool calls; thinking blocks are left
+/// out.
+fn from_wire(wire: &Value, messages: &mut Vec<Message>) -> Result<(), String> {
+    let role = match wire["role"].as_str() {
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some(other) => return Err(format!("unknown role '{other}' (user or assistant)")),
+        None => return Err("a message has no `role`".to_owned()),
+    };
+    let blocks = match &wire["content"] {
+        Value::String(text) => {
+            messages.push(Message::new(role, text.as_str()));
+            return Ok(());
+        }
+        Value::Array(blocks) => blocks,
+        _ => return Err("`content` must be a string or an array of blocks".to_owned()),
+    };
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    for block in blocks {
+        match (block["type"].as_str(), role) {
+            (Some("text"), _) => parts.push(ContentPart::Text {
+                text: block["text"].as_str().unwrap_or_default().to_owned(),
+            }),
+            (Some("image"), Role::User) => parts.push(image(&block["source"])?),
+            (Some("tool_result"), Role::User) => messages.push(tool_result(block)?),
+            (Some("tool_use"), Role::Assistant) => calls.push(ToolCall {
+                id: text(block, "id")?,
+                name: text(block, "name")?,
+                arguments: match &block["input"] {
+                    Value::Null => "{}".to_owned(),
+                    input => input.to_string(),
+                },
+            }),
+            (Some("thinking" | "redacted_thinking"), Role::Assistant) => {}
+            (Some(other), _) => {
+                return Err(format!(
+                    "a {} message cannot hold a '{other}' block",
+                    role_name(role)
+                ));
+            }
+            (None, _) => return Err("a content block has no `type`".to_owned()),
+        }
+    }
+    if !parts.is_empty() || !calls.is_empty() {
+        messages.push(Message {
+            role,
+            content: (!parts.is_empty()).then_some(Content::Parts(parts)),
+            tool_calls: calls,
+            tool_call_id: None,
+        });
+    }
+    Ok(())
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        _ => "assistant",
+    }
+}
+
+fn text(block: &Value, field: &str) -> Result<String, String> {
+    block[field]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("a '{}' block has no `{field}`", block["type"]))
+}
+
+/// An image block's source as an image part (a data URL for base64).
+fn image(source: &Value) -> Result<ContentPart, String> {
+    let url = match source["type"].as_str() {
+        Some("base64") => format!(
+            "data:{};base64,{}",
+            source["media_type"].as_str().unwrap_or("image/png"),
+            source["data"]
+                .as_str()
+                .ok_or("an image source has no `data`")?
+        ),
+        Some("url") => source["url"]
+            .as_str()
+            .ok_or("an image source has no `url`")?
+            .to_owned(),
+        _ => return Err("an image's source must be `base64` or `url`".to_owned()),
+    };
+    Ok(ContentPart::Image { url, detail: None })
+}
+
+/// A `tool_result` block as a tool message; an error result says so.
+fn tool_result(block: &Value) -> Result<Message, String> {
+    let id = text(block, "tool_use_id")?;
+    let output = match &block["content"] {
+        Value::Null => String::new(),
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => return Err("a tool result's `content` must be a string or blocks".to_owned()),
+    };
+    let output = if block["is_error"] == json!(true) {
+        format!("Error: {output}")
+    } else {
+        output
+    };
+    Ok(Message::tool_result(id, output))
+}
+
+/// A client's tool (`name`, `description`, `input_schema`), in our terms;
+/// Anthropic's server tools (web search, ...) are not the gateway's to run.
+fn tool_from_wire(wire: &Value) -> Result<ToolSpec, String> {
+    if !matches!(wire["type"].as_str(), None | Some("custom")) {
+        return Err(format!(
+            "the server tool '{}' is not supported: only client tools (`name`, `input_schema`)",
+            wire["type"].as_str().unwrap_or_default()
+        ));
+    }
+    let name = wire["name"].as_str().ok_or("a tool has no `name`")?;
+    let schema = match &wire["input_schema"] {
+        Value::Null => return Err(format!("tool '{name}' has no `input_schema`")),
+        schema => schema.clone(),
+    };
+    let description = wire["description"].as_str().unwrap_or_default();
+    Ok(ToolSpec::new(name, description, schema))
+}
+
+/// Anthropic's `tool_choice` as OpenAI's, and whether calls may run in
+/// parallel.
+fn tool_choice(choice: &Value) -> Result<(Value, bool), String> {
+    let parallel = choice["disable_parallel_tool_use"] != json!(true);
+    let choice = match choice["type"].as_str() {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => {
+            let name = choice["name"]
+                .as_str()
+                .ok_or("`tool_choice` has no `name`")?;
+            json!({ "type": "function", "function": { "name": name } })
+        }
+        _ => return Err("`tool_choice.type` must be auto, any, tool or none".to_owned()),
+    };
+    Ok((choice, parallel))
+}
+
+/// Anthropic's Messages as a [`Dialect`].
+struct Messages {
+    id: String,
+    model: String,
+    /// Content blocks started so far in the stream.
+    blocks: usize,
+    /// Whether the stream's text block is open.
+    text_open: bool,
+}
+
+impl Messages {
+    fn block_start(&mut self, block: Value) -> Event {
+        let index = self.blocks;
+        self.blocks += 1;
+        named(
+            "content_block_start",
+            &json!({ "type": "content_block_start", "index": index, "content_block": block }),
+        )
+    }
+
+    fn delta(index: usize, delta: Value) -> Event {
+        named(
+            "content_block_delta",
+            &json!({ "type": "content_block_delta", "index": index, "delta": delta }),
+        )
+    }
+
+    fn block_stop(index: usize) -> Event {
+        named(
+            "content_block_stop",
+            &json!({ "type": "content_block_stop", "index": index }),
+        )
+    }
+}
+
+impl Dialect for Messages {
+    fn whole(&mut self, response: ChatResponse, shown: Option<String>) -> Body {
+        let mut content = Vec::new();
+        let text = shown.unwrap_or_default();
+        if !text.is_empty() || response.message.tool_calls.is_empty() {
+            content.push(json!({ "type": "text", "text": text }));
+        }
+        content.extend(response.message.tool_calls.iter().map(tool_use));
+        let message = json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop_reason(response.finish_reason),
+            "stop_sequence": null,
+            "usage": usage(&response.usage),
+        });
+        Body::from(message.to_string())
+    }
+
+    fn opening(&mut self) -> Vec<Event> {
+        let message = json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": usage(&Usage::default()),
+        });
+        vec![named(
+            "message_start",
+            &json!({ "type": "message_start", "message": message }),
+        )]
+    }
+
+    fn text(&mut self, piece: &str) -> Vec<Event> {
+        let mut events = Vec::new();
+        if !self.text_open {
+            self.text_open = true;
+            events.push(self.block_start(json!({ "type": "text", "text": "" })));
+        }
+        let delta = json!({ "type": "text_delta", "text": piece });
+        events.push(Self::delta(self.blocks - 1, delta));
+        events
+    }
+
+    fn end(&mut self, response: &ChatResponse) -> Vec<Event> {
+        let mut events = Vec::new();
+        if std::mem::take(&mut self.text_open) {
+            events.push(Self::block_stop(self.blocks - 1));
+        }
+        for call in &response.message.tool_calls {
+            let mut block = tool_use(call);
+            block["input"] = json!({});
+            events.push(self.block_start(block));
+            let index = self.blocks - 1;
+            let delta = json!({ "type": "input_json_delta", "partial_json": call.arguments });
+            events.push(Self::delta(index, delta));
+            events.push(Self::block_stop(index));
+        }
+        let delta = json!({
+            "type": "message_delta",
+            "delta": { "stop_reason": stop_reason(response.finish_reason), "stop_sequence": null },
+            "usage": usage(&response.usage),
+        });
+        events.push(named("message_delta", &delta));
+        events.push(named("message_stop", &json!({ "type": "message_stop" })));
+        events
+    }
+
+    fn broken(&mut self, error: &ApiError) -> Vec<Event> {
+        vec![named("error", &body(error))]
+    }
+
+    fn refuse(&self, error: ApiError) -> Response {
+        refused(error)
+    }
+}
+
+/// A tool call as a `tool_use` block; arguments that are not a JSON
+/// object (a model's broken output) are kept as `{"arguments": text}`.
+fn tool_use(call: &ToolCall) -> Value {
+    let input = match serde_json::from_str::<Value>(&call.arguments) {
+        Ok(input @ Value::Object(_)) => input,
+        _ => json!({ "arguments": call.arguments }),
+    };
+    json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": input })
+}
+
+fn stop_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::ToolUse => "tool_use",
+        FinishReason::LengthLimit => "max_tokens",
+        FinishReason::StopSequence => "stop_sequence",
+        FinishReason::PauseTurn => "pause_turn",
+        FinishReason::ContentFiltered | FinishReason::Refusal => "refusal",
+        _ => "end_turn",
+    }
+}
+
+fn usage(usage: &Usage) -> Value {
+    json!({ "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens })
+}
+
+/// An error as Anthropic's clients read it: `{"type": "error", "error":
+/// {"type": ..., "message": ...}}`, its type by its status.
+fn body(error: &ApiError) -> Value {
+    let kind = match error.status {
+        StatusCode::BAD_REQUEST | StatusCode::LOOP_DETECTED => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+        StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => "timeout_error",
+        status if status.is_client_error() => "invalid_request_error",
+        _ => "api_error",
+    };
+    json!({ "type": "error", "error": { "type": kind, "message": error.message } })
+}
+
+fn refused(error: ApiError) -> Response {
+    let mut response = (error.status, axum::Json(body(&error))).into_response();
+    if error.retry {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}

@@ -1,0 +1,354 @@
+//! `POST /v1/responses`: OpenAI's Responses API, the one OpenAI's own
+//! agents and newer SDK features use. A request is one chat (or, on an
+//! agent route, one turn) like any other; its answer is a `response`, or
+//! the stream of its typed events (`response.created`, the output items'
+//! `output_text` and `function_call_arguments` deltas, then
+//! `response.completed`, `response.incomplete` or `response.failed`).
+//!
+//! `previous_response_id` continues a kept response: the route's `store`
+//! (a conversation store) keeps each response's conversation, the
+//! client's input and the answer as it was shown, under the key's tenant.
+//! A route without one answers `previous_response_id` and `store: true`
+//! with a `400`: a response is never silently forgotten. `instructions`
+//! are the request's own and are not carried over, as OpenAI does.
+
+mod events;
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use self::events::Responses;
+use super::Route;
+use super::handlers::{ChatApi, Prepared};
+use super::wire::{ApiError, unique_id};
+use crate::conversation::{CONVERSATION_CAP, ConversationStore};
+use crate::model::wire::tool_from_wire;
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, Content, ContentPart, Message, Role, ToolCall,
+};
+
+/// A `POST /v1/responses` body. Fields the gateway does not read
+/// (`reasoning`, `text`, `truncation`, ...) are ignored.
+#[derive(Deserialize)]
+pub(super) struct ResponsesRequest {
+    model: String,
+    input: Value,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    store: Option<bool>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+impl ChatApi for ResponsesRequest {
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid(format!("the request body is not a Responses request: {e}"))
+        })
+    }
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    async fn prepare(self, route: &Route, owner: Option<&str>) -> Result<Prepared, ApiError> {
+        let store = match (&route.store, self.store) {
+            (_, Some(false)) if self.previous_response_id.is_some() => {
+                return Err(ApiError::invalid(
+                    "`previous_response_id` continues a kept response, so `store` cannot be false",
+                ));
+            }
+            (Some(store), stored) if stored != Some(false) => Some(store.clone()),
+            (None, _) if self.previous_response_id.is_some() || self.store == Some(true) => {
+                return Err(unkept(&route.model));
+            }
+            _ => None,
+        };
+        let mut history = match (&store, &self.previous_response_id) {
+            (Some(store), Some(previous)) => earlier(store.as_ref(), owner, previous).await?,
+            _ => Vec::new(),
+        };
+        input(&self.input, &mut history).map_err(|e| ApiError::invalid(format!("input: {e}")))?;
+        let chat = self.chat_request(&history)?;
+        let id = unique_id("resp_");
+        let keep = store.map(|store| Keep {
+            store,
+            conversation: kept_as(owner, &id),
+            history,
+        });
+        let echoed = json!({
+            "instructions": self.instructions,
+            "tools": self.tools.clone().unwrap_or_default(),
+            "tool_choice": self.tool_choice.clone().unwrap_or(json!("auto")),
+            "parallel_tool_calls": self.parallel_tool_calls.unwrap_or(true),
+            "previous_response_id": self.previous_response_id,
+            "store": keep.is_some(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": self.max_output_tokens,
+            "metadata": self.metadata.clone().unwrap_or(json!({})),
+            "user": self.user,
+        });
+        let dialect = Responses::new(id.clone(), route.model.clone(), echoed);
+        Ok(Prepared {
+            chat,
+            id,
+            dialect: Box::new(dialect),
+            keep,
+        })
+    }
+}
+
+impl ResponsesRequest {
+    /// The chat over `history` (kept and new input), with the request's
+    /// instructions first and its tools and options.
+    fn chat_request(&self, history: &[Message]) -> Result<ChatRequest, ApiError> {
+        let mut messages = Vec::with_capacity(history.len() + 1);
+        if let Some(instructions) = &self.instructions {
+            messages.push(Message::system(instructions.as_str()));
+        }
+        messages.extend_from_slice(history);
+        if !messages.iter().any(|m| m.role != Role::System) {
+            return Err(ApiError::invalid("`input` must not be empty"));
+        }
+        let tools = self
+            .tools
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, tool)| {
+                // OpenAI's chat tools nest what the Responses API's hold flat.
+                let mut function = tool.clone();
+                if let Some(fields) = function.as_object_mut() {
+                    fields.remove("type");
+                }
+                let wire = json!({ "type": tool["type"], "function": function });
+                tool_from_wire(&wire).map_err(|e| ApiError::invalid(format!("tools[{i}]: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut request = ChatRequest::new(messages).with_tools(tools);
+        if let Some(choice) = &self.tool_choice {
+            let choice = match choice {
+                Value::String(_) => choice.clone(),
+                _ if choice["type"] == "function" => {
+                    json!({ "type": "function", "function": { "name": choice["name"] } })
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "`tool_choice` must be auto, none, required or a function",
+                    ));
+                }
+            };
+            request = request.with_option("tool_choice", choice);
+        }
+        let options = [
+            ("max_tokens", self.max_output_tokens.map(|n| json!(n))),
+            ("temperature", self.temperature.map(|t| json!(t))),
+            ("top_p", self.top_p.map(|p| json!(p))),
+            (
+                "parallel_tool_calls",
+                self.parallel_tool_calls.map(|p| json!(p)),
+            ),
+            ("user", self.user.as_ref().map(|u| json!(u))),
+        ];
+        for (key, value) in options {
+            if let Some(value) = value {
+                request = request.with_option(key, value);
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// The `400` of a route that keeps no responses.
+fn unkept(model: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        Some("store_not_configured"),
+        format!(
+            "the model '{model}' keeps no responses (its route has no `store`): send the whole conversation as `input`, with `store: false` and no `previous_response_id`"
+        ),
+    )
+}
+
+/// Where the response `id` is kept: under its owner, apart from the
+/// conversations filters keep (those never start with `/`).
+fn kept_as(owner: Option<&str>, id: &str) -> String {
+    match owner {
+        Some(owner) => format!("/responses/{owner}/{id}"),
+        None => format!("/responses/{id}"),
+    }
+}
+
+/// The conversation of the kept response `id`, or a `400` naming it.
+async fn earlier(
+    store: &dyn ConversationStore,
+    owner: Option<&str>,
+    id: &str,
+) -> Result<Vec<Message>, ApiError> {
+    let history = store
+        .load(&kept_as(owner, id), CONVERSATION_CAP)
+        .await
+        .map_err(|e| ApiError::chain(&e))?;
+    if history.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("previous_response_not_found"),
+            format!("no response '{id}' is kept here"),
+        ));
+    }
+    Ok(history)
+}
+
+/// The request's `input` (a string, or items) added to `messages`: a
+/// `function_call` item joins the assistant message before it.
+fn input(input: &Value, messages: &mut Vec<Message>) -> Result<(), String> {
+    let items = match input {
+        Value::String(text) => {
+            messages.push(Message::user(text.as_str()));
+            return Ok(());
+        }
+        Value::Array(items) => items,
+        _ => return Err("must be a string or an array of items".to_owned()),
+    };
+    for (i, item) in items.iter().enumerate() {
+        item_from_wire(item, messages).map_err(|e| format!("[{i}]: {e}"))?;
+    }
+    Ok(())
+}
+
+fn item_from_wire(item: &Value, messages: &mut Vec<Message>) -> Result<(), String> {
+    let field = |name: &str| {
+        item[name]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("a '{}' item has no `{name}`", item["type"]))
+    };
+    match item["type"].as_str() {
+        None | Some("message") => messages.push(message(item)?),
+        Some("function_call") => {
+            let call = ToolCall {
+                id: field("call_id")?,
+                name: field("name")?,
+                arguments: field("arguments")?,
+            };
+            match messages.last_mut() {
+                Some(last) if last.role == Role::Assistant => last.tool_calls.push(call),
+                _ => messages.push(Message {
+                    role: Role::Assistant,
+                    content: None,
+                    tool_calls: vec![call],
+                    tool_call_id: None,
+                }),
+            }
+        }
+        Some("function_call_output") => {
+            let output = match &item["output"] {
+                Value::String(text) => text.clone(),
+                Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+                _ => return Err("a function call's `output` must be a string".to_owned()),
+            };
+            messages.push(Message::tool_result(field("call_id")?, output));
+        }
+        Some("reasoning") => {}
+        Some(other) => return Err(format!("unsupported item type '{other}'")),
+    }
+    Ok(())
+}
+
+/// A message item: a role and a string, or input (or output) parts.
+fn message(item: &Value) -> Result<Message, String> {
+    let role = match item["role"].as_str() {
+        Some("user") => Role::User,
+        Some("system" | "developer") => Role::System,
+        Some("assistant") => Role::Assistant,
+        Some(other) => return Err(format!("unknown role '{other}'")),
+        None => return Err("a message has no `role`".to_owned()),
+    };
+    let content = match &item["content"] {
+        Value::String(text) => Content::Text(text.clone()),
+        Value::Array(parts) => Content::Parts(
+            parts
+                .iter()
+                .map(|part| match part["type"].as_str() {
+                    Some("input_text" | "output_text") => Ok(ContentPart::Text {
+                        text: part["text"].as_str().unwrap_or_default().to_owned(),
+                    }),
+                    Some("refusal") => Ok(ContentPart::Text {
+                        text: part["refusal"].as_str().unwrap_or_default().to_owned(),
+                    }),
+                    Some("input_image") => Ok(ContentPart::Image {
+                        url: part["image_url"]
+                            .as_str()
+                            .ok_or("an image part has no `image_url`")?
+                            .to_owned(),
+                        detail: part["detail"].as_str().map(str::to_owned),
+                    }),
+                    Some(other) => Err(format!("unsupported content part type '{other}'")),
+                    None => Err("a content part has no `type`".to_owned()),
+                })
+                .collect::<Result<_, String>>()?,
+        ),
+        _ => return Err("`content` must be a string or an array of parts".to_owned()),
+    };
+    Ok(Message {
+        content: Some(content),
+        ..Message::new(role, "")
+    })
+}
+
+/// Where an answered exchange is kept: the conversation so far (kept and
+/// new input), to which the answer, as the client was shown it, is added.
+pub(super) struct Keep {
+    store: Arc<dyn ConversationStore>,
+    conversation: String,
+    history: Vec<Message>,
+}
+
+impl Keep {
+    /// Keeps the exchange that `response` answered, its text as `shown`.
+    pub(super) async fn keep(
+        mut self,
+        response: &ChatResponse,
+        shown: Option<&str>,
+    ) -> Result<(), ChainError> {
+        self.history.push(Message {
+            content: shown.map(|text| Content::Text(text.to_owned())),
+            tool_calls: response.message.tool_calls.clone(),
+            ..Message::new(Role::Assistant, "")
+        });
+        self.store.append(&self.conversation, &self.history).await
+    }
+}

@@ -1,0 +1,452 @@
+//! The gateway's other client APIs over HTTP on loopback: Anthropic's
+//! Messages (`/v1/messages`) and OpenAI's Responses (`/v1/responses`),
+//! JSON and streamed, tools both ways, the token transforms and a
+//! filter's block in each API's own shape, their errors, and the
+//! Responses API's kept responses (`previous_response_id`).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shallot::types::{ChatRequest, Role};
+use shallot::{ChainError, ClientKey, ErrorKind, Gateway, Route, open_store};
+use shallot_tests::{Reply, ScriptedModel, spec};
+
+use super::gateway::{Served, config, kernel};
+
+/// Posts `body` to `path` with `headers`: the status and the body.
+async fn post(
+    served: &Served,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}{path}", served.base))
+        .json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+async fn json_of(served: &Served, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = post(served, path, body, &[]).await;
+    let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, body)
+}
+
+/// A stream's events: each one's name and data.
+async fn events_of(served: &Served, path: &str, body: &Value) -> (u16, Vec<(String, Value)>) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let (status, text) = post(served, path, &body, &[]).await;
+    let mut events = Vec::new();
+    let mut name = String::new();
+    for line in text.lines() {
+        if let Some(event) = line.strip_prefix("event: ") {
+            name = event.to_owned();
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            let data = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {text}"));
+            events.push((std::mem::take(&mut name), data));
+        }
+    }
+    (status, events)
+}
+
+fn names(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+/// A model that calls `add` until it sees the tool's result, then says
+/// the sum.
+fn adder() -> ScriptedModel {
+    ScriptedModel::new(|_, request: &ChatRequest| {
+        let last = request.messages.last().unwrap();
+        match last.role {
+            Role::Tool => Reply::Text(format!("sum is {}", last.text())),
+            _ => Reply::call("add", json!({ "a": 1, "b": 2 })),
+        }
+    })
+}
+
+fn message(text: &str) -> Value {
+    json!({ "model": "scripted", "max_tokens": 64, "messages": [{ "role": "user", "content": text }] })
+}
+
+#[tokio::test]
+async fn the_messages_api_answers_and_streams_and_round_trips_tools_as_anthropic_does() {
+    let model = adder();
+    let served = Served::start(kernel(vec![], model.clone()).await, config()).await;
+    let tools =
+        json!([{ "name": "add", "description": "adds", "input_schema": { "type": "object" } }]);
+    let mut request = message("add 1 and 2");
+    request["system"] = json!([{ "type": "text", "text": "be brief" }]);
+    request["tools"] = tools.clone();
+    request["tool_choice"] = json!({ "type": "any", "disable_parallel_tool_use": true });
+    let (status, body) = json_of(&served, "/v1/messages", &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["model"], "scripted");
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"), "{body}");
+    assert_eq!(body["stop_reason"], "tool_use");
+    let call = &body["content"][0];
+    assert_eq!(call["type"], "tool_use", "{body}");
+    assert_eq!(call["name"], "add");
+    assert_eq!(
+        call["input"],
+        json!({ "a": 1, "b": 2 }),
+        "input is an object"
+    );
+    let seen = &model.requests()[0];
+    assert_eq!(seen.messages[0].role, Role::System);
+    assert_eq!(seen.messages[0].text(), "be brief");
+    assert_eq!(seen.tools[0].name, "add");
+    assert_eq!(seen.options["max_tokens"], 64);
+    assert_eq!(seen.options["tool_choice"], "required");
+    assert_eq!(seen.options["parallel_tool_calls"], false);
+
+    // The client runs the tool and sends its result back.
+    let mut round = request.clone();
+    round["messages"] = json!([
+        request["messages"][0],
+        { "role": "assistant", "content": body["content"] },
+        { "role": "user", "content": [{ "type": "tool_result", "tool_use_id": call["id"], "content": "3" }] },
+    ]);
+    let (status, body) = json_of(&served, "/v1/messages", &round).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["content"],
+        json!([{ "type": "text", "text": "sum is 3" }])
+    );
+    assert_eq!(body["stop_reason"], "end_turn");
+    assert!(body["usage"]["input_tokens"].is_u64(), "{body}");
+    let seen = model.requests().pop().unwrap();
+    assert_eq!(seen.messages[2].tool_calls[0].name, "add", "{seen:?}");
+    assert_eq!(
+        seen.messages[3].tool_call_id,
+        call["id"].as_str().map(str::to_owned)
+    );
+
+    let (status, events) = events_of(&served, "/v1/messages", &round).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        names(&events),
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{events:?}"
+    );
+    for (name, data) in &events {
+        assert_eq!(&data["type"], name, "each event's type is its name");
+    }
+    assert_eq!(
+        events[2].1["delta"],
+        json!({ "type": "text_delta", "text": "sum is 3" })
+    );
+    assert_eq!(events[4].1["delta"]["stop_reason"], "end_turn");
+
+    let (_, events) = events_of(&served, "/v1/messages", &request).await;
+    let start = &events[1].1;
+    assert_eq!(start["content_block"]["type"], "tool_use", "{events:?}");
+    assert_eq!(start["content_block"]["name"], "add");
+    let json = &events[2].1["delta"];
+    assert_eq!(json["type"], "input_json_delta");
+    let input: Value = serde_json::from_str(json["partial_json"].as_str().unwrap()).unwrap();
+    assert_eq!(input, json!({ "a": 1, "b": 2 }));
+    assert_eq!(events[4].1["delta"]["stop_reason"], "tool_use");
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_messages_api_fails_in_anthropics_shape_and_takes_its_key_header() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        match request.messages.last().unwrap().text().as_str() {
+            "break" => Reply::BreakAfter(
+                vec!["half an ".into()],
+                ChainError::new(ErrorKind::Transient, "connection reset"),
+            ),
+            _ => Reply::Text("fine".into()),
+        }
+    });
+    let gateway = Gateway::new(
+        vec![Route::proxy("scripted", kernel(vec![], model).await)],
+        config(),
+    );
+    gateway.set_keys(vec![ClientKey::new("claude", None, "sk-ant-test")]);
+    let served = Served::gateway(gateway).await;
+    let key = [
+        ("x-api-key", "sk-ant-test"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let error_of = |text: &str| -> Value { serde_json::from_str(text).unwrap() };
+
+    let (status, body) = post(&served, "/v1/messages", &message("hi"), &key).await;
+    assert_eq!(status, 200, "x-api-key is a key: {body}");
+    let (status, body) = post(
+        &served,
+        "/v1/messages",
+        &message("hi"),
+        &[("x-api-key", "sk-wrong")],
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        error_of(&body)["error"]["type"],
+        "authentication_error",
+        "{body}"
+    );
+    assert_eq!(error_of(&body)["type"], "error");
+    let mut unknown = message("hi");
+    unknown["model"] = json!("claude-9");
+    let (status, body) = post(&served, "/v1/messages", &unknown, &key).await;
+    assert_eq!(
+        (status, error_of(&body)["error"]["type"].clone()),
+        (404, json!("not_found_error")),
+        "{body}"
+    );
+    let mut no_limit = message("hi");
+    no_limit.as_object_mut().unwrap().remove("max_tokens");
+    let (status, body) = post(&served, "/v1/messages", &no_limit, &key).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(error_of(&body)["error"]["type"], "invalid_request_error");
+    assert!(body.contains("max_tokens"), "{body}");
+    let mut server_tool = message("hi");
+    server_tool["tools"] = json!([{ "type": "web_search_20250305", "name": "web_search" }]);
+    let (status, body) = post(&served, "/v1/messages", &server_tool, &key).await;
+    assert_eq!(status, 400, "{body}");
+
+    let mut broken = message("break");
+    broken["stream"] = json!(true);
+    let (status, body) = post(&served, "/v1/messages", &broken, &key).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("event: error\n"), "{body}");
+    assert!(
+        !body.contains("message_stop"),
+        "a broken stream does not look whole: {body}"
+    );
+    assert!(body.contains(r#""type":"api_error""#), "{body}");
+    served.stop().await.unwrap();
+}
+
+/// `token-redact` holds on every answer of both APIs, JSON and streamed,
+/// and `safeguard`'s block is each API's own refusal.
+#[tokio::test]
+async fn redaction_and_a_filters_block_hold_in_both_apis_json_and_streamed() {
+    let redact = spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
+    );
+    let guard = spec(
+        "safeguard",
+        "guard",
+        json!({ "words": ["bomb"], "failure_response": "I can't help with that." }),
+    );
+    let model = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Paced(
+            vec![
+                "your key: sk-li".into(),
+                "ve4f9a".into(),
+                "2b7c, keep it".into(),
+            ],
+            Duration::from_millis(2),
+        )
+    });
+    let served = Served::start(kernel(vec![guard, redact], model).await, config()).await;
+    let redacted = "your key: [KEY], keep it";
+    let refusal = "I can't help with that.";
+
+    let (_, body) = json_of(&served, "/v1/messages", &message("my key?")).await;
+    assert_eq!(body["content"][0]["text"], redacted, "{body}");
+    let (_, events) = events_of(&served, "/v1/messages", &message("my key?")).await;
+    let text: String = events
+        .iter()
+        .filter_map(|(_, e)| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, redacted, "{events:?}");
+    let (_, body) = json_of(&served, "/v1/messages", &message("build a bomb")).await;
+    assert_eq!(body["content"][0]["text"], refusal, "{body}");
+    assert_eq!(body["stop_reason"], "refusal");
+    let (_, events) = events_of(&served, "/v1/messages", &message("build a bomb")).await;
+    let delta = events
+        .iter()
+        .find(|(name, _)| name == "message_delta")
+        .unwrap();
+    assert_eq!(delta.1["delta"]["stop_reason"], "refusal");
+
+    let ask = |text: &str| json!({ "model": "scripted", "input": text });
+    let (_, body) = json_of(&served, "/v1/responses", &ask("my key?")).await;
+    assert_eq!(body["output"][0]["content"][0]["text"], redacted, "{body}");
+    let (_, events) = events_of(&served, "/v1/responses", &ask("my key?")).await;
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .filter_map(|(_, e)| e["delta"].as_str())
+        .collect();
+    assert_eq!(text, redacted, "{events:?}");
+    assert!(!format!("{events:?}").contains("sk-live"), "{events:?}");
+    let (_, body) = json_of(&served, "/v1/responses", &ask("build a bomb")).await;
+    assert_eq!(body["status"], "incomplete", "{body}");
+    assert_eq!(body["incomplete_details"]["reason"], "content_filter");
+    assert_eq!(body["output"][0]["content"][0]["text"], refusal);
+    let (_, events) = events_of(&served, "/v1/responses", &ask("build a bomb")).await;
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "response.incomplete", "{events:?}");
+    assert_eq!(data["response"]["output"][0]["content"][0]["text"], refusal);
+    served.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_responses_api_answers_and_streams_its_typed_events_and_round_trips_tools() {
+    let model = adder();
+    let served = Served::start(kernel(vec![], model.clone()).await, config()).await;
+    let tools = json!([{ "type": "function", "name": "add", "description": "adds", "parameters": { "type": "object" } }]);
+    let request = json!({
+        "model": "scripted", "instructions": "be brief", "tools": tools,
+        "input": [{ "role": "user", "content": [{ "type": "input_text", "text": "add 1 and 2" }] }],
+        "store": false,
+    });
+    let (status, body) = json_of(&served, "/v1/responses", &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "response");
+    assert_eq!(body["status"], "completed");
+    assert!(body["id"].as_str().unwrap().starts_with("resp_"), "{body}");
+    assert_eq!(body["instructions"], "be brief");
+    let call = &body["output"][0];
+    assert_eq!(call["type"], "function_call", "{body}");
+    assert_eq!(call["name"], "add");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({ "a": 1, "b": 2 }));
+    let seen = &model.requests()[0];
+    assert_eq!(seen.messages[0].text(), "be brief");
+    assert_eq!(seen.tools[0].name, "add");
+
+    // The whole conversation back, the call and its output as items.
+    let mut round = request.clone();
+    round["input"] = json!([
+        request["input"][0],
+        call,
+        { "type": "function_call_output", "call_id": call["call_id"], "output": "3" },
+    ]);
+    let (status, body) = json_of(&served, "/v1/responses", &round).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["type"], "message", "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "sum is 3");
+    assert!(body["usage"]["total_tokens"].is_u64(), "{body}");
+
+    let (status, events) = events_of(&served, "/v1/responses", &round).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        names(&events),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ],
+        "{events:?}"
+    );
+    for (n, (name, data)) in events.iter().enumerate() {
+        assert_eq!(&data["type"], name);
+        assert_eq!(data["sequence_number"], n, "{events:?}");
+    }
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(completed["output"][0]["content"][0]["text"], "sum is 3");
+    let (_, events) = events_of(&served, "/v1/responses", &request).await;
+    let arguments = events
+        .iter()
+        .find(|(name, _)| name == "response.function_call_arguments.delta")
+        .expect("the call's arguments are streamed");
+    assert!(
+        arguments.1["delta"].as_str().unwrap().contains("\"a\""),
+        "{events:?}"
+    );
+    served.stop().await.unwrap();
+}
+
+/// A route with a store keeps each response, under the key's tenant:
+/// `previous_response_id` continues it (a tool round trip with only the
+/// tool's output sent), another tenant cannot; a route without a store
+/// says so rather than forgetting.
+#[tokio::test]
+async fn previous_response_id_continues_a_kept_response_and_without_a_store_is_a_400() {
+    let model = adder();
+    let store = open_store(":memory:responses-test").await.unwrap();
+    let kept = Route::proxy("scripted", kernel(vec![], model.clone()).await).with_store(store);
+    let forgetful = Route::proxy("forgetful", kernel(vec![], adder()).await);
+    let gateway = Gateway::new(vec![kept, forgetful], config());
+    gateway.set_keys(vec![
+        ClientKey::new("alice", Some("acme".into()), "sk-alice"),
+        ClientKey::new("mallory", Some("evil".into()), "sk-mallory"),
+    ]);
+    let served = Served::gateway(gateway).await;
+    let alice = [("authorization", "Bearer sk-alice")];
+    let tools = json!([{ "type": "function", "name": "add", "parameters": { "type": "object" } }]);
+    let first = json!({ "model": "scripted", "input": "add 1 and 2", "tools": tools, "instructions": "be brief" });
+    let (status, text) = post(&served, "/v1/responses", &first, &alice).await;
+    assert_eq!(status, 200, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["store"], true, "a route with a store keeps by default");
+    let call = &body["output"][0];
+    let next = json!({
+        "model": "scripted", "tools": tools, "previous_response_id": body["id"],
+        "input": [{ "type": "function_call_output", "call_id": call["call_id"], "output": "3" }],
+    });
+    let (status, text) = post(&served, "/v1/responses", &next, &alice).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        answer["output"][0]["content"][0]["text"], "sum is 3",
+        "{answer}"
+    );
+    let seen = model.requests().pop().unwrap();
+    let roles: Vec<Role> = seen.messages.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::User, Role::Assistant, Role::Tool],
+        "the kept conversation, without the first request's instructions: {seen:?}"
+    );
+
+    let (status, text) = post(
+        &served,
+        "/v1/responses",
+        &next,
+        &[("authorization", "Bearer sk-mallory")],
+    )
+    .await;
+    assert_eq!(
+        status, 400,
+        "another tenant's response is not there: {text}"
+    );
+    assert!(text.contains("previous_response_not_found"), "{text}");
+    let mut unknown = next.clone();
+    unknown["previous_response_id"] = json!("resp_nothing");
+    let (status, _) = post(&served, "/v1/responses", &unknown, &alice).await;
+    assert_eq!(status, 400);
+
+    let mut forgetful = next.clone();
+    forgetful["model"] = json!("forgetful");
+    let (status, text) = post(&served, "/v1/responses", &forgetful, &alice).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("store_not_configured"), "{text}");
+    let stored = json!({ "model": "forgetful", "input": "hi", "store": true });
+    let (status, _) = post(&served, "/v1/responses", &stored, &alice).await;
+    assert_eq!(status, 400, "asking to keep where nothing is kept");
+    let plain = json!({ "model": "forgetful", "input": "hi" });
+    let (status, text) = post(&served, "/v1/responses", &plain, &alice).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""store":false"#), "{text}");
+    served.stop().await.unwrap();
+}
