@@ -29,7 +29,12 @@ impl Served {
     }
 
     pub(crate) async fn gateway(gateway: Gateway) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::at(gateway, "127.0.0.1:0").await
+    }
+
+    /// The same, on `address`.
+    pub(crate) async fn at(gateway: Gateway, address: &str) -> Self {
+        let listener = TcpListener::bind(address).await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {

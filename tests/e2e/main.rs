@@ -33,3 +33,4 @@ mod tokens;
 mod tool_search;
 mod tools;
 mod turn;
+mod upstreams;

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::Config;
 use crate::conversation::StoreSpec;
-use crate::model::OpenAiConfig;
+use crate::model::{OpenAiConfig, PoolConfig};
 use crate::plugin::LoadError;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -17,7 +17,43 @@ pub(super) struct RouteEntry {
     mode: RouteMode,
     filters: Option<Vec<String>>,
     upstream: Option<UpstreamEntry>,
+    upstreams: Option<Vec<MemberEntry>>,
+    cool_after: Option<u32>,
+    cooldown_ms: Option<u64>,
     store: Option<StoreSpec>,
+}
+
+/// One of a route's `upstreams`: a server table's fields, with a
+/// `weight` and a `name`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberEntry {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default = "one")]
+    weight: u32,
+    base_url: String,
+    model: String,
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    max_retries: Option<u32>,
+}
+
+impl MemberEntry {
+    fn server(&self) -> OpenAiConfig {
+        let mut server = OpenAiConfig::new(&self.base_url, &self.model);
+        server.api_key.clone_from(&self.api_key);
+        server.timeout_ms = self.timeout_ms.unwrap_or(server.timeout_ms);
+        server.max_retries = self.max_retries.unwrap_or(server.max_retries);
+        server.or_env_key()
+    }
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +83,24 @@ pub enum Upstream {
     Embedded,
     /// An OpenAI-compatible server.
     Server(OpenAiConfig),
+    /// Several servers, balanced by weight, with failover and cooldown.
+    Pool {
+        /// The servers, in the order they are listed.
+        members: Vec<PoolMember>,
+        /// When a failing one rests.
+        config: PoolConfig,
+    },
+}
+
+/// One server of a route's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolMember {
+    /// Its name in `/readyz` and `/metrics` (default `<model>@<base_url>`).
+    pub name: String,
+    /// Its share of the requests.
+    pub weight: u32,
+    /// Where it is.
+    pub server: OpenAiConfig,
 }
 
 /// A gateway route, as a `shallot.toml` `[[route]]` table gives it: the
@@ -216,6 +270,15 @@ impl Config {
     /// model = "demo"
     /// upstream = "embedded"                  # the offline model
     /// store = "responses.db"                 # keeps Responses API responses
+    ///
+    /// [[route]]
+    /// model = "balanced"
+    /// upstreams = [                          # weighted, with failover
+    ///   { base_url = "http://gpu-a:8000/v1", model = "qwen", weight = 3, max_retries = 0 },
+    ///   { base_url = "http://gpu-b:8000/v1", model = "qwen", name = "gpu-b" },
+    /// ]
+    /// cool_after = 3                         # failures in a row before one rests
+    /// cooldown_ms = 30000                    # and for how long
     /// ```
     ///
     /// An upstream without `api_key` takes `OPENAI_API_KEY`.
@@ -229,7 +292,21 @@ impl Config {
                 if !seen.insert(route.model.clone()) {
                     return Err(self.bad(format!("two routes serve the model '{}'", route.model)));
                 }
-                let upstream = match route.upstream {
+                let upstream = match (route.upstream, route.upstreams) {
+                    (Some(_), Some(_)) => {
+                        return Err(self.bad(format!(
+                            "route '{}': give `upstream` or `upstreams`, not both",
+                            route.model
+                        )));
+                    }
+                    (_, None) if route.cool_after.is_some() || route.cooldown_ms.is_some() => {
+                        return Err(self.bad(format!(
+                            "route '{}': `cool_after` and `cooldown_ms` go with `upstreams`",
+                            route.model
+                        )));
+                    }
+                    (None, Some(members)) => Some(pool(&route.model, members, route.cool_after, route.cooldown_ms).map_err(|e| self.bad(e))?),
+                    (upstream, None) => match upstream {
                     None => None,
                     Some(UpstreamEntry::Named(name)) if name == "embedded" => {
                         Some(Upstream::Embedded)
@@ -243,6 +320,7 @@ impl Config {
                     Some(UpstreamEntry::Server(server)) => {
                         Some(Upstream::Server(server.or_env_key()))
                     }
+                    },
                 };
                 let mut store = route.store;
                 if let Some(store) = &mut store {
@@ -258,6 +336,52 @@ impl Config {
             })
             .collect()
     }
+}
+
+/// A route's `upstreams`, or what is wrong with them.
+fn pool(
+    route: &str,
+    members: Vec<MemberEntry>,
+    cool_after: Option<u32>,
+    cooldown_ms: Option<u64>,
+) -> Result<Upstream, String> {
+    if members.is_empty() {
+        return Err(format!("route '{route}': `upstreams` is empty"));
+    }
+    let mut config = PoolConfig::default();
+    if let Some(cool_after) = cool_after {
+        if cool_after == 0 {
+            return Err(format!("route '{route}': `cool_after` must be at least 1"));
+        }
+        config.cool_after = cool_after;
+    }
+    if let Some(ms) = cooldown_ms {
+        config.cooldown = std::time::Duration::from_millis(ms);
+    }
+    let mut names = std::collections::HashSet::new();
+    let members = members
+        .into_iter()
+        .map(|entry| {
+            if entry.weight == 0 {
+                return Err(format!(
+                    "route '{route}': an upstream's `weight` must be at least 1"
+                ));
+            }
+            let server = entry.server();
+            let name = entry
+                .name
+                .unwrap_or_else(|| format!("{}@{}", server.model, server.base_url));
+            if !names.insert(name.clone()) {
+                return Err(format!("route '{route}': two upstreams are named '{name}'"));
+            }
+            Ok(PoolMember {
+                name,
+                weight: entry.weight,
+                server,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Upstream::Pool { members, config })
 }
 
 fn decode_sha256(hex: &str) -> Option<[u8; 32]> {

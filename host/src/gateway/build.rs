@@ -7,7 +7,7 @@ use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Upstream};
 use crate::conversation::open_store;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
-use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel};
+use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool};
 use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
@@ -73,7 +73,8 @@ impl Route {
             None => (Vec::new(), Vec::new()),
         };
         if specs.is_empty() {
-            let (builder, model) = with_model(Kernel::builder().plugins(plugins), default)?;
+            let upstream = default.map_or(Upstream::Embedded, Upstream::Server);
+            let (builder, model) = with_model(Kernel::builder().plugins(plugins), upstream)?;
             let routes = vec![Route::proxy(model, builder.build()?)];
             check_keys(&keys, &routes)?;
             return Ok((routes, keys));
@@ -97,10 +98,9 @@ impl Route {
                     }
                 }
             }
-            let upstream = match spec.upstream {
-                None => default.clone(),
-                Some(Upstream::Embedded) => None,
-                Some(Upstream::Server(server)) => Some(server),
+            let upstream = match spec.upstream.clone() {
+                None => default.clone().map_or(Upstream::Embedded, Upstream::Server),
+                Some(upstream) => upstream,
             };
             let (mut builder, _) = with_model(builder, upstream)?;
             if spec.mode == RouteMode::Agent {
@@ -149,19 +149,27 @@ fn check_keys(keys: &[ClientKey], routes: &[Route]) -> Result<(), RouteError> {
     Ok(())
 }
 
-/// `builder` over the server `upstream` (`None`: the embedded model), and
-/// that model's name.
+/// `builder` over `upstream`, and that model's name.
 fn with_model(
     builder: KernelBuilder,
-    upstream: Option<OpenAiConfig>,
+    upstream: Upstream,
 ) -> Result<(KernelBuilder, String), RouteError> {
+    let server = |config| OpenAiModel::new(config).map_err(RouteError::Upstream);
     Ok(match upstream {
-        Some(server) => {
-            let model = OpenAiModel::new(server).map_err(RouteError::Upstream)?;
+        Upstream::Server(config) => {
+            let model = server(config)?;
             let name = model.name().to_owned();
             (builder.model(model), name)
         }
-        None => {
+        Upstream::Pool { members, config } => {
+            let mut pool = UpstreamPool::new(config);
+            for member in members {
+                pool = pool.upstream(member.name, member.weight, server(member.server)?);
+            }
+            let name = pool.name().to_owned();
+            (builder.model(pool), name)
+        }
+        Upstream::Embedded => {
             let model = EmbeddedModel::new();
             let name = model.name().to_owned();
             (builder.model(model), name)

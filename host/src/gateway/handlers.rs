@@ -13,10 +13,10 @@ use tracing::Instrument;
 
 use super::answer::Responder;
 use super::dialect::Dialect;
-use super::reported;
 use super::responses::Keep;
 use super::wire::ApiError;
 use super::{GatewayState, Route};
+use super::{reported, upstreams};
 use crate::config::{ClientKey, RouteMode};
 use crate::context::Context;
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, HOPS, MAX_HOPS, TENANT, USER};
@@ -88,7 +88,12 @@ pub(super) async fn ready(State(gateway): State<Arc<GatewayState>>) -> Response 
                 RouteMode::Proxy => "proxy",
                 RouteMode::Agent => "agent",
             };
-            json!({ "model": route.model, "mode": mode, "filters": filters })
+            let mut ready = json!({ "model": route.model, "mode": mode, "filters": filters });
+            let upstreams = upstreams::ready(route);
+            if !upstreams.is_empty() {
+                ready["upstreams"] = json!(upstreams);
+            }
+            ready
         })
         .collect();
     let reloads = gateway.reloads();

@@ -19,6 +19,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
+use super::upstreams::ServedUpstreams;
 use crate::plugin::{
     CallStats, FilterMetric, FilterStats, HISTOGRAM_BUCKETS, MetricKind, MetricValue, WasmFilter,
 };
@@ -68,7 +69,7 @@ fn labels(filter: &FilterStats, more: &[(&'static str, &str)]) -> Labels {
 }
 
 /// Writes one metric family of constant values.
-fn family<M: EncodeMetric>(
+pub(super) fn family<M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     (name, help, kind): (&str, &str, MetricType),
     rows: impl IntoIterator<Item = (Labels, M)>,
@@ -294,6 +295,8 @@ pub(super) struct Metrics {
     reloads: Family<Reload, Counter>,
     /// The filters of the set being served, for the per-filter metrics.
     pub served: Arc<ServedFilters>,
+    /// The routes being served, for their upstreams' health.
+    pub upstreams: Arc<ServedUpstreams>,
 }
 
 impl Metrics {
@@ -340,8 +343,11 @@ impl Metrics {
         );
         let served = Arc::new(ServedFilters::default());
         registry.register_collector(Box::new(served.clone()));
+        let upstreams = Arc::new(ServedUpstreams::default());
+        registry.register_collector(Box::new(upstreams.clone()));
         Metrics {
             served,
+            upstreams,
             registry,
             requests,
             broken,

@@ -51,6 +51,7 @@ mod responses;
 mod routes;
 mod server;
 mod stream;
+mod upstreams;
 mod wire;
 
 use std::sync::atomic::AtomicUsize;
@@ -296,6 +297,7 @@ impl GatewayState {
         self.metrics.filters.set(served.filters() as i64);
         let filters = served.routes.iter().flat_map(|r| r.kernel.wasm_filters());
         self.metrics.served.set(filters);
+        self.metrics.upstreams.set(&served.routes);
     }
 
     fn reloads(&self) -> MutexGuard<'_, Reloads> {

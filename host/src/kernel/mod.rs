@@ -14,7 +14,7 @@ mod builder;
 pub use builder::{BuildError, KernelBuilder};
 
 use crate::context::Context;
-use crate::model::ChatModel;
+use crate::model::{ChatModel, UpstreamHealth};
 use crate::onion::{
     ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, TokenSink, TokenStream, Tool, Turn,
 };
@@ -64,6 +64,13 @@ impl Kernel {
     /// the kernel's model, directly: embeddings go through no filter.
     pub async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
         self.model.embed(request, context).await
+    }
+
+    /// How the upstreams behind the kernel's model are doing, when it
+    /// balances several ([`UpstreamPool`](crate::UpstreamPool)); empty
+    /// otherwise.
+    pub fn upstreams(&self) -> Vec<UpstreamHealth> {
+        self.model.upstreams()
     }
 
     /// The filters, outermost first, with their hooks.

@@ -7,6 +7,7 @@
 
 mod embedded;
 mod openai;
+mod pool;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use serde_json::Value;
 pub use embedded::EmbeddedModel;
 pub(crate) use openai::wire;
 pub use openai::{HOPS_HEADER, OpenAiConfig, OpenAiModel};
+pub use pool::{PoolConfig, UpstreamHealth, UpstreamPool};
 
 use crate::context::Context;
 use crate::onion::Invoke;
@@ -72,6 +74,12 @@ pub trait ChatModel: Send + Sync + 'static {
             ErrorKind::NotFound,
             format!("the model '{}' has no embeddings", self.name()),
         ))
+    }
+
+    /// How the upstreams behind the model are doing, if it balances
+    /// several (an [`UpstreamPool`]); none (the default) for one.
+    fn upstreams(&self) -> Vec<UpstreamHealth> {
+        Vec::new()
     }
 }
 
