@@ -76,7 +76,7 @@ pub mod types;
 pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{
-    ClientKey, Config, PoolMember, RouteMode, RouteSpec, Upstream, read_config, read_dir,
+    ClientKey, Config, PoolMember, RouteMode, RouteSpec, Server, Upstream, read_config, read_dir,
 };
 pub use context::{
     CACHE, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS, RATE_LIMIT,
@@ -94,8 +94,8 @@ pub use gateway::{
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};
 pub use model::{
-    ChatModel, EmbeddedModel, HOPS_HEADER, ModelEvent, OpenAiConfig, OpenAiModel, PoolConfig,
-    ResponseLimits, UpstreamHealth, UpstreamPool,
+    AnthropicConfig, AnthropicModel, ChatModel, EmbeddedModel, HOPS_HEADER, ModelEvent,
+    OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth, UpstreamPool,
 };
 pub use onion::{
     ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,

@@ -2,14 +2,18 @@
 //! Messages (`/v1/messages`) and OpenAI's Responses (`/v1/responses`),
 //! JSON and streamed, tools both ways, the token transforms and a
 //! filter's block in each API's own shape, their errors, and the
-//! Responses API's kept responses (`previous_response_id`).
+//! Responses API's kept responses (`previous_response_id`); and an
+//! upstream of Anthropic's wire reached from each client API.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, Role};
-use shallot::{ChainError, ClientKey, ErrorKind, Gateway, Route, open_store};
-use shallot_tests::{Reply, ScriptedModel, spec};
+use shallot::{
+    AnthropicConfig, AnthropicModel, ChainError, ClientKey, ErrorKind, Gateway, Kernel, Route,
+    open_store,
+};
+use shallot_tests::{AnthropicServer, Reply, ScriptedModel, spec};
 
 use super::gateway::{Served, config, kernel};
 
@@ -46,7 +50,7 @@ async fn events_of(served: &Served, path: &str, body: &Value) -> (u16, Vec<(Stri
     for line in text.lines() {
         if let Some(event) = line.strip_prefix("event: ") {
             name = event.to_owned();
-        } else if let Some(data) = line.strip_prefix("data: ") {
+        } else if let Some(data) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") {
             let data = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {text}"));
             events.push((std::mem::take(&mut name), data));
         }
@@ -448,5 +452,145 @@ async fn previous_response_id_continues_a_kept_response_and_without_a_store_is_a
     let (status, text) = post(&served, "/v1/responses", &plain, &alice).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains(r#""store":false"#), "{text}");
+    served.stop().await.unwrap();
+}
+
+/// A route whose upstream speaks Anthropic's Messages (a local server of
+/// its wire), reached from each client API: the request translated there
+/// (system on top, tool results as blocks, the key as `x-api-key`), the
+/// answer and its stream back, tools both ways, the filters on it all.
+#[tokio::test]
+async fn an_anthropic_upstream_is_reached_from_each_client_api() {
+    let claude = AnthropicServer::start().await;
+    let upstream = |model: &str| {
+        let config = AnthropicConfig {
+            api_key: Some("sk-ant-upstream".into()),
+            max_retries: 0,
+            ..AnthropicConfig::new(&claude.url, model)
+        };
+        AnthropicModel::new(config).unwrap()
+    };
+    let redact = spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
+    );
+    let plugins = shallot_tests::load(vec![redact]).await;
+    let kernel = |model| {
+        Kernel::builder()
+            .plugins(&plugins)
+            .model(model)
+            .build()
+            .unwrap()
+    };
+    let routes = vec![
+        Route::proxy("scripted", kernel(upstream("claude-test"))),
+        Route::proxy("busy", kernel(upstream("overloaded"))),
+    ];
+    let served = Served::gateway(Gateway::new(routes, config())).await;
+    let chat = |text: &str| {
+        json!({ "model": "scripted", "messages": [
+            { "role": "system", "content": "be brief" }, { "role": "user", "content": text }] })
+    };
+
+    let (status, body) = json_of(&served, "/v1/chat/completions", &chat("hello")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "claude heard: hello"
+    );
+    let (head, sent) = claude.requests().pop().unwrap();
+    assert!(head.contains("x-api-key: sk-ant-upstream"), "{head}");
+    assert!(head.contains("anthropic-version: 2023-06-01"), "{head}");
+    assert_eq!(sent["system"], "be brief", "{sent}");
+    assert_eq!(
+        sent["messages"],
+        json!([{ "role": "user", "content": [{ "type": "text", "text": "hello" }] }])
+    );
+    assert_eq!(sent["max_tokens"], 4096);
+    let (_, events) = events_of(&served, "/v1/chat/completions", &chat("hello")).await;
+    let text: String = events
+        .iter()
+        .filter_map(|(_, e)| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "claude heard: hello", "{events:?}");
+
+    // Tools through chat completions, JSON and streamed.
+    let mut ask = chat("what is (2 + 3) * 4?");
+    ask["tools"] = json!([{ "type": "function", "function": { "name": "calculator", "parameters": { "type": "object" } } }]);
+    let (_, body) = json_of(&served, "/v1/chat/completions", &ask).await;
+    let call = body["choices"][0]["message"]["tool_calls"][0].clone();
+    assert_eq!(call["function"]["name"], "calculator", "{body}");
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({ "expression": "(2 + 3) * 4" }));
+    let (_, events) = events_of(&served, "/v1/chat/completions", &ask).await;
+    let streamed = events
+        .iter()
+        .find_map(|(_, e)| {
+            e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+        })
+        .expect("a streamed tool call");
+    assert_eq!(serde_json::from_str::<Value>(streamed).unwrap(), arguments);
+    let mut round = ask.clone();
+    let messages = round["messages"].as_array_mut().unwrap();
+    messages.push(body["choices"][0]["message"].clone());
+    messages.push(json!({ "role": "tool", "tool_call_id": call["id"], "content": "20" }));
+    let (_, body) = json_of(&served, "/v1/chat/completions", &round).await;
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "the tool said 20",
+        "{body}"
+    );
+    let (_, sent) = claude.requests().pop().unwrap();
+    assert_eq!(
+        sent["messages"][1]["content"][0]["type"], "tool_use",
+        "{sent}"
+    );
+    assert_eq!(sent["messages"][1]["content"][0]["input"], arguments);
+    assert_eq!(
+        sent["messages"][2]["content"][0],
+        json!({ "type": "tool_result", "tool_use_id": "toolu_1", "content": "20" })
+    );
+
+    // The Responses and Messages APIs reach it too, the key redacted.
+    let secret = "my key is sk-live4f9a2b7c";
+    let (_, body) = json_of(&served, "/v1/chat/completions", &chat(secret)).await;
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "claude heard: my key is [KEY]"
+    );
+    let responses = json!({ "model": "scripted", "input": secret });
+    let (_, body) = json_of(&served, "/v1/responses", &responses).await;
+    assert_eq!(
+        body["output"][0]["content"][0]["text"], "claude heard: my key is [KEY]",
+        "{body}"
+    );
+    let (_, events) = events_of(&served, "/v1/responses", &responses).await;
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(
+        done["output"][0]["content"][0]["text"],
+        "claude heard: my key is [KEY]"
+    );
+    let (_, body) = json_of(&served, "/v1/messages", &message(secret)).await;
+    assert_eq!(
+        body["content"][0]["text"], "claude heard: my key is [KEY]",
+        "{body}"
+    );
+    let (_, events) = events_of(&served, "/v1/messages", &message(secret)).await;
+    let text: String = events
+        .iter()
+        .filter_map(|(_, e)| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "claude heard: my key is [KEY]");
+
+    // Anthropic's 529 is the upstream's failure, a 502 to the client.
+    let mut busy = chat("hello");
+    busy["model"] = json!("busy");
+    let (status, body) = json_of(&served, "/v1/chat/completions", &busy).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("529"),
+        "{body}"
+    );
     served.stop().await.unwrap();
 }

@@ -302,7 +302,9 @@ async fn a_config_names_a_routes_upstreams_and_what_cannot_be_meant_is_refused()
     };
     let config = read(
         "upstreams = [\n  { base_url = \"http://127.0.0.1:9/v1\", model = \"m\", weight = 3 },\n  \
-         { base_url = \"http://127.0.0.1:10/v1\", model = \"m\", name = \"spare\" },\n]\ncooldown_ms = 500\n",
+         { base_url = \"http://127.0.0.1:10/v1\", model = \"m\", name = \"spare\" },\n  \
+         { api = \"anthropic\", base_url = \"http://127.0.0.1:11/v1\", model = \"claude\", max_tokens = 1024 },\n]\n\
+         cooldown_ms = 500\n",
     )
     .unwrap();
     let plugins = shallot_tests::load(vec![]).await;
@@ -317,6 +319,7 @@ async fn a_config_names_a_routes_upstreams_and_what_cannot_be_meant_is_refused()
     assert_eq!(upstreams[0]["weight"], 3);
     assert_eq!(upstreams[1]["name"], "spare");
     assert_eq!(upstreams[1]["healthy"], true);
+    assert_eq!(upstreams[2]["name"], "claude@http://127.0.0.1:11/v1");
     served.stop().await.unwrap();
 
     let server = "{ base_url = \"http://127.0.0.1:9/v1\", model = \"m\" }";
@@ -341,6 +344,15 @@ async fn a_config_names_a_routes_upstreams_and_what_cannot_be_meant_is_refused()
         (
             "upstreams = [{ base_url = \"http://a/v1\", model = \"m\", wieght = 2 }]\n".to_owned(),
             "wieght",
+        ),
+        (
+            "upstream = { base_url = \"http://a/v1\", model = \"m\", weight = 2 }\n".to_owned(),
+            "go with `upstreams`",
+        ),
+        (
+            "upstreams = [{ base_url = \"http://a/v1\", model = \"m\", max_tokens = 9 }]\n"
+                .to_owned(),
+            "`max_tokens` is for",
         ),
     ] {
         let Err(error) = read(&route) else {

@@ -1,9 +1,11 @@
 //! What shallot's end-to-end tests and benchmarks share: where the built
 //! guests are, one engine per process, a scriptable model (`model`), a
 //! recording token sink (`sink`), a fake chat-completions server
-//! (`provider`), a real Redis server (`redis`) and a web service that
-//! answers well or badly (`web`).
+//! (`provider`), a server of Anthropic's Messages wire (`anthropic`), a
+//! real Redis server (`redis`) and a web service that answers well or
+//! badly (`web`).
 
+mod anthropic;
 mod model;
 mod provider;
 mod redis;
@@ -19,6 +21,7 @@ use shallot::types::{ChatRequest, Message};
 use shallot::{ChainError, Context, Engine, EngineConfig, FilterSet, Isolation};
 use shallot::{FilterSpec, Grants};
 
+pub use anthropic::AnthropicServer;
 pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};
 pub use redis::RedisServer;

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::Config;
 use crate::conversation::StoreSpec;
-use crate::model::{OpenAiConfig, PoolConfig};
+use crate::model::{AnthropicConfig, OpenAiConfig, PoolConfig};
 use crate::plugin::LoadError;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -17,21 +17,23 @@ pub(super) struct RouteEntry {
     mode: RouteMode,
     filters: Option<Vec<String>>,
     upstream: Option<UpstreamEntry>,
-    upstreams: Option<Vec<MemberEntry>>,
+    upstreams: Option<Vec<ServerEntry>>,
     cool_after: Option<u32>,
     cooldown_ms: Option<u64>,
     store: Option<StoreSpec>,
 }
 
-/// One of a route's `upstreams`: a server table's fields, with a
-/// `weight` and a `name`.
+/// A server table: `upstream = { ... }`, or one of `upstreams` (which
+/// may also give a `name` and a `weight`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct MemberEntry {
+struct ServerEntry {
+    #[serde(default)]
+    api: Api,
     #[serde(default)]
     name: Option<String>,
-    #[serde(default = "one")]
-    weight: u32,
+    #[serde(default)]
+    weight: Option<u32>,
     base_url: String,
     model: String,
     #[serde(default)]
@@ -40,27 +42,53 @@ struct MemberEntry {
     timeout_ms: Option<u64>,
     #[serde(default)]
     max_retries: Option<u32>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
 }
 
-impl MemberEntry {
-    fn server(&self) -> OpenAiConfig {
-        let mut server = OpenAiConfig::new(&self.base_url, &self.model);
-        server.api_key.clone_from(&self.api_key);
-        server.timeout_ms = self.timeout_ms.unwrap_or(server.timeout_ms);
-        server.max_retries = self.max_retries.unwrap_or(server.max_retries);
-        server.or_env_key()
+/// The wire a server speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Api {
+    /// OpenAI's chat completions (and every server compatible with it).
+    #[default]
+    Openai,
+    /// Anthropic's Messages.
+    Anthropic,
+}
+
+impl ServerEntry {
+    /// The server, its key from the environment when the table has none
+    /// (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`).
+    fn server(&self) -> Result<Server, String> {
+        Ok(match self.api {
+            Api::Openai => {
+                if self.max_tokens.is_some() {
+                    return Err("`max_tokens` is for `api = \"anthropic\"` servers (an OpenAI-compatible request sets its own)".to_owned());
+                }
+                let mut server = OpenAiConfig::new(&self.base_url, &self.model);
+                server.api_key.clone_from(&self.api_key);
+                server.timeout_ms = self.timeout_ms.unwrap_or(server.timeout_ms);
+                server.max_retries = self.max_retries.unwrap_or(server.max_retries);
+                Server::OpenAi(server.or_env_key())
+            }
+            Api::Anthropic => {
+                let mut server = AnthropicConfig::new(&self.base_url, &self.model);
+                server.api_key.clone_from(&self.api_key);
+                server.timeout_ms = self.timeout_ms.unwrap_or(server.timeout_ms);
+                server.max_retries = self.max_retries.unwrap_or(server.max_retries);
+                server.max_tokens = self.max_tokens.unwrap_or(server.max_tokens);
+                Server::Anthropic(server.or_env_key())
+            }
+        })
     }
-}
-
-fn one() -> u32 {
-    1
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum UpstreamEntry {
     Named(String),
-    Server(OpenAiConfig),
+    Server(ServerEntry),
 }
 
 /// How a gateway route runs a request.
@@ -81,8 +109,8 @@ pub enum RouteMode {
 pub enum Upstream {
     /// The embedded offline model.
     Embedded,
-    /// An OpenAI-compatible server.
-    Server(OpenAiConfig),
+    /// A model server.
+    Server(Server),
     /// Several servers, balanced by weight, with failover and cooldown.
     Pool {
         /// The servers, in the order they are listed.
@@ -90,6 +118,15 @@ pub enum Upstream {
         /// When a failing one rests.
         config: PoolConfig,
     },
+}
+
+/// A model server, by the API it speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Server {
+    /// OpenAI's chat completions (OpenAI, vLLM, Ollama, llama.cpp, ...).
+    OpenAi(OpenAiConfig),
+    /// Anthropic's Messages (`api = "anthropic"`).
+    Anthropic(AnthropicConfig),
 }
 
 /// One server of a route's pool.
@@ -100,7 +137,7 @@ pub struct PoolMember {
     /// Its share of the requests.
     pub weight: u32,
     /// Where it is.
-    pub server: OpenAiConfig,
+    pub server: Server,
 }
 
 /// A gateway route, as a `shallot.toml` `[[route]]` table gives it: the
@@ -318,7 +355,16 @@ impl Config {
                         )));
                     }
                     Some(UpstreamEntry::Server(server)) => {
-                        Some(Upstream::Server(server.or_env_key()))
+                        if server.name.is_some() || server.weight.is_some() {
+                            return Err(self.bad(format!(
+                                "route '{}': `name` and `weight` go with `upstreams`",
+                                route.model
+                            )));
+                        }
+                        let server = server.server().map_err(|e| {
+                            self.bad(format!("route '{}': {e}", route.model))
+                        })?;
+                        Some(Upstream::Server(server))
                     }
                     },
                 };
@@ -341,7 +387,7 @@ impl Config {
 /// A route's `upstreams`, or what is wrong with them.
 fn pool(
     route: &str,
-    members: Vec<MemberEntry>,
+    members: Vec<ServerEntry>,
     cool_after: Option<u32>,
     cooldown_ms: Option<u64>,
 ) -> Result<Upstream, String> {
@@ -362,21 +408,24 @@ fn pool(
     let members = members
         .into_iter()
         .map(|entry| {
-            if entry.weight == 0 {
+            let weight = entry.weight.unwrap_or(1);
+            if weight == 0 {
                 return Err(format!(
                     "route '{route}': an upstream's `weight` must be at least 1"
                 ));
             }
-            let server = entry.server();
+            let server = entry
+                .server()
+                .map_err(|e| format!("route '{route}': {e}"))?;
             let name = entry
                 .name
-                .unwrap_or_else(|| format!("{}@{}", server.model, server.base_url));
+                .unwrap_or_else(|| format!("{}@{}", entry.model, entry.base_url));
             if !names.insert(name.clone()) {
                 return Err(format!("route '{route}': two upstreams are named '{name}'"));
             }
             Ok(PoolMember {
                 name,
-                weight: entry.weight,
+                weight,
                 server,
             })
         })

@@ -57,7 +57,7 @@ use crate::sandbox::Limits;
 
 mod gateway;
 
-pub use gateway::{ClientKey, PoolMember, RouteMode, RouteSpec, Upstream};
+pub use gateway::{ClientKey, PoolMember, RouteMode, RouteSpec, Server, Upstream};
 use gateway::{KeyEntry, RouteEntry};
 
 #[derive(Debug, Deserialize)]

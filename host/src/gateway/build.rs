@@ -4,10 +4,12 @@
 //! embedder calls to serve the same `shallot.toml`.
 
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
-use crate::config::{ClientKey, Config, RouteMode, Upstream};
+use crate::config::{ClientKey, Config, RouteMode, Server, Upstream};
 use crate::conversation::open_store;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
-use crate::model::{ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool};
+use crate::model::{
+    AnthropicModel, ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool,
+};
 use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
@@ -73,7 +75,8 @@ impl Route {
             None => (Vec::new(), Vec::new()),
         };
         if specs.is_empty() {
-            let upstream = default.map_or(Upstream::Embedded, Upstream::Server);
+            let upstream =
+                default.map_or(Upstream::Embedded, |s| Upstream::Server(Server::OpenAi(s)));
             let (builder, model) = with_model(Kernel::builder().plugins(plugins), upstream)?;
             let routes = vec![Route::proxy(model, builder.build()?)];
             check_keys(&keys, &routes)?;
@@ -99,7 +102,9 @@ impl Route {
                 }
             }
             let upstream = match spec.upstream.clone() {
-                None => default.clone().map_or(Upstream::Embedded, Upstream::Server),
+                None => default
+                    .clone()
+                    .map_or(Upstream::Embedded, |s| Upstream::Server(Server::OpenAi(s))),
                 Some(upstream) => upstream,
             };
             let (mut builder, _) = with_model(builder, upstream)?;
@@ -154,17 +159,31 @@ fn with_model(
     builder: KernelBuilder,
     upstream: Upstream,
 ) -> Result<(KernelBuilder, String), RouteError> {
-    let server = |config| OpenAiModel::new(config).map_err(RouteError::Upstream);
     Ok(match upstream {
-        Upstream::Server(config) => {
-            let model = server(config)?;
+        Upstream::Server(Server::OpenAi(config)) => {
+            let model = OpenAiModel::new(config).map_err(RouteError::Upstream)?;
+            let name = model.name().to_owned();
+            (builder.model(model), name)
+        }
+        Upstream::Server(Server::Anthropic(config)) => {
+            let model = AnthropicModel::new(config).map_err(RouteError::Upstream)?;
             let name = model.name().to_owned();
             (builder.model(model), name)
         }
         Upstream::Pool { members, config } => {
             let mut pool = UpstreamPool::new(config);
             for member in members {
-                pool = pool.upstream(member.name, member.weight, server(member.server)?);
+                let (name, weight) = (member.name, member.weight);
+                pool = match member.server {
+                    Server::OpenAi(config) => {
+                        let model = OpenAiModel::new(config).map_err(RouteError::Upstream)?;
+                        pool.upstream(name, weight, model)
+                    }
+                    Server::Anthropic(config) => {
+                        let model = AnthropicModel::new(config).map_err(RouteError::Upstream)?;
+                        pool.upstream(name, weight, model)
+                    }
+                };
             }
             let name = pool.name().to_owned();
             (builder.model(pool), name)

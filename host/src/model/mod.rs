@@ -5,7 +5,10 @@
 //! streams the model's tokens through the token transform chain when the
 //! invoke has a sink, batching tokens that arrive together.
 
+mod anthropic;
+mod body;
 mod embedded;
+mod failure;
 mod openai;
 mod pool;
 
@@ -16,6 +19,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 
+pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use embedded::EmbeddedModel;
 pub(crate) use openai::wire;
 pub use openai::{HOPS_HEADER, OpenAiConfig, OpenAiModel};

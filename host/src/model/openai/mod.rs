@@ -9,12 +9,11 @@
 //! be taken back, and the token chain does not flush what it held.
 //!
 //! `wire` is the protocol's JSON (requests, answers, chunks) in our terms;
-//! `assembly` puts a streamed answer together chunk by chunk; `body` reads
-//! the server's bytes under caps.
+//! `assembly` puts a streamed answer together chunk by chunk; the model
+//! module's `body` reads the server's bytes under caps, and its `failure`
+//! types the server's failures.
 
 mod assembly;
-mod body;
-mod failure;
 pub(crate) mod wire;
 
 use std::time::Duration;
@@ -26,9 +25,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::assembly::Assembly;
-use self::body::Refused;
-use self::failure::{status_error, transport_error};
 use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
+use super::body::{self, Refused};
+use super::failure::send_retrying;
 use super::{ChatModel, ModelEvent};
 use crate::context::{Context, HOPS};
 use crate::types::{ChainError, ErrorKind};
@@ -61,8 +60,6 @@ fn default_retries() -> u32 {
     2
 }
 
-/// The longest a `Retry-After` (or backoff) wait may be.
-const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The chat completions endpoint, under the API base.
 const CHAT: &str = "chat/completions";
 /// The embeddings endpoint, under the API base.
@@ -171,8 +168,7 @@ impl OpenAiModel {
     ) -> Result<reqwest::Response, ChainError> {
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
         let url = format!("{}/{path}", self.config.base_url.trim_end_matches('/'));
-        let mut attempt = 0;
-        loop {
+        send_retrying(self.config.max_retries, || {
             let mut post = self.client.post(&url).header(HOPS_HEADER, hops).json(body);
             if whole {
                 post = post.timeout(Duration::from_millis(self.config.timeout_ms));
@@ -180,25 +176,9 @@ impl OpenAiModel {
             if let Some(key) = &self.config.api_key {
                 post = post.bearer_auth(key);
             }
-            let (error, retry_after) = match post.send().await {
-                Ok(response) if response.status().is_success() => return Ok(response),
-                Ok(response) => status_error(response).await,
-                Err(e) => (transport_error(e), None),
-            };
-            let retryable = matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout);
-            if !retryable || attempt >= self.config.max_retries {
-                return Err(error);
-            }
-            let backoff = Duration::from_millis(250 << attempt.min(6));
-            let wait = retry_after.unwrap_or(backoff).min(MAX_WAIT);
-            tracing::warn!(
-                attempt = attempt + 1,
-                wait_ms = wait.as_millis() as u64,
-                "the model server failed ({error}); retrying"
-            );
-            tokio::time::sleep(wait).await;
-            attempt += 1;
-        }
+            post
+        })
+        .await
     }
 }
 
@@ -395,7 +375,7 @@ mod tests {
 
     use reqwest::header::{HeaderMap, HeaderValue};
 
-    use super::failure::retry_after;
+    use super::super::failure::retry_after;
 
     fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
         let mut headers = HeaderMap::new();

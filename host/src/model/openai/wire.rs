@@ -323,7 +323,7 @@ where
     Option::<T>::deserialize(deserializer).map(Option::unwrap_or_default)
 }
 
-pub(super) fn answer(
+pub(crate) fn answer(
     text: Option<String>,
     calls: Vec<ToolCall>,
     reason: FinishReason,

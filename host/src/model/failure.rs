@@ -8,9 +8,43 @@ use serde_json::Value;
 use super::body;
 use crate::types::{ChainError, ErrorKind};
 
+/// The longest a `Retry-After` (or backoff) wait may be.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// Sends the request `post` builds until it succeeds, fails in a way not
+/// worth retrying (anything but a transient failure or a timeout), or has
+/// been retried `max_retries` times; waits as the server's `Retry-After`
+/// says, else backs off (250 ms, doubling), never more than 30 s.
+pub(super) async fn send_retrying(
+    max_retries: u32,
+    post: impl Fn() -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response, ChainError> {
+    let mut attempt = 0;
+    loop {
+        let (error, retry_after) = match post().send().await {
+            Ok(response) if response.status().is_success() => return Ok(response),
+            Ok(response) => status_error(response).await,
+            Err(e) => (transport_error(e), None),
+        };
+        let retryable = matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout);
+        if !retryable || attempt >= max_retries {
+            return Err(error);
+        }
+        let backoff = Duration::from_millis(250 << attempt.min(6));
+        let wait = retry_after.unwrap_or(backoff).min(MAX_WAIT);
+        tracing::warn!(
+            attempt = attempt + 1,
+            wait_ms = wait.as_millis() as u64,
+            "the model server failed ({error}); retrying"
+        );
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    }
+}
+
 /// A failed HTTP status as a typed error, with the server's message and its
 /// `Retry-After`.
-pub(super) async fn status_error(response: reqwest::Response) -> (ChainError, Option<Duration>) {
+async fn status_error(response: reqwest::Response) -> (ChainError, Option<Duration>) {
     let status = response.status().as_u16();
     let retry_after = retry_after(response.headers());
     let text = body::error_text(response).await;
@@ -71,7 +105,7 @@ pub(super) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Durati
     })
 }
 
-pub(super) fn transport_error(error: reqwest::Error) -> ChainError {
+fn transport_error(error: reqwest::Error) -> ChainError {
     // Without the URL: it may carry credentials (`user:pass@`, `?api-key=`)
     // and the error may reach a gateway's clients.
     let error = error.without_url();

@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use futures::stream::{Stream, StreamExt};
 
-use super::super::ResponseLimits;
+use super::ResponseLimits;
 use crate::types::{ChainError, ErrorKind};
 
 /// The most of a whole answer read: twice the answer's own cap, for the
