@@ -594,3 +594,108 @@ async fn an_anthropic_upstream_is_reached_from_each_client_api() {
     );
     served.stop().await.unwrap();
 }
+
+/// `/openapi.json` documents each endpoint the gateway serves, with the
+/// method it takes, and nothing it does not serve.
+#[tokio::test]
+async fn the_openapi_document_names_every_endpoint_the_gateway_serves() {
+    let served = Served::start(kernel(vec![], ScriptedModel::answer("hi")).await, config()).await;
+    let (status, text) = served.get("/openapi.json").await;
+    assert_eq!(status, 200);
+    let document: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(document["openapi"], "3.1.0");
+    let mut documented: Vec<(String, String)> = document["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(move |method| (method.clone(), path.clone()))
+        })
+        .collect();
+    documented.sort();
+    let mut served_here: Vec<(String, String)> = [
+        ("post", "/v1/chat/completions"),
+        ("post", "/v1/responses"),
+        ("post", "/v1/messages"),
+        ("post", "/v1/embeddings"),
+        ("get", "/v1/models"),
+        ("get", "/v1/models/{model}"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    served_here.sort();
+    assert_eq!(documented, served_here);
+    for (method, path) in &documented {
+        let url = format!("{}{}", served.base, path.replace("{model}", "scripted"));
+        let request = reqwest::Client::new().request(method.to_uppercase().parse().unwrap(), url);
+        let response = request.json(&json!({})).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap();
+        assert!(
+            status != 405 && !body.contains("unknown_url"),
+            "{method} {path} is served: {status} {body}"
+        );
+        if method == "post" {
+            assert_eq!(status, 400, "an empty request is a bad one: {body}");
+        }
+    }
+    served.stop().await.unwrap();
+}
+
+/// Hostile bodies to the new endpoints: nested a hundred thousand deep,
+/// every field of the wrong type, an item of every unknown kind. Each is
+/// a `400` in its API's shape, and the gateway goes on serving.
+#[tokio::test]
+async fn hostile_bodies_to_the_responses_and_messages_endpoints_are_400s() {
+    let served = Served::start(
+        kernel(vec![], ScriptedModel::answer("fine")).await,
+        config(),
+    )
+    .await;
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let wrong_types = json!({ "model": 7, "input": { "a": 1 }, "messages": "x", "max_tokens": "many", "stream": "yes" });
+    for path in ["/v1/responses", "/v1/messages"] {
+        for body in [
+            deep.clone(),
+            wrong_types.to_string(),
+            "{\"model\":".to_owned(),
+        ] {
+            let response = reqwest::Client::new()
+                .post(format!("{}{path}", served.base))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 400, "{path}");
+            let error: Value = response.json().await.unwrap();
+            let message = if path == "/v1/messages" {
+                assert_eq!(error["type"], "error", "{error}");
+                &error["error"]["message"]
+            } else {
+                &error["error"]["message"]
+            };
+            assert!(message.is_string(), "{error}");
+        }
+    }
+    let items = json!({ "model": "scripted", "input": [{ "type": "item_reference", "id": "x" }, { "type": "computer_call" }] });
+    let (status, body) = json_of(&served, "/v1/responses", &items).await;
+    assert_eq!(status, 400, "{body}");
+    let blocks = json!({ "model": "scripted", "max_tokens": 5, "messages": [
+        { "role": "user", "content": [{ "type": "document", "source": {} }] }] });
+    let (status, body) = json_of(&served, "/v1/messages", &blocks).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = json_of(&served, "/v1/messages", &message("still here?")).await;
+    assert_eq!(
+        (status, body["content"][0]["text"].clone()),
+        (200, json!("fine"))
+    );
+    served.stop().await.unwrap();
+}

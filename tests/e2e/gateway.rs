@@ -629,8 +629,8 @@ async fn embeddings_reach_the_routes_model_and_are_counted() {
 }
 
 /// A route whose model is the gateway itself: each call to it is one hop
-/// further (`x-shallot-hops`), and at the eighth the gateway answers `508`
-/// (not retried), so the request ends with an error naming the loop
+/// further (`x-shallot-hops`), and at the eighth the gateway answers `400
+/// loop_detected` (not retried), so the request ends with an error naming the loop
 /// instead of going round until every place is taken.
 #[tokio::test]
 async fn a_route_whose_model_leads_back_to_the_gateway_ends_at_the_hop_limit() {
@@ -665,7 +665,9 @@ async fn a_route_whose_model_leads_back_to_the_gateway_ends_at_the_hop_limit() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 508);
+    assert_eq!(response.status().as_u16(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "loop_detected", "{body}");
     for forged in ["-1", "lots", "99999999999999999999999"] {
         let response = reqwest::Client::new()
             .post(format!("{}/v1/chat/completions", served.base))

@@ -172,7 +172,9 @@ async fn a_stream_fails_over_before_its_first_token_and_not_after() {
 }
 
 /// A gateway route over two upstreams (each a gateway over the embedded
-/// model): one is stopped during a load run, and no request fails; the
+/// model): one is stopped during a load run of JSON and streamed
+/// requests, and no request fails (the stopped one drains those it
+/// started, and a stream fails over before its first token); the
 /// stopped one rests, is seen resting in `/metrics` and `/readyz`, and
 /// once it is back is seen healthy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,12 +210,20 @@ async fn a_route_over_two_upstreams_loses_no_request_when_one_goes_down() {
             let (stop, answered, failed) = (stop.clone(), answered.clone(), failed.clone());
             tokio::spawn(async move {
                 let client = reqwest::Client::new();
+                // Half the clients stream.
+                let stream = n % 2 == 1;
                 while !stop.load(Ordering::SeqCst) {
-                    let body = json!({ "model": "pooled", "messages": [{ "role": "user", "content": format!("client {n}") }] });
+                    let body = json!({ "model": "pooled", "stream": stream, "messages": [{ "role": "user", "content": format!("client {n}") }] });
                     let response = client.post(&url).json(&body).send().await.unwrap();
                     let status = response.status().as_u16();
-                    let body: Value = response.json().await.unwrap();
-                    if status == 200 && body["choices"][0]["message"]["content"].is_string() {
+                    let body = response.text().await.unwrap();
+                    let whole = if stream {
+                        body.contains("data: [DONE]") && !body.contains("\"error\"")
+                    } else {
+                        serde_json::from_str::<Value>(&body)
+                            .is_ok_and(|b| b["choices"][0]["message"]["content"].is_string())
+                    };
+                    if status == 200 && whole {
                         answered.fetch_add(1, Ordering::SeqCst);
                     } else {
                         failed.fetch_add(1, Ordering::SeqCst);

@@ -13,22 +13,25 @@ use tokio::sync::mpsc;
 
 use super::{ModelArgs, Source};
 
-/// Serves `POST /v1/chat/completions` (JSON and `stream: true` SSE, tools
+/// Serves OpenAI's `POST /v1/chat/completions` and `POST /v1/responses`,
+/// Anthropic's `POST /v1/messages` (each JSON and `stream: true` SSE, tools
 /// and tool calls passed through: the client runs its own tool loop),
-/// `GET /v1/models`, `GET /healthz`, `GET /readyz` and `GET /metrics`
-/// (Prometheus). Each request is one
+/// `POST /v1/embeddings`, `GET /v1/models`, `GET /healthz`, `GET /readyz`,
+/// `GET /metrics` (Prometheus) and `GET /openapi.json`. Each request is one
 /// chat through the filters; what the client is shown of an answer goes
 /// through the token transforms. Point any OpenAI client's `base_url` at
-/// `http://<listen>/v1`, with the model this prints. SIGHUP, or a change to
+/// `http://<listen>/v1` (an Anthropic client's at `http://<listen>`), with
+/// the model this prints. SIGHUP, or a change to
 /// the config file or a plugin (and, in a plugins directory, its `.json`;
 /// not a log or other file beside them), reloads: the new set is compiled
 /// while the old one serves, then swapped in (requests in flight finish on theirs); a
 /// broken one is reported and the old set keeps serving. `[[route]]` tables
-/// in the config serve several models, each with its filters, upstream and
+/// in the config serve several models, each with its filters, upstream
+/// (OpenAI-compatible or Anthropic's; several, balanced with failover) and
 /// mode (`proxy`, or `agent`: one agent turn per request with the
 /// gateway's tools); without them, one model through every filter. With `[[key]]`
-/// tables in the config, clients must present one of those keys (`401`
-/// otherwise); a key with `models` sees and uses only those. SIGTERM or Ctrl-C stops accepting and lets the requests in
+/// tables in the config, clients must present one of those keys
+/// (`Authorization: Bearer` or `x-api-key`; `401` otherwise); a key with `models` sees and uses only those. SIGTERM or Ctrl-C stops accepting and lets the requests in
 /// flight finish. Built with the `otel` feature, spans go to the
 /// OpenTelemetry collector at OTEL_EXPORTER_OTLP_ENDPOINT when it is set.
 #[derive(Args)]

@@ -334,8 +334,10 @@ fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| ApiError::invalid(format!("the {HOPS_HEADER} header must be a number")))?;
     if hops >= MAX_HOPS {
+        // A 400, not HTTP's 508: the count is the client's to send, and no
+        // client retries a 400.
         return Err(ApiError::new(
-            StatusCode::LOOP_DETECTED,
+            StatusCode::BAD_REQUEST,
             "invalid_request_error",
             Some("loop_detected"),
             format!(

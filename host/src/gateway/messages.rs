@@ -450,7 +450,7 @@ fn usage(usage: &Usage) -> Value {
 /// {"type": ..., "message": ...}}`, its type by its status.
 fn body(error: &ApiError) -> Value {
     let kind = match error.status {
-        StatusCode::BAD_REQUEST | StatusCode::LOOP_DETECTED => "invalid_request_error",
+        StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
         StatusCode::FORBIDDEN => "permission_error",
         StatusCode::NOT_FOUND => "not_found_error",

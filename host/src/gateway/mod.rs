@@ -1,24 +1,27 @@
-//! An OpenAI-compatible gateway in front of a [`Kernel`]: any OpenAI client,
-//! in any language, gets the filters.
+//! A gateway in front of a [`Kernel`] that speaks the APIs clients send:
+//! any OpenAI or Anthropic client, in any language, gets the filters.
 //!
-//! `POST /v1/chat/completions` runs one chat-chain invoke per request
-//! (system-prompt hooks, around-chat filters, the model) and answers as
-//! OpenAI does: a JSON completion, or with `stream: true` server-sent
-//! chunks, tool calls included, and a usage chunk when
-//! `stream_options.include_usage` asks for it. What the client is shown of
-//! the answer's text always goes through the token transforms, streamed or
-//! not, so a redaction filter holds in both. The client runs its own tool
-//! loop: the tools it offers go to the model and the model's calls come
-//! back to it.
+//! `POST /v1/chat/completions` (OpenAI's chat completions), `POST
+//! /v1/responses` (OpenAI's Responses) and `POST /v1/messages`
+//! (Anthropic's Messages) each run one chat-chain invoke per request
+//! (system-prompt hooks, around-chat filters, the model), or an agent turn
+//! on an agent route, and answer in their API's words (`dialect`): a JSON
+//! answer, or with `stream: true` its server-sent events, tool calls
+//! included. What the client is shown of the answer's text always goes
+//! through the token transforms, streamed or not, so a redaction filter
+//! holds in every API. The client runs its own tool loop: the tools it
+//! offers go to the model and the model's calls come back to it.
 //!
-//! Failures are OpenAI error objects with a status by their kind (see
-//! `wire::ApiError::chain`); a blocked answer is a `200` whose
-//! `finish_reason` is `content_filter`, as OpenAI does. A stream that fails
+//! Failures are error objects in the API's shape with a status by their
+//! kind (see `wire::ApiError::chain`); a blocked answer is a `200` that
+//! says so (`finish_reason: content_filter`, `status: incomplete`,
+//! `stop_reason: refusal`). A stream that fails
 //! after it started ends with an error event, never a silent truncation.
 //!
 //! `GET /v1/models` lists the model, `GET /healthz` says the process is up,
-//! `GET /readyz` that it serves, with the filters it runs and its reloads,
-//! and `GET /metrics` gives Prometheus its counters (`metrics`). [`Gateway::swap`] serves a new kernel from the next request on
+//! `GET /readyz` that it serves, with the filters it runs, its upstreams'
+//! health and its reloads, `GET /metrics` gives Prometheus its counters
+//! (`metrics`), and `GET /openapi.json` documents it all ([`OPENAPI`]). [`Gateway::swap`] serves a new kernel from the next request on
 //! (`shallot serve` reloads on SIGHUP and on changed files); a request
 //! finishes on the kernel it started with.
 //!
@@ -35,7 +38,10 @@
 //! and `auth` (what a request may reach, and with which key), `admission`
 //! (a request's place and the queue), `handlers` (the endpoints),
 //! `answer` (an admitted request and its JSON answer), `stream` (the SSE
-//! answer), `wire` (OpenAI's request, answer and error shapes), `metrics`.
+//! answer), `dialect` (how an API says an answer), `wire` (chat
+//! completions' request, answer and error shapes), `responses` and
+//! `messages` (the other two APIs), `embeddings`, `upstreams` (their
+//! health), `metrics`, `openapi` (the document of it all).
 
 mod admission;
 mod answer;
@@ -46,6 +52,7 @@ mod embeddings;
 mod handlers;
 mod messages;
 mod metrics;
+mod openapi;
 mod reported;
 mod responses;
 mod routes;
@@ -65,6 +72,7 @@ use self::routes::RouteTable;
 
 pub use self::build::RouteError;
 pub use self::handlers::CONVERSATION_HEADER;
+pub use self::openapi::OPENAPI;
 pub use self::stream::MAX_UNSENT_BYTES;
 use crate::config::{ClientKey, RouteMode};
 use crate::conversation::ConversationStore;

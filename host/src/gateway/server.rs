@@ -20,6 +20,7 @@ use super::Gateway;
 use super::embeddings::embeddings;
 use super::handlers::{answer, exposition, model, models, ready};
 use super::messages::MessagesRequest;
+use super::openapi;
 use super::responses::ResponsesRequest;
 use super::wire::{ApiError, CompletionRequest};
 
@@ -89,6 +90,7 @@ impl Gateway {
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
             .route("/metrics", get(exposition))
+            .route("/openapi.json", get(openapi::document))
             .fallback(|| async {
                 ApiError::new(
                     StatusCode::NOT_FOUND,
