@@ -423,6 +423,26 @@ async fn previous_response_id_continues_a_kept_response_and_without_a_store_is_a
         "the kept conversation, without the first request's instructions: {seen:?}"
     );
 
+    // A streamed response is kept as it was shown, and continues too.
+    let mut streamed =
+        json!({ "model": "scripted", "input": "add 1 and 2", "tools": tools, "stream": true });
+    let (_, text) = post(&served, "/v1/responses", &streamed, &alice).await;
+    let completed = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "response.completed")
+        .unwrap_or_else(|| panic!("{text}"));
+    let id = completed["response"]["id"].clone();
+    let call_id = completed["response"]["output"][0]["call_id"].clone();
+    streamed = json!({
+        "model": "scripted", "tools": tools, "previous_response_id": id,
+        "input": [{ "type": "function_call_output", "call_id": call_id, "output": "3" }],
+    });
+    let (status, text) = post(&served, "/v1/responses", &streamed, &alice).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("sum is 3"), "{text}");
+
     let (status, text) = post(
         &served,
         "/v1/responses",
@@ -698,4 +718,59 @@ async fn hostile_bodies_to_the_responses_and_messages_endpoints_are_400s() {
         (200, json!("fine"))
     );
     served.stop().await.unwrap();
+}
+
+/// On an agent route a Responses or Messages request is one whole turn:
+/// the gateway runs its tools and the client gets the final answer, in
+/// its API's words (and sending tools of its own is refused there too).
+#[tokio::test]
+async fn on_an_agent_route_each_api_gets_the_turns_final_answer() {
+    let adder = shallot::types::ToolSpec::new("add", "adds", json!({ "type": "object" }));
+    let turn = shallot::ToolLoop::new(shallot::LoopConfig::default(), shallot::NoHistory);
+    let agent = Kernel::builder()
+        .model(adder_model())
+        .tool(adder, |args: Value, _| async move {
+            Ok(json!(
+                args["a"].as_i64().unwrap() + args["b"].as_i64().unwrap()
+            ))
+        })
+        .turn_terminal(turn)
+        .build()
+        .unwrap();
+    let route = Route {
+        mode: shallot::RouteMode::Agent,
+        ..Route::proxy("scripted", agent)
+    };
+    let served = Served::gateway(Gateway::new(vec![route], config())).await;
+    let (status, body) = json_of(&served, "/v1/messages", &message("add 1 and 2")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["content"],
+        json!([{ "type": "text", "text": "sum is 3" }])
+    );
+    assert_eq!(body["stop_reason"], "end_turn");
+    let ask = json!({ "model": "scripted", "input": "add 1 and 2" });
+    let (_, events) = events_of(&served, "/v1/responses", &ask).await;
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(
+        done["output"][0]["content"][0]["text"], "sum is 3",
+        "{events:?}"
+    );
+    let mut tools = message("add");
+    tools["tools"] = json!([{ "name": "mine", "input_schema": { "type": "object" } }]);
+    let (status, body) = json_of(&served, "/v1/messages", &tools).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["type"], "error");
+    served.stop().await.unwrap();
+}
+
+/// A model that calls `add` with 1 and 2 until it sees the result.
+fn adder_model() -> ScriptedModel {
+    ScriptedModel::new(|_, request: &ChatRequest| {
+        let last = request.messages.last().unwrap();
+        match last.role {
+            Role::Tool => Reply::Text(format!("sum is {}", last.text())),
+            _ => Reply::call("add", json!({ "a": 1, "b": 2 })),
+        }
+    })
 }
