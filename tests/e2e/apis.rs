@@ -74,6 +74,15 @@ fn adder() -> ScriptedModel {
     })
 }
 
+/// `token-redact` hiding keys (`sk-...`) as `[KEY]`.
+fn redact() -> (std::path::PathBuf, shallot::FilterSpec) {
+    spec(
+        "token_redact",
+        "redact",
+        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
+    )
+}
+
 fn message(text: &str) -> Value {
     json!({ "model": "scripted", "max_tokens": 64, "messages": [{ "role": "user", "content": text }] })
 }
@@ -243,11 +252,7 @@ async fn the_messages_api_fails_in_anthropics_shape_and_takes_its_key_header() {
 /// and `safeguard`'s block is each API's own refusal.
 #[tokio::test]
 async fn redaction_and_a_filters_block_hold_in_both_apis_json_and_streamed() {
-    let redact = spec(
-        "token_redact",
-        "redact",
-        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
-    );
+    let redact = redact();
     let guard = spec(
         "safeguard",
         "guard",
@@ -490,11 +495,7 @@ async fn an_anthropic_upstream_is_reached_from_each_client_api() {
         };
         AnthropicModel::new(config).unwrap()
     };
-    let redact = spec(
-        "token_redact",
-        "redact",
-        json!({ "pattern": "sk-[A-Za-z0-9]+", "replacement": "[KEY]", "window": 48 }),
-    );
+    let redact = redact();
     let plugins = shallot_tests::load(vec![redact]).await;
     let kernel = |model| {
         Kernel::builder()

@@ -1,5 +1,6 @@
-//! How a model server's failures become typed errors: its status and
-//! message, its `Retry-After`, and a transport that fails.
+//! How a model server is asked, and how its failures become typed errors:
+//! the HTTP client, the retry loop, the server's status and message, its
+//! `Retry-After`, and a transport that fails.
 
 use std::time::Duration;
 
@@ -7,6 +8,21 @@ use serde_json::Value;
 
 use super::body;
 use crate::types::{ChainError, ErrorKind};
+
+/// The HTTP client of a model server's client: connections within 10 s,
+/// reads within `timeout_ms` of silence.
+pub(super) fn http_client(timeout_ms: u64) -> Result<reqwest::Client, ChainError> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_millis(timeout_ms))
+        .build()
+        .map_err(|e| {
+            ChainError::new(
+                ErrorKind::Internal,
+                format!("cannot build the HTTP client: {e}"),
+            )
+        })
+}
 
 /// The longest a `Retry-After` (or backoff) wait may be.
 const MAX_WAIT: Duration = Duration::from_secs(30);

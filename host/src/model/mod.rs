@@ -33,6 +33,18 @@ pub use crate::types::ResponseLimits;
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
 
+/// A model server's default bound on a whole answer, and on the silence
+/// between two stream events.
+fn default_timeout_ms() -> u64 {
+    120_000
+}
+
+/// A model server's default retries of a retryable failure before the
+/// answer starts.
+fn default_retries() -> u32 {
+    2
+}
+
 /// One event of a streamed model answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {

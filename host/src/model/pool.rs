@@ -14,6 +14,7 @@
 //! tried anyway, the soonest back first: resting is a preference, never a
 //! reason to fail a request that one of them could answer.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -189,6 +190,33 @@ impl UpstreamPool {
         }
     }
 
+    /// What `call` answers on the first upstream, in the request's order,
+    /// that does not fail in a way the next may not.
+    async fn answered<'a, T, F>(
+        &'a self,
+        call: impl Fn(&'a Arc<dyn ChatModel>) -> F,
+    ) -> Result<T, ChainError>
+    where
+        F: Future<Output = Result<T, ChainError>>,
+    {
+        let mut last = None;
+        for i in self.order() {
+            let member = &self.members[i];
+            match call(&member.model).await {
+                Err(error) if fails_over(&error) => {
+                    self.failed(member, &error);
+                    last = Some(error);
+                }
+                answered => {
+                    // A request refused for what it is: the upstream works.
+                    self.succeeded(member);
+                    return answered;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(Self::empty))
+    }
+
     fn empty() -> ChainError {
         ChainError::new(ErrorKind::Internal, "the upstream pool has no upstreams")
     }
@@ -211,22 +239,7 @@ impl ChatModel for UpstreamPool {
         request: &ChatRequest,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        let mut last = None;
-        for i in self.order() {
-            let member = &self.members[i];
-            match member.model.chat(request, context).await {
-                Err(error) if fails_over(&error) => {
-                    self.failed(member, &error);
-                    last = Some(error);
-                }
-                answered => {
-                    // A request refused for what it is: the upstream works.
-                    self.succeeded(member);
-                    return answered;
-                }
-            }
-        }
-        Err(last.unwrap_or_else(Self::empty))
+        self.answered(|model| model.chat(request, context)).await
     }
 
     /// Fails over until an upstream's stream yields its first event; from
@@ -263,21 +276,7 @@ impl ChatModel for UpstreamPool {
     }
 
     async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
-        let mut last = None;
-        for i in self.order() {
-            let member = &self.members[i];
-            match member.model.embed(request, context).await {
-                Err(error) if fails_over(&error) => {
-                    self.failed(member, &error);
-                    last = Some(error);
-                }
-                answered => {
-                    self.succeeded(member);
-                    return answered;
-                }
-            }
-        }
-        Err(last.unwrap_or_else(Self::empty))
+        self.answered(|model| model.embed(request, context)).await
     }
 
     fn upstreams(&self) -> Vec<UpstreamHealth> {

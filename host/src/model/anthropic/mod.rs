@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::body::{self, Refused};
-use super::failure::send_retrying;
+use super::failure::{http_client, send_retrying};
 use super::openai::wire::answer;
 use super::{ChatModel, HOPS_HEADER, ModelEvent};
 use crate::context::{Context, HOPS};
@@ -37,22 +37,14 @@ pub struct AnthropicConfig {
     #[serde(default)]
     pub api_key: Option<String>,
     /// Bound on a whole answer, and on the silence between two events.
-    #[serde(default = "default_timeout_ms")]
+    #[serde(default = "super::default_timeout_ms")]
     pub timeout_ms: u64,
     /// Retries of a retryable failure before the answer starts.
-    #[serde(default = "default_retries")]
+    #[serde(default = "super::default_retries")]
     pub max_retries: u32,
     /// `max_tokens` for a request that sets none (Anthropic requires one).
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u64,
-}
-
-fn default_timeout_ms() -> u64 {
-    120_000
-}
-
-fn default_retries() -> u32 {
-    2
 }
 
 fn default_max_tokens() -> u64 {
@@ -69,8 +61,8 @@ impl AnthropicConfig {
             base_url: base_url.into(),
             model: model.into(),
             api_key: None,
-            timeout_ms: default_timeout_ms(),
-            max_retries: default_retries(),
+            timeout_ms: super::default_timeout_ms(),
+            max_retries: super::default_retries(),
             max_tokens: default_max_tokens(),
         }
     }
@@ -93,16 +85,7 @@ pub struct AnthropicModel {
 impl AnthropicModel {
     /// A client for `config`.
     pub fn new(config: AnthropicConfig) -> Result<Self, ChainError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_millis(config.timeout_ms))
-            .build()
-            .map_err(|e| {
-                ChainError::new(
-                    ErrorKind::Internal,
-                    format!("cannot build the HTTP client: {e}"),
-                )
-            })?;
+        let client = http_client(config.timeout_ms)?;
         Ok(AnthropicModel { config, client })
     }
 

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use self::assembly::Assembly;
 use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
 use super::body::{self, Refused};
-use super::failure::send_retrying;
+use super::failure::{http_client, send_retrying};
 use super::{ChatModel, ModelEvent};
 use crate::context::{Context, HOPS};
 use crate::types::{ChainError, ErrorKind};
@@ -45,19 +45,11 @@ pub struct OpenAiConfig {
     #[serde(default)]
     pub api_key: Option<String>,
     /// Bound on a whole answer, and on the silence between two stream chunks.
-    #[serde(default = "default_timeout_ms")]
+    #[serde(default = "super::default_timeout_ms")]
     pub timeout_ms: u64,
     /// Retries of a retryable failure before the answer starts.
-    #[serde(default = "default_retries")]
+    #[serde(default = "super::default_retries")]
     pub max_retries: u32,
-}
-
-fn default_timeout_ms() -> u64 {
-    120_000
-}
-
-fn default_retries() -> u32 {
-    2
 }
 
 /// The chat completions endpoint, under the API base.
@@ -76,8 +68,8 @@ impl OpenAiConfig {
             base_url: base_url.into(),
             model: model.into(),
             api_key: None,
-            timeout_ms: default_timeout_ms(),
-            max_retries: default_retries(),
+            timeout_ms: super::default_timeout_ms(),
+            max_retries: super::default_retries(),
         }
     }
 
@@ -125,16 +117,7 @@ pub struct OpenAiModel {
 impl OpenAiModel {
     /// A client for `config`.
     pub fn new(config: OpenAiConfig) -> Result<Self, ChainError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_millis(config.timeout_ms))
-            .build()
-            .map_err(|e| {
-                ChainError::new(
-                    ErrorKind::Internal,
-                    format!("cannot build the HTTP client: {e}"),
-                )
-            })?;
+        let client = http_client(config.timeout_ms)?;
         Ok(OpenAiModel { config, client })
     }
 
