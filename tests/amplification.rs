@@ -64,18 +64,18 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
 }
 
 /// A filter answering 48 MiB of control characters, served as JSON and as
-/// a stream: escaped at once, that answer is 288 MiB (the gateway held
-/// 268 MiB more than the answer for it). The gateway writes the JSON as it
-/// sends it, and cuts stream events into pieces, so its peak stays near
-/// the answer's few copies (the guest's, the host's, the delivered text).
+/// a stream, in each client API: escaped at once, that answer is 288 MiB
+/// (the gateway held 268 MiB more than the answer for it). The gateway
+/// writes the JSON as it sends it, and cuts stream events into pieces, so
+/// its peak stays near the answer's few copies (the guest's, the host's,
+/// the delivered text). The Responses API's closing events repeat the
+/// whole text, as OpenAI's protocol has them: each is written around the
+/// one copy of it, escaped as it is sent, like the JSON answers.
 async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
     let kernel = misbehaving("escaped-answer", 256).await;
     let gateway = Gateway::new(vec![Route::proxy("m", kernel)], GatewayConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
-    );
+    let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {
         gateway
@@ -84,34 +84,45 @@ async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
             })
             .await
     });
-    for stream in [false, true] {
-        let before = reset_peak();
-        let request = json!({
-            "model": "m",
-            "stream": stream,
-            "messages": [{ "role": "user", "content": "hi" }],
-        });
-        let mut response = reqwest::Client::new()
-            .post(&url)
-            .json(&request)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200, "stream: {stream}");
-        let mut received = 0usize;
-        while let Some(chunk) = response.chunk().await.unwrap() {
-            received += chunk.len();
+    let messages = json!([{ "role": "user", "content": "hi" }]);
+    let apis = [
+        (
+            "/v1/chat/completions",
+            json!({ "model": "m", "messages": messages }),
+        ),
+        (
+            "/v1/messages",
+            json!({ "model": "m", "max_tokens": 16, "messages": messages }),
+        ),
+        ("/v1/responses", json!({ "model": "m", "input": "hi" })),
+    ];
+    for (path, request) in apis {
+        for stream in [false, true] {
+            let before = reset_peak();
+            let mut request = request.clone();
+            request["stream"] = json!(stream);
+            let mut response = reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .json(&request)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{path}, stream: {stream}");
+            let mut received = 0usize;
+            while let Some(chunk) = response.chunk().await.unwrap() {
+                received += chunk.len();
+            }
+            let (_, peak) = resident_mib();
+            assert!(
+                received > 6 * (48 << 20),
+                "{path}: the whole answer came: {received} bytes"
+            );
+            assert!(
+                peak - before < 400,
+                "{path}, stream: {stream}: the peak grew by {} MiB for a 48 MiB answer",
+                peak - before
+            );
         }
-        let (_, peak) = resident_mib();
-        assert!(
-            received > 6 * (48 << 20),
-            "the whole answer came: {received} bytes"
-        );
-        assert!(
-            peak - before < 400,
-            "stream: {stream}: the peak grew by {} MiB for a 48 MiB answer",
-            peak - before
-        );
     }
     let _ = stop.send(());
     served.await.unwrap().unwrap();

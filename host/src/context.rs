@@ -30,6 +30,12 @@ pub const RATE_LIMIT: &str = "rate_limit";
 /// `x-shallot-cache` header.
 pub const CACHE: &str = "cache";
 
+/// The shared-context key naming the upstream of a route's pool the
+/// invoke's model calls go to, and only to (`model-fallback` with
+/// `upstreams` sets it); unset, the pool balances and fails over. A name
+/// the pool does not have is a `not-found` naming those it has.
+pub const UPSTREAM: &str = "upstream";
+
 /// The shared-context key counting the gateways a request has passed
 /// through before this one (the gateway sets it from the `x-shallot-hops`
 /// header, and refuses a request that has passed through

@@ -80,7 +80,7 @@ pub use config::{
 };
 pub use context::{
     CACHE, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS, RATE_LIMIT,
-    Reducers, TENANT, USER,
+    Reducers, TENANT, UPSTREAM, USER,
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,

@@ -202,9 +202,71 @@ async fn model_fallback_refuses_a_bad_configuration_at_load() {
             "unknown variant",
         ),
         (json!({ "models": [""] }), "models[0] is empty"),
-        (json!({}), "missing field `models`"),
+        (json!({}), "give `models` (or `upstreams`)"),
+        (json!({ "models": ["a"], "upstreams": ["b"] }), "not both"),
+        (json!({ "upstreams": [" "] }), "upstreams[0] is empty"),
     ] {
         let error = refused("model_fallback", "model-fallback", config).await;
         assert!(error.to_string().contains(says), "{error}");
     }
+}
+
+/// With `upstreams`, the fallback names the route's upstreams (the host
+/// sends the call there): over a pool whose first upstream refuses the
+/// gateway's key (which the pool itself does not fail over), the call
+/// goes on to the one named, and the invoke's `upstream` key is put back.
+#[tokio::test]
+async fn model_fallback_falls_back_to_another_upstream_of_the_route() {
+    let refusing = ScriptedModel::new(|_, _: &ChatRequest| {
+        Reply::Fail(ChainError::new(ErrorKind::Auth, "the key is refused"))
+    });
+    let claude = ScriptedModel::answer("answer from claude");
+    let pool = shallot::UpstreamPool::new(shallot::PoolConfig::default())
+        .upstream("openai", 1, refusing.clone())
+        .upstream("claude", 1, claude.clone());
+    let plugins = load(vec![spec(
+        "model_fallback",
+        "model-fallback",
+        json!({ "upstreams": ["claude"] }),
+    )])
+    .await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(pool)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let context = Context::new();
+        let answer = kernel.chat(ask("hi"), context.clone()).await.unwrap();
+        assert_eq!(answer.text(), "answer from claude");
+        assert_eq!(context.get(shallot::UPSTREAM), None, "put back as it was");
+    }
+    assert_eq!(
+        (refusing.calls(), claude.calls()),
+        (1, 2),
+        "round robin, then the fallback"
+    );
+
+    // A name the route does not have is a not-found naming those it has.
+    let plugins = load(vec![spec(
+        "model_fallback",
+        "model-fallback",
+        json!({ "upstreams": ["gemini"] }),
+    )])
+    .await;
+    let pool = shallot::UpstreamPool::new(shallot::PoolConfig::default()).upstream(
+        "openai",
+        1,
+        ScriptedModel::new(|_, _: &ChatRequest| {
+            Reply::Fail(ChainError::new(ErrorKind::Auth, "refused"))
+        }),
+    );
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(pool)
+        .build()
+        .unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::NotFound, "{error}");
+    assert!(error.message.contains("this route's are openai"), "{error}");
 }

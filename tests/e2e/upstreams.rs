@@ -92,6 +92,43 @@ async fn a_pool_balances_by_weight_and_fails_over_only_what_another_may_answer()
     );
 }
 
+/// An upstream of weight 0 is a standby: it answers only what the others
+/// fail.
+#[tokio::test]
+async fn a_standby_upstream_answers_only_what_the_others_fail() {
+    let down = Arc::new(AtomicBool::new(false));
+    let main = member("main", down.clone(), ErrorKind::Transient);
+    let spare = member(
+        "spare",
+        Arc::new(AtomicBool::new(false)),
+        ErrorKind::Transient,
+    );
+    let pool = resting(100, Duration::from_secs(60))
+        .upstream("spare", 0, spare.clone())
+        .upstream("main", 1, main.clone());
+    let context = Context::new();
+    for _ in 0..5 {
+        assert_eq!(
+            pool.chat(&ask("hi"), &context)
+                .await
+                .unwrap()
+                .message
+                .text(),
+            "main"
+        );
+    }
+    down.store(true, Ordering::SeqCst);
+    assert_eq!(
+        pool.chat(&ask("hi"), &context)
+            .await
+            .unwrap()
+            .message
+            .text(),
+        "spare"
+    );
+    assert_eq!((main.calls(), spare.calls()), (6, 1));
+}
+
 #[tokio::test]
 async fn an_upstream_that_keeps_failing_rests_and_is_tried_again_after_its_cooldown() {
     let down = Arc::new(AtomicBool::new(true));
@@ -343,10 +380,6 @@ async fn a_config_names_a_routes_upstreams_and_what_cannot_be_meant_is_refused()
             "two upstreams are named",
         ),
         ("upstreams = []\n".to_owned(), "is empty"),
-        (
-            "upstreams = [{ base_url = \"http://a/v1\", model = \"m\", weight = 0 }]\n".to_owned(),
-            "at least 1",
-        ),
         (
             format!("upstream = {server}\ncooldown_ms = 5\n"),
             "go with `upstreams`",

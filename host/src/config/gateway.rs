@@ -134,7 +134,8 @@ pub enum Server {
 pub struct PoolMember {
     /// Its name in `/readyz` and `/metrics` (default `<model>@<base_url>`).
     pub name: String,
-    /// Its share of the requests.
+    /// Its share of the requests (0: a standby, sent only what the others
+    /// fail).
     pub weight: u32,
     /// Where it is.
     pub server: Server,
@@ -409,11 +410,6 @@ fn pool(
         .into_iter()
         .map(|entry| {
             let weight = entry.weight.unwrap_or(1);
-            if weight == 0 {
-                return Err(format!(
-                    "route '{route}': an upstream's `weight` must be at least 1"
-                ));
-            }
             let server = entry
                 .server()
                 .map_err(|e| format!("route '{route}': {e}"))?;

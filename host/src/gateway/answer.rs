@@ -4,14 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::header;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 
 use super::GatewayState;
 use super::admission::ConcurrencyPermit;
 use super::dialect::Dialect;
 use super::responses::Keep;
-use super::wire::{self, ApiError};
+use super::wire::ApiError;
 use crate::config::RouteMode;
 use crate::context::Context;
 use crate::kernel::Kernel;
@@ -64,16 +63,6 @@ impl Responder {
                     .await?,
             )),
         }
-    }
-
-    /// The events that stream `text`, a piece of at most
-    /// [`wire::TEXT_PIECE`] bytes each, so that no event is bigger than six
-    /// times that, escaped, however much text a token batch or a filter's
-    /// own answer holds.
-    pub(super) fn text_events(&mut self, text: &str) -> Vec<Event> {
-        wire::pieces(text)
-            .flat_map(|piece| self.dialect.text(piece))
-            .collect()
     }
 
     /// A whole (JSON) answer, or the error it ended in.

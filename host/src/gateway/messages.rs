@@ -10,15 +10,14 @@
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Route;
-use super::dialect::{Dialect, named};
+use super::dialect::{Dialect, Frame};
 use super::handlers::{ChatApi, Prepared};
-use super::wire::{ApiError, unique_id};
+use super::wire::{ApiError, open, spliced, unique_id};
 use crate::types::{
     ChatRequest, ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall,
     ToolSpec, Usage,
@@ -315,24 +314,24 @@ struct Messages {
 }
 
 impl Messages {
-    fn block_start(&mut self, block: Value) -> Event {
+    fn block_start(&mut self, block: Value) -> Frame {
         let index = self.blocks;
         self.blocks += 1;
-        named(
+        Frame::named(
             "content_block_start",
             &json!({ "type": "content_block_start", "index": index, "content_block": block }),
         )
     }
 
-    fn delta(index: usize, delta: Value) -> Event {
-        named(
+    fn delta(index: usize, delta: Value) -> Frame {
+        Frame::named(
             "content_block_delta",
             &json!({ "type": "content_block_delta", "index": index, "delta": delta }),
         )
     }
 
-    fn block_stop(index: usize) -> Event {
-        named(
+    fn block_stop(index: usize) -> Frame {
+        Frame::named(
             "content_block_stop",
             &json!({ "type": "content_block_stop", "index": index }),
         )
@@ -340,27 +339,41 @@ impl Messages {
 }
 
 impl Dialect for Messages {
+    /// `{<head>,"content":[{"type":"text","text":` TEXT `},<tool_use>...]}`,
+    /// the text escaped as it is sent.
     fn whole(&mut self, response: ChatResponse, shown: Option<String>) -> Body {
-        let mut content = Vec::new();
-        let text = shown.unwrap_or_default();
-        if !text.is_empty() || response.message.tool_calls.is_empty() {
-            content.push(json!({ "type": "text", "text": text }));
-        }
-        content.extend(response.message.tool_calls.iter().map(tool_use));
-        let message = json!({
+        let head = json!({
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "model": self.model,
-            "content": content,
             "stop_reason": stop_reason(response.finish_reason),
             "stop_sequence": null,
             "usage": usage(&response.usage),
         });
-        Body::from(message.to_string())
+        let mut before = open(&head);
+        before.extend_from_slice(br#","content":["#);
+        let text = shown.unwrap_or_default();
+        let calls = &response.message.tool_calls;
+        let with_text = !text.is_empty() || calls.is_empty();
+        let mut after = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            if i > 0 || with_text {
+                after.push(b',');
+            }
+            after.extend(tool_use(call).to_string().into_bytes());
+        }
+        after.extend_from_slice(b"]}");
+        if !with_text {
+            before.extend(after);
+            return Body::from(before);
+        }
+        before.extend_from_slice(br#"{"type":"text","text":"#);
+        after.insert(0, b'}');
+        spliced(before, Some(text), after)
     }
 
-    fn opening(&mut self) -> Vec<Event> {
+    fn opening(&mut self) -> Vec<Frame> {
         let message = json!({
             "id": self.id,
             "type": "message",
@@ -371,13 +384,13 @@ impl Dialect for Messages {
             "stop_sequence": null,
             "usage": usage(&Usage::default()),
         });
-        vec![named(
+        vec![Frame::named(
             "message_start",
             &json!({ "type": "message_start", "message": message }),
         )]
     }
 
-    fn text(&mut self, piece: &str) -> Vec<Event> {
+    fn text(&mut self, piece: &str) -> Vec<Frame> {
         let mut events = Vec::new();
         if !self.text_open {
             self.text_open = true;
@@ -388,7 +401,7 @@ impl Dialect for Messages {
         events
     }
 
-    fn end(&mut self, response: &ChatResponse) -> Vec<Event> {
+    fn end(&mut self, response: &ChatResponse) -> Vec<Frame> {
         let mut events = Vec::new();
         if std::mem::take(&mut self.text_open) {
             events.push(Self::block_stop(self.blocks - 1));
@@ -407,13 +420,16 @@ impl Dialect for Messages {
             "delta": { "stop_reason": stop_reason(response.finish_reason), "stop_sequence": null },
             "usage": usage(&response.usage),
         });
-        events.push(named("message_delta", &delta));
-        events.push(named("message_stop", &json!({ "type": "message_stop" })));
+        events.push(Frame::named("message_delta", &delta));
+        events.push(Frame::named(
+            "message_stop",
+            &json!({ "type": "message_stop" }),
+        ));
         events
     }
 
-    fn broken(&mut self, error: &ApiError) -> Vec<Event> {
-        vec![named("error", &body(error))]
+    fn broken(&mut self, error: &ApiError) -> Vec<Frame> {
+        vec![Frame::named("error", &body(error))]
     }
 
     fn refuse(&self, error: ApiError) -> Response {

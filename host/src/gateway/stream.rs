@@ -1,12 +1,14 @@
 //! A streamed (SSE) answer: token batches forwarded as chunks, bounded
 //! by what the client has not read.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::body::Body;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use tokio::sync::{Notify, mpsc};
@@ -15,7 +17,8 @@ use tracing::Instrument;
 use super::GatewayState;
 use super::admission::ConcurrencyPermit;
 use super::answer::{Responder, run};
-use super::wire::ApiError;
+use super::dialect::Frame;
+use super::wire::{self, ApiError};
 use crate::config::RouteMode;
 use crate::kernel::Kernel;
 use crate::onion::{InvokeOptions, TokenSink};
@@ -67,6 +70,10 @@ impl Responder {
             unsent,
             delivered: false,
             shown,
+            text: None,
+            end: None,
+            tail: VecDeque::new(),
+            finishing: false,
             ended: false,
         };
         let chunks = futures::stream::unfold(state, Chunks::next).flatten();
@@ -75,10 +82,13 @@ impl Responder {
         let body = futures::stream::iter(opening)
             .chain(chunks)
             .chain(futures::stream::iter(closing))
+            .flat_map(Frame::into_bytes)
             .map(Ok::<_, Infallible>);
-        Sse::new(body)
-            .keep_alive(KeepAlive::default())
-            .into_response()
+        let headers = [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ];
+        (headers, Body::from_stream(body)).into_response()
     }
 }
 
@@ -131,6 +141,11 @@ pub(super) enum Streamed {
     Tokens(String),
     Done(Result<ChatResponse, ChainError>),
 }
+
+/// How long a stream may go without an event before it sends a comment,
+/// so that proxies and clients do not take a slow model for a dead
+/// connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// How much of a streamed answer may wait for a client that does not read
 /// it: past this, the chat is stopped (its instances, its place and the
@@ -190,7 +205,8 @@ impl TokenSink for Forward {
     }
 }
 
-/// The events of one streamed answer, as they come.
+/// The events of one streamed answer, as they come: a piece of text at a
+/// time, so that no more than one piece of a long text is escaped at once.
 pub(super) struct Chunks {
     answer: Responder,
     pending: Option<Streamed>,
@@ -201,72 +217,112 @@ pub(super) struct Chunks {
     delivered: bool,
     /// The text streamed so far, when the exchange is kept.
     shown: Option<String>,
+    /// Text not yet sent, and how much of it was.
+    text: Option<(String, usize)>,
+    /// The answer, once its text is all that is left to send before the
+    /// dialect's end.
+    end: Option<ChatResponse>,
+    /// Events to send after the text.
+    tail: VecDeque<Frame>,
+    /// Whether the dialect has more of its end to say ([`Dialect::more`]).
+    finishing: bool,
     ended: bool,
 }
 
 impl Chunks {
     pub(super) async fn next(
         mut self,
-    ) -> Option<(futures::stream::Iter<std::vec::IntoIter<Event>>, Self)> {
-        if self.ended {
-            return None;
+    ) -> Option<(futures::stream::Iter<std::vec::IntoIter<Frame>>, Self)> {
+        loop {
+            if let Some(events) = self.piece() {
+                return Some((futures::stream::iter(events), self));
+            }
+            if let Some(response) = self.end.take() {
+                // The dialect's end, once the last of the text is out.
+                self.tail.extend(self.answer.dialect.end(&response));
+                self.finishing = true;
+            }
+            if let Some(event) = self.tail.pop_front() {
+                return Some((futures::stream::iter(vec![event]), self));
+            }
+            if self.finishing {
+                match self.answer.dialect.more() {
+                    Some(event) => return Some((futures::stream::iter(vec![event]), self)),
+                    None => self.finishing = false,
+                }
+            }
+            if self.ended {
+                return None;
+            }
+            let event = match self.pending.take() {
+                Some(event) => Some(event),
+                None => tokio::select! {
+                    event = self.events.recv() => event,
+                    () = self.answer.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
+                    () = tokio::time::sleep(KEEP_ALIVE) => {
+                        return Some((futures::stream::iter(vec![Frame::keep_alive()]), self));
+                    }
+                },
+            };
+            match event {
+                Some(Streamed::Tokens(text)) => {
+                    self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
+                    self.delivered = true;
+                    self.send(text);
+                }
+                Some(Streamed::Done(done)) => {
+                    self.ended = true;
+                    match done {
+                        Ok(mut response) => self.last(&mut response).await,
+                        Err(error) => self.broken(&error),
+                    }
+                }
+                None => {
+                    self.ended = true;
+                    let error =
+                        ChainError::new(ErrorKind::Internal, "the answer ended without a result")
+                            .at(Origin::terminal("gateway"));
+                    self.broken(&error);
+                }
+            }
         }
-        let event = match self.pending.take() {
-            Some(event) => Some(event),
-            None => tokio::select! {
-                event = self.events.recv() => event,
-                () = self.answer.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
-            },
-        };
-        let events = match event {
-            Some(Streamed::Tokens(text)) => {
-                self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
-                self.delivered = true;
-                if let Some(shown) = &mut self.shown {
-                    shown.push_str(&text);
-                }
-                self.answer.text_events(&text)
-            }
-            Some(Streamed::Done(done)) => {
-                self.ended = true;
-                match done {
-                    Ok(mut response) => self.last(&mut response).await,
-                    Err(error) => self.broken(&error),
-                }
-            }
-            None => {
-                self.ended = true;
-                let error =
-                    ChainError::new(ErrorKind::Internal, "the answer ended without a result")
-                        .at(Origin::terminal("gateway"));
-                self.broken(&error)
-            }
-        };
-        Some((futures::stream::iter(events), self))
     }
 
-    /// The events that end a broken stream, counted.
-    pub(super) fn broken(&mut self, error: &ChainError) -> Vec<Event> {
+    /// Sends `text` next, a piece at a time (and keeps it, if asked).
+    fn send(&mut self, text: String) {
+        if let Some(shown) = &mut self.shown {
+            shown.push_str(&text);
+        }
+        self.text = Some((text, 0));
+    }
+
+    /// The events of the next piece of the text not yet sent.
+    fn piece(&mut self) -> Option<Vec<Frame>> {
+        let (text, at) = self.text.as_mut()?;
+        let Some(piece) = wire::next_piece(text, *at) else {
+            self.text = None;
+            return None;
+        };
+        *at += piece.len();
+        Some(self.answer.dialect.text(piece))
+    }
+
+    /// Ends a broken stream with the dialect's error events, counted.
+    pub(super) fn broken(&mut self, error: &ChainError) {
         let error = ApiError::chain(error);
         let metrics = &self.answer.shared.metrics;
         metrics.stream_error(&self.answer.model, error.status.as_u16());
-        self.answer.dialect.broken(&error)
+        self.tail.extend(self.answer.dialect.broken(&error));
     }
 
-    /// The events after the last token: text a filter answered with (not
+    /// What follows the last token: text a filter answered with (not
     /// streamed), then the dialect's end (tool calls, finish, usage); the
     /// exchange kept first, if asked, so that an answer whose keeping
     /// failed ends broken rather than as if it could be continued.
-    pub(super) async fn last(&mut self, response: &mut ChatResponse) -> Vec<Event> {
-        let mut events = Vec::new();
+    pub(super) async fn last(&mut self, response: &mut ChatResponse) {
         if !self.delivered {
             match self.answer.delivered(response).await {
-                Ok(Some(text)) => {
-                    events.extend(self.answer.text_events(&text));
-                    if let Some(shown) = &mut self.shown {
-                        shown.push_str(&text);
-                    }
-                }
+                Ok(Some(text)) => self.send(text),
                 Ok(None) => {}
                 Err(error) => return self.broken(&error),
             }
@@ -274,13 +330,11 @@ impl Chunks {
         if let Some(keep) = self.answer.keep.take() {
             let shown = self.shown.take().filter(|text| !text.is_empty());
             if let Err(error) = keep.keep(response, shown.as_deref()).await {
-                events.extend(self.broken(&error));
-                return events;
+                return self.broken(&error);
             }
         }
-        events.extend(self.answer.dialect.end(response));
         let metrics = &self.answer.shared.metrics;
         metrics.usage(&self.answer.model, &response.usage);
-        events
+        self.end = Some(std::mem::take(response));
     }
 }

@@ -8,14 +8,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::StatusCode;
-use axum::response::sse::Event;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Route;
-use super::dialect::Dialect;
+use super::dialect::{Dialect, Frame};
 use super::handlers::{ChatApi, Prepared};
 use crate::model::wire::{
     message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
@@ -167,19 +166,54 @@ pub(super) fn next_piece(text: &str, at: usize) -> Option<&str> {
     Some(&text[at..end])
 }
 
-/// `text` in pieces of at most [`TEXT_PIECE`] bytes.
-pub(super) fn pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let piece = next_piece(text, at)?;
-        at += piece.len();
-        Some(piece)
-    })
+/// A JSON body: `before`, `text` as a JSON string (`null` for none), then
+/// `after`, written as [`spliced_bytes`] writes it.
+pub(super) fn spliced(before: Vec<u8>, text: Option<String>, after: Vec<u8>) -> Body {
+    let Some(text) = text else {
+        let mut whole = before;
+        whole.extend_from_slice(b"null");
+        whole.extend(after);
+        return Body::from(whole);
+    };
+    Body::from_stream(spliced_bytes(before, text, after).map(Ok::<_, Infallible>))
+}
+
+/// `before`, `text` as a JSON string, then `after`. A text longer than
+/// [`TEXT_PIECE`] is escaped a piece at a time as the bytes are taken:
+/// escaped at once it could take six times its size (every control
+/// character is six bytes in JSON).
+pub(super) fn spliced_bytes<T>(
+    mut before: Vec<u8>,
+    text: T,
+    after: Vec<u8>,
+) -> futures::stream::BoxStream<'static, Bytes>
+where
+    T: AsRef<str> + Send + 'static,
+{
+    if text.as_ref().len() <= TEXT_PIECE {
+        before.extend(serde_json::to_vec(text.as_ref()).expect("a string serializes"));
+        before.extend(after);
+        return futures::stream::iter([Bytes::from(before)]).boxed();
+    }
+    let pieces = futures::stream::unfold((text, 0), |(text, at)| async move {
+        let piece = next_piece(text.as_ref(), at)?;
+        let escaped = serde_json::to_string(piece).expect("a string serializes");
+        let inner = Bytes::copy_from_slice(&escaped.as_bytes()[1..escaped.len() - 1]);
+        let at = at + piece.len();
+        Some((inner, (text, at)))
+    });
+    before.push(b'"');
+    let mut after = after;
+    after.insert(0, b'"');
+    futures::stream::iter([Bytes::from(before)])
+        .chain(pieces)
+        .chain(futures::stream::iter([Bytes::from(after)]))
+        .boxed()
 }
 
 /// A JSON object's text without its closing brace, to write more fields
 /// after it.
-fn open(object: &Value) -> Vec<u8> {
+pub(super) fn open(object: &Value) -> Vec<u8> {
     let mut text = serde_json::to_vec(object).expect("a JSON value serializes");
     text.pop();
     text
@@ -230,29 +264,7 @@ impl Head {
             prefix.push(b',');
         }
         prefix.extend_from_slice(br#""content":"#);
-        const END: &[u8] = b"}}]}";
-        let text = match delivered {
-            Some(text) if text.len() > TEXT_PIECE => text,
-            short => {
-                let text = serde_json::to_vec(&short).expect("a string serializes");
-                prefix.extend(text);
-                prefix.extend_from_slice(END);
-                return Body::from(prefix);
-            }
-        };
-        let pieces = futures::stream::unfold((text, 0), |(text, at)| async move {
-            let piece = next_piece(&text, at)?;
-            let escaped = serde_json::to_string(piece).expect("a string serializes");
-            let inner = Bytes::copy_from_slice(&escaped.as_bytes()[1..escaped.len() - 1]);
-            let at = at + piece.len();
-            Some((inner, (text, at)))
-        });
-        prefix.push(b'"');
-        let body = futures::stream::iter([Bytes::from(prefix)])
-            .chain(pieces)
-            .chain(futures::stream::iter([Bytes::from_static(b"\"}}]}")]))
-            .map(Ok::<_, Infallible>);
-        Body::from_stream(body)
+        spliced(prefix, delivered, b"}}]}".to_vec())
     }
 
     /// A stream chunk with `delta` and `finish_reason`.
@@ -305,8 +317,8 @@ pub(super) struct Completions {
 }
 
 impl Completions {
-    fn event(chunk: &Value) -> Event {
-        Event::default().data(chunk.to_string())
+    fn event(chunk: &Value) -> Frame {
+        Frame::data(chunk.to_string())
     }
 }
 
@@ -315,20 +327,20 @@ impl Dialect for Completions {
         self.head.completion(response, shown)
     }
 
-    fn opening(&mut self) -> Vec<Event> {
+    fn opening(&mut self) -> Vec<Frame> {
         let chunk = self
             .head
             .chunk(json!({ "role": "assistant", "content": "" }), None);
         vec![Self::event(&chunk)]
     }
 
-    fn text(&mut self, piece: &str) -> Vec<Event> {
+    fn text(&mut self, piece: &str) -> Vec<Frame> {
         vec![Self::event(
             &self.head.chunk(json!({ "content": piece }), None),
         )]
     }
 
-    fn end(&mut self, response: &ChatResponse) -> Vec<Event> {
+    fn end(&mut self, response: &ChatResponse) -> Vec<Frame> {
         let mut events = Vec::new();
         if !response.message.tool_calls.is_empty() {
             events.push(Self::event(
@@ -343,12 +355,12 @@ impl Dialect for Completions {
         events
     }
 
-    fn broken(&mut self, error: &ApiError) -> Vec<Event> {
+    fn broken(&mut self, error: &ApiError) -> Vec<Frame> {
         vec![Self::event(&error.body())]
     }
 
-    fn closing(&self) -> Option<Event> {
-        Some(Event::default().data("[DONE]"))
+    fn closing(&self) -> Option<Frame> {
+        Some(Frame::data("[DONE]"))
     }
 }
 

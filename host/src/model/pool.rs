@@ -3,7 +3,8 @@
 //!
 //! Each request goes to one upstream, chosen by weight among those not
 //! cooling down (a weighted round robin, so that an upstream of weight 3
-//! gets three requests of every four beside one of weight 1). When it
+//! gets three requests of every four beside one of weight 1; one of
+//! weight 0 is a standby, tried only after the others). When it
 //! fails in a way another upstream may not (a transient failure, a `5xx`,
 //! a `429`, a timeout, a refused connection) before the answer's first
 //! token, the request goes to the next upstream, and so on; a request the
@@ -13,6 +14,10 @@
 //! success makes it healthy. When every upstream is resting, they are
 //! tried anyway, the soonest back first: resting is a preference, never a
 //! reason to fail a request that one of them could answer.
+//!
+//! An invoke whose shared context names an upstream ([`UPSTREAM`], as
+//! `model-fallback` with `upstreams` sets it) goes to that one only: the
+//! filter chose it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +30,7 @@ use futures::stream::{self, BoxStream};
 use serde_json::Value;
 
 use super::{ChatModel, ModelEvent};
-use crate::context::Context;
+use crate::context::{Context, UPSTREAM};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind};
 
 /// When an upstream rests.
@@ -108,11 +113,12 @@ impl UpstreamPool {
     }
 
     /// The pool with `model` as one more upstream, named `name`, of
-    /// `weight` (at least 1).
+    /// `weight`: its share of the requests, or 0 for a standby that gets
+    /// only those the others fail (or that name it).
     pub fn upstream(mut self, name: impl Into<String>, weight: u32, model: impl ChatModel) -> Self {
         self.members.push(Member {
             name: name.into(),
-            weight: weight.max(1),
+            weight,
             model: Arc::new(model),
             state: Mutex::new(State::default()),
             requests: AtomicU64::new(0),
@@ -122,19 +128,42 @@ impl UpstreamPool {
         self
     }
 
+    /// The upstreams a request tries, in order: only the one the context
+    /// names under [`UPSTREAM`], if it names one; else [`Self::balanced`].
+    fn order(&self, context: &Context) -> Result<Vec<usize>, ChainError> {
+        let Some(named) = context.get(UPSTREAM) else {
+            return Ok(self.balanced());
+        };
+        let named = named.as_str().unwrap_or_default();
+        match self.members.iter().position(|m| m.name == named) {
+            Some(i) => Ok(vec![i]),
+            None => {
+                let names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
+                Err(ChainError::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "no upstream is named '{named}'; this route's are {}",
+                        names.join(", ")
+                    ),
+                ))
+            }
+        }
+    }
+
     /// The order in which a request tries the upstreams: the one the
     /// weights choose among those not resting, the others not resting
-    /// after it, then the resting ones, the soonest back first.
-    fn order(&self) -> Vec<usize> {
+    /// after it, the standbys (weight 0) not resting, then the resting
+    /// ones, the soonest back first.
+    fn balanced(&self) -> Vec<usize> {
         let now = Instant::now();
         let resting: Vec<Option<Instant>> = self
             .members
             .iter()
             .map(|m| m.state().resting_until.filter(|until| *until > now))
             .collect();
-        let awake: Vec<usize> = (0..self.members.len())
+        let (awake, standby): (Vec<usize>, Vec<usize>) = (0..self.members.len())
             .filter(|i| resting[*i].is_none())
-            .collect();
+            .partition(|i| self.members[*i].weight > 0);
         let mut order = Vec::with_capacity(self.members.len());
         let total: u64 = awake
             .iter()
@@ -155,6 +184,7 @@ impl UpstreamPool {
                 .unwrap_or(0);
             order.extend(awake[first..].iter().chain(&awake[..first]));
         }
+        order.extend(standby);
         let mut asleep: Vec<usize> = (0..self.members.len())
             .filter(|i| resting[*i].is_some())
             .collect();
@@ -194,13 +224,14 @@ impl UpstreamPool {
     /// that does not fail in a way the next may not.
     async fn answered<'a, T, F>(
         &'a self,
+        context: &Context,
         call: impl Fn(&'a Arc<dyn ChatModel>) -> F,
     ) -> Result<T, ChainError>
     where
         F: Future<Output = Result<T, ChainError>>,
     {
         let mut last = None;
-        for i in self.order() {
+        for i in self.order(context)? {
             let member = &self.members[i];
             match call(&member.model).await {
                 Err(error) if fails_over(&error) => {
@@ -239,7 +270,8 @@ impl ChatModel for UpstreamPool {
         request: &ChatRequest,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        self.answered(|model| model.chat(request, context)).await
+        self.answered(context, |model| model.chat(request, context))
+            .await
     }
 
     /// Fails over until an upstream's stream yields its first event; from
@@ -251,7 +283,7 @@ impl ChatModel for UpstreamPool {
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
         let mut last = None;
-        for i in self.order() {
+        for i in self.order(context)? {
             let member = &self.members[i];
             let first = match member.model.stream(request, context).await {
                 Ok(mut events) => events.next().await.map(|first| (first, events)),
@@ -276,7 +308,8 @@ impl ChatModel for UpstreamPool {
     }
 
     async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
-        self.answered(|model| model.embed(request, context)).await
+        self.answered(context, |model| model.embed(request, context))
+            .await
     }
 
     fn upstreams(&self) -> Vec<UpstreamHealth> {
