@@ -36,6 +36,15 @@ fn member(name: &'static str, down: Arc<AtomicBool>, kind: ErrorKind) -> Scripte
     })
 }
 
+/// What `pool` answers "hi" with.
+async fn answer(pool: &UpstreamPool) -> String {
+    pool.chat(&ask("hi"), &Context::new())
+        .await
+        .unwrap()
+        .message
+        .text()
+}
+
 fn resting(cool_after: u32, cooldown: Duration) -> UpstreamPool {
     UpstreamPool::new(PoolConfig {
         cool_after,
@@ -106,26 +115,11 @@ async fn a_standby_upstream_answers_only_what_the_others_fail() {
     let pool = resting(100, Duration::from_secs(60))
         .upstream("spare", 0, spare.clone())
         .upstream("main", 1, main.clone());
-    let context = Context::new();
     for _ in 0..5 {
-        assert_eq!(
-            pool.chat(&ask("hi"), &context)
-                .await
-                .unwrap()
-                .message
-                .text(),
-            "main"
-        );
+        assert_eq!(answer(&pool).await, "main");
     }
     down.store(true, Ordering::SeqCst);
-    assert_eq!(
-        pool.chat(&ask("hi"), &context)
-            .await
-            .unwrap()
-            .message
-            .text(),
-        "spare"
-    );
+    assert_eq!(answer(&pool).await, "spare");
     assert_eq!((main.calls(), spare.calls()), (6, 1));
 }
 
@@ -139,14 +133,7 @@ async fn an_upstream_that_keeps_failing_rests_and_is_tried_again_after_its_coold
         .upstream("b", 1, b.clone());
     let context = Context::new();
     for _ in 0..10 {
-        assert_eq!(
-            pool.chat(&ask("hi"), &context)
-                .await
-                .unwrap()
-                .message
-                .text(),
-            "b"
-        );
+        assert_eq!(answer(&pool).await, "b");
     }
     assert_eq!(a.calls(), 2, "a rests after two failures in a row");
     let health = &pool.upstreams()[0];

@@ -167,15 +167,19 @@ pub(super) fn next_piece(text: &str, at: usize) -> Option<&str> {
 }
 
 /// A JSON body: `before`, `text` as a JSON string (`null` for none), then
-/// `after`, written as [`spliced_bytes`] writes it.
-pub(super) fn spliced(before: Vec<u8>, text: Option<String>, after: Vec<u8>) -> Body {
-    let Some(text) = text else {
-        let mut whole = before;
-        whole.extend_from_slice(b"null");
-        whole.extend(after);
-        return Body::from(whole);
-    };
-    Body::from_stream(spliced_bytes(before, text, after).map(Ok::<_, Infallible>))
+/// `after`: of a known length when the text is short, else written as
+/// [`spliced_bytes`] writes it.
+pub(super) fn spliced(mut before: Vec<u8>, text: Option<String>, after: Vec<u8>) -> Body {
+    match text {
+        Some(text) if text.len() > TEXT_PIECE => {
+            Body::from_stream(spliced_bytes(before, text, after).map(Ok::<_, Infallible>))
+        }
+        short => {
+            before.extend(serde_json::to_vec(&short).expect("a string serializes"));
+            before.extend(after);
+            Body::from(before)
+        }
+    }
 }
 
 /// `before`, `text` as a JSON string, then `after`. A text longer than
