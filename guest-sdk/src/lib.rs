@@ -88,6 +88,7 @@ pub mod context;
 mod error;
 mod fctx;
 mod filter;
+pub mod glob;
 mod granted;
 pub mod log;
 mod next;

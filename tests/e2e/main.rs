@@ -5,6 +5,7 @@
 //!
 //! Build the guests first: `cargo build-guests`.
 
+mod access;
 mod agent;
 mod apis;
 mod approval;

@@ -47,6 +47,11 @@ pub(crate) struct ChatArgs {
     /// Model rounds one turn may take.
     #[arg(long, value_name = "N", default_value_t = 10)]
     max_iterations: u32,
+    /// Refuse a call to a tool the model was not offered in that round (as
+    /// the filters left the list): trimming the tools becomes access
+    /// control. By default a registered tool the model names runs.
+    #[arg(long)]
+    offered_only: bool,
     /// Pause between the embedded model's streamed tokens, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pace: u64,
@@ -121,6 +126,7 @@ async fn kernel(engine: &Engine, args: &ChatArgs) -> anyhow::Result<Kernel> {
     let plugins = args.source.load(engine, file.as_ref()).await?;
     let config = LoopConfig {
         max_iterations: args.max_iterations,
+        offered_only: args.offered_only,
         ..LoopConfig::default()
     };
     let tool_loop = if plugins.keeps_conversations() {

@@ -22,7 +22,7 @@ use regex_lite::Regex;
 use serde::Deserialize;
 use serde_json::json;
 use shallot_guest::{
-    ErrorKind, Filter, FilterError, Next, ToolRequest, ToolResponse, approval, log,
+    ErrorKind, Filter, FilterError, Next, ToolRequest, ToolResponse, approval, glob, log,
 };
 
 #[derive(Deserialize)]
@@ -87,32 +87,12 @@ fn any_tool() -> String {
     "*".to_owned()
 }
 
-/// Whether `name` matches `glob`, where `*` matches any run of characters.
-fn glob(glob: &str, name: &str) -> bool {
-    let mut parts = glob.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = name.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
-}
-
 impl Approval {
     fn decide(&self, tool: &str, arguments: &str) -> Action {
         self.rules
             .iter()
             .find(|rule| {
-                glob(&rule.tool, tool)
+                glob::matches(&rule.tool, tool)
                     && rule.pattern.as_ref().is_none_or(|p| p.is_match(arguments))
             })
             .map_or(self.default, |rule| rule.action)

@@ -31,7 +31,7 @@ use super::history::{History, MemoryHistory};
 use crate::context::{CONVERSATION_ID, Context};
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Turn};
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{ChainError, ErrorKind, Origin};
 use crate::types::{
     ChatResponse, InterruptKind, Message, ToolCall, ToolCallRecord, ToolSpec, TurnRequest,
     TurnResult,
@@ -66,6 +66,13 @@ pub struct LoopConfig {
     /// past it every call of the batch fails with a `timeout` error and
     /// none of their writes are kept. `None` by default.
     pub batch_timeout: Option<Duration>,
+    /// Refuse a call to a tool the model was not offered in that round
+    /// (the list as the chat filters left it, `tool-search`'s trimming
+    /// included): the model gets an `invalid-request` error for it and the
+    /// tool never runs. Off by default, as in the seed: a registered tool
+    /// the model names runs whether it was offered or not, so trimming the
+    /// menu is a hint to the model, not access control. On, it is.
+    pub offered_only: bool,
 }
 
 /// What a tool call that failed for its environment does to the turn.
@@ -94,6 +101,7 @@ impl Default for LoopConfig {
             on_env_error: OnEnvError::Auto,
             tool_timeout: None,
             batch_timeout: None,
+            offered_only: false,
         }
     }
 }
@@ -246,13 +254,19 @@ impl ToolLoop {
         tools: &[Arc<ToolSpec>],
         calls: Vec<ToolCall>,
     ) -> Option<TurnResult> {
-        let triage = self.triage(run, tools, calls);
         let offered = run.offered.clone().unwrap_or_default();
+        let (calls, mut refused): (Vec<ToolCall>, Vec<ToolCall>) =
+            calls.into_iter().partition(|call| {
+                !self.config.offered_only || offered.iter().any(|t| t.name == call.name)
+            });
+        let triage = self.triage(run, tools, calls);
         let outcomes = self.run_tools(invoke, tools, &offered, &triage.free).await;
-        let ran = Ran {
-            calls: triage.free,
-            outcomes,
+        let mut ran = Ran {
+            outcomes: refused.iter().map(not_offered).collect(),
+            calls: std::mem::take(&mut refused),
         };
+        ran.calls.extend(triage.free);
+        ran.outcomes.extend(outcomes);
         self.conclude(run, tools, ran, triage.skipped, triage.hold, triage.later)
     }
 
@@ -312,6 +326,16 @@ impl ToolLoop {
     }
 }
 
+/// The error a call to a tool not offered in its round gets
+/// ([`LoopConfig::offered_only`]).
+fn not_offered(call: &ToolCall) -> Result<String, ChainError> {
+    Err(ChainError::new(
+        ErrorKind::InvalidRequest,
+        format!("tool '{}' was not offered in this round", call.name),
+    )
+    .at(Origin::terminal("tool-loop")))
+}
+
 /// A batch's calls, sorted by [`ToolLoop::triage`].
 struct Triage {
     free: Vec<ToolCall>,
@@ -368,6 +392,9 @@ pub struct Paused {
     verdicts: Vec<(ToolCall, Option<String>)>,
     /// The paused batch's outputs so far, while it may answer the turn.
     direct: Option<Vec<String>>,
+    /// The tools the model was last offered, for the calls that run on
+    /// resume.
+    offered: Option<Arc<Vec<ToolSpec>>>,
     last: ChatResponse,
 }
 

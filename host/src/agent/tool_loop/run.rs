@@ -75,7 +75,7 @@ impl<'a> Run<'a> {
             calls: paused.calls.clone(),
             rounds: paused.rounds,
             last: Some(paused.last.clone()),
-            offered: None,
+            offered: paused.offered.clone(),
             verdicts: paused.verdicts.clone(),
             direct: paused.direct.clone(),
         }
@@ -164,6 +164,7 @@ impl<'a> Run<'a> {
             later,
             verdicts: std::mem::take(&mut self.verdicts),
             direct: self.direct.take(),
+            offered: self.offered.clone(),
             last,
         };
         TurnResult::Interrupt(TurnInterrupt {

@@ -1,0 +1,99 @@
+//! `tool-guard` (tool): access control for tool calls. The shared
+//! context's value under `by` (the client key's `tenant` by default; `key`,
+//! `user` or any key a filter sets) picks the rules: a call whose tool
+//! matches a `deny` pattern of that value (or of `*`, every value) is
+//! refused, and so is one that matches none of the `allow` patterns of
+//! that value (or, when the value has no list, of `*`); without an `allow`
+//! list that applies, what is not denied runs. A refused call never
+//! reaches the tool: the model gets a result saying so
+//! (`{"error":{"type":"not_allowed","message":...,"tool":...}}`), whether
+//! or not the tool was on its menu: this is the enforcing side of a
+//! trimmed menu (`tool-search` only hides).
+//!
+//! Config: `{"by": "tenant", "allow": {"acme": ["search", "read_*"], "*":
+//! ["search"]}, "deny": {"*": ["delete_*"]}}` (patterns: `*` matches any
+//! run of characters).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::json;
+use shallot_guest::{Filter, FilterError, Next, ToolRequest, ToolResponse, context, glob, log};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolGuard {
+    #[serde(default = "tenant")]
+    by: String,
+    #[serde(default)]
+    allow: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    deny: BTreeMap<String, Vec<String>>,
+}
+
+fn tenant() -> String {
+    "tenant".to_owned()
+}
+
+/// The rules of every value.
+const EVERY: &str = "*";
+
+impl ToolGuard {
+    /// Why a call of `tool` by `who` is refused, if it is.
+    fn refusal(&self, who: Option<&str>, tool: &str) -> Option<String> {
+        let named = who.map_or_else(|| "no one named".to_owned(), |who| format!("'{who}'"));
+        let denied =
+            who.is_some_and(|who| listed(&self.deny, who, tool)) || listed(&self.deny, EVERY, tool);
+        if denied {
+            return Some(format!("tool '{tool}' is denied to {} {named}", self.by));
+        }
+        let allowed = who
+            .and_then(|who| self.allow.get(who))
+            .or_else(|| self.allow.get(EVERY));
+        match allowed {
+            Some(patterns) if !patterns.iter().any(|p| glob::matches(p, tool)) => Some(format!(
+                "tool '{tool}' is not allowed to {} {named}",
+                self.by
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `rules` list a pattern of `value` that `tool` matches.
+fn listed(rules: &BTreeMap<String, Vec<String>>, value: &str, tool: &str) -> bool {
+    rules
+        .get(value)
+        .is_some_and(|patterns| patterns.iter().any(|p| glob::matches(p, tool)))
+}
+
+#[shallot_guest::filter(name = "tool-guard")]
+impl Filter for ToolGuard {
+    fn configure(&mut self) -> Result<(), String> {
+        if self.by.trim().is_empty() {
+            return Err("`by` names a context key".to_owned());
+        }
+        for (what, rules) in [("allow", &self.allow), ("deny", &self.deny)] {
+            for (value, patterns) in rules {
+                if let Some(i) = patterns.iter().position(|p| p.is_empty()) {
+                    return Err(format!("{what}.{value}[{i}] is empty"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
+        let tool = request.tool().name;
+        let who = context::get_text(&self.by);
+        match self.refusal(who.as_deref(), &tool) {
+            None => next.tool(request),
+            Some(why) => {
+                log::info(&why);
+                Ok(ToolResponse::from_value(&json!({
+                    "error": { "type": "not_allowed", "message": why, "tool": tool }
+                })))
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Who may call which tool (issue rows "trimming the tool menu is not
+//! access control"): by default a registered tool the model names runs
+//! whether it was offered or not, as in the seed; the tool loop's
+//! `offered_only` refuses it, and the `tool-guard` plugin refuses calls by
+//! allow and deny lists per tenant (or any context value), offered or
+//! not.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use shallot::types::{ChatRequest, Message, Role, ToolSpec, TurnRequest, TurnResult};
+use shallot::{ChainError, Context, Kernel, LoopConfig, NoHistory, TENANT, ToolLoop};
+use shallot_tests::{Reply, ScriptedModel, load, spec};
+
+/// A chat filter that takes `delete_all` off the model's menu.
+struct Trims;
+
+#[async_trait::async_trait]
+impl shallot::Filter for Trims {
+    fn name(&self) -> &str {
+        "trims"
+    }
+
+    async fn around_chat(
+        &self,
+        request: ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        let tools: Vec<ToolSpec> = request
+            .tools
+            .iter()
+            .filter(|t| t.name != "delete_all")
+            .cloned()
+            .collect();
+        next.call(request.with_tools(tools)).await
+    }
+}
+
+/// A model that calls `tool` once, then says what it was told.
+fn calls(tool: &'static str) -> ScriptedModel {
+    ScriptedModel::new(move |_, request: &ChatRequest| {
+        let last = request.messages.last().unwrap();
+        match last.role {
+            Role::Tool => Reply::Text(format!("told: {}", last.text())),
+            _ => Reply::call(tool, json!({})),
+        }
+    })
+}
+
+/// A kernel over `model` with the tools `search` and `delete_all`
+/// (counting their runs in `ran`), `filters` and `config`.
+fn kernel(
+    model: ScriptedModel,
+    config: LoopConfig,
+    filters: Option<&shallot::FilterSet>,
+    ran: &Arc<AtomicUsize>,
+) -> Kernel {
+    let mut builder = Kernel::builder()
+        .model(model)
+        .filter(Trims)
+        .turn_terminal(ToolLoop::new(config, NoHistory));
+    if let Some(filters) = filters {
+        builder = builder.plugins(filters);
+    }
+    for name in ["search", "delete_all"] {
+        let ran = ran.clone();
+        let spec = ToolSpec::new(name, name, json!({ "type": "object" }));
+        builder = builder.tool(spec, move |_: Value, _| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            async move { Ok(json!(format!("{name} ran"))) }
+        });
+    }
+    builder.build().unwrap()
+}
+
+async fn turn(kernel: &Kernel, tenant: &str) -> shallot::types::TurnDone {
+    let context = Context::new().with(TENANT, tenant);
+    let request = TurnRequest::new(vec![Message::user("go")]);
+    match kernel.turn(request, context).await {
+        TurnResult::Done(done) => done,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_registered_tool_off_the_menu_runs_by_default_and_not_with_offered_only() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let open = kernel(calls("delete_all"), LoopConfig::default(), None, &ran);
+    let done = turn(&open, "acme").await;
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the seed's behaviour: it runs"
+    );
+    assert_eq!(done.response.text(), "told: delete_all ran");
+
+    let ran = Arc::new(AtomicUsize::new(0));
+    let config = LoopConfig {
+        offered_only: true,
+        ..LoopConfig::default()
+    };
+    let closed = kernel(calls("delete_all"), config, None, &ran);
+    let done = turn(&closed, "acme").await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "never runs");
+    let error = done.tool_calls[0].error.as_ref().expect("refused");
+    assert!(error.message.contains("was not offered"), "{error}");
+    assert!(
+        done.response.text().contains("was not offered"),
+        "the model is told"
+    );
+
+    // What was offered still runs.
+    let offered = kernel(calls("search"), config, None, &ran);
+    turn(&offered, "acme").await;
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn tool_guard_refuses_by_tenant_what_it_does_not_allow_offered_or_not() {
+    let guard = spec(
+        "tool_guard",
+        "tool-guard",
+        json!({ "allow": { "acme": ["search", "delete_*"], "*": ["search"] }, "deny": { "*": ["delete_all"] } }),
+    );
+    let plugins = load(vec![guard]).await;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let guarded = |tool| kernel(calls(tool), LoopConfig::default(), Some(&plugins), &ran);
+
+    let done = turn(&guarded("search"), "acme").await;
+    assert_eq!(done.response.text(), "told: search ran");
+    // Denied to every tenant, allowed or not, on the menu or not.
+    let done = turn(&guarded("delete_all"), "acme").await;
+    let refused: Value =
+        serde_json::from_str(done.tool_calls[0].output.as_deref().unwrap()).unwrap();
+    assert_eq!(refused["error"]["type"], "not_allowed", "{refused}");
+    assert_eq!(refused["error"]["tool"], "delete_all");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant 'acme'"),
+        "{refused}"
+    );
+    // Another tenant has only the `*` list.
+    let done = turn(&guarded("search"), "globex").await;
+    assert_eq!(done.response.text(), "told: search ran");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "search ran twice, delete_all never"
+    );
+
+    for (config, says) in [
+        (json!({ "by": " " }), "`by` names a context key"),
+        (
+            json!({ "allow": { "acme": [""] } }),
+            "allow.acme[0] is empty",
+        ),
+        (json!({ "allow": ["search"] }), "invalid type"),
+    ] {
+        let error = super::loading::refused("tool_guard", "tool-guard", config).await;
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
+
+/// A tool a chat filter adds to the menu (not registered; the filter
+/// serves its calls).
+struct Adds;
+
+#[async_trait::async_trait]
+impl shallot::Filter for Adds {
+    fn name(&self) -> &str {
+        "adds"
+    }
+
+    async fn around_chat(
+        &self,
+        request: ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        let mut tools = request.tools.to_vec();
+        tools.push(ToolSpec::new(
+            "lookup",
+            "looks up",
+            json!({ "type": "object" }),
+        ));
+        next.call(request.with_tools(tools)).await
+    }
+
+    async fn around_tool(
+        &self,
+        request: shallot::types::ToolRequest,
+        next: shallot::Next<shallot::Tool>,
+    ) -> Result<shallot::types::ToolResponse, ChainError> {
+        if request.tool.name == "lookup" {
+            return Ok(shallot::types::ToolResponse::json(&json!("found it")));
+        }
+        next.call(request).await
+    }
+}
+
+/// A paused turn keeps the menu its model was offered: a call to a tool a
+/// filter added, held by the loop's policy and approved, still reaches the
+/// filter after the resume (it was `not-found` there before), and under
+/// `offered_only` still counts as offered.
+#[tokio::test]
+async fn a_resumed_turn_keeps_the_tools_its_model_was_offered() {
+    for offered_only in [false, true] {
+        let config = LoopConfig {
+            offered_only,
+            ..LoopConfig::default()
+        };
+        let held = ToolLoop::new(config, NoHistory)
+            .on_tool_call(|call| (call.name == "lookup").then(|| "ask first".to_owned()));
+        let kernel = Kernel::builder()
+            .model(calls("lookup"))
+            .filter(Adds)
+            .turn_terminal(held)
+            .build()
+            .unwrap();
+        let request = TurnRequest::new(vec![Message::user("go")]);
+        let TurnResult::Interrupt(held) = kernel.turn(request, Context::new()).await else {
+            panic!("the call is held");
+        };
+        let resumed = kernel
+            .resume(held, shallot::types::Decision::Approve, Context::new())
+            .await;
+        let TurnResult::Done(done) = resumed else {
+            panic!("{resumed:?}");
+        };
+        assert_eq!(
+            done.response.text(),
+            "told: found it",
+            "offered_only: {offered_only}"
+        );
+    }
+}
