@@ -236,3 +236,129 @@ async fn a_resumed_turn_keeps_the_tools_its_model_was_offered() {
         );
     }
 }
+
+/// A model that calls `tools` every round, whatever it is told.
+fn insists(tools: &'static [&'static str]) -> ScriptedModel {
+    ScriptedModel::new(move |_, _: &ChatRequest| {
+        Reply::Calls(tools.iter().map(|t| ((*t).to_owned(), json!({}))).collect())
+    })
+}
+
+/// The turn over a model that keeps calling `tools`, through `filters`,
+/// with the loop's `stop_on_all_denied` as given (and `policy` holding
+/// calls, denied on resume).
+async fn insisting(
+    tools: &'static [&'static str],
+    filters: &shallot::FilterSet,
+    stop_on_all_denied: bool,
+    policy: bool,
+) -> TurnResult {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let config = LoopConfig {
+        stop_on_all_denied,
+        ..LoopConfig::default()
+    };
+    let mut tool_loop = ToolLoop::new(config, NoHistory);
+    if policy {
+        tool_loop =
+            tool_loop.on_tool_call(|call| (call.name == "search").then(|| "ask".to_owned()));
+    }
+    let mut builder = Kernel::builder()
+        .model(insists(tools))
+        .plugins(filters)
+        .turn_terminal(tool_loop);
+    for name in ["search", "delete_all"] {
+        let ran = ran.clone();
+        let spec = ToolSpec::new(name, name, json!({ "type": "object" }));
+        builder = builder.tool(spec, move |_: Value, _| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            async move { Ok(json!("ran")) }
+        });
+    }
+    let kernel = builder.build().unwrap();
+    let context = Context::new().with(TENANT, "acme");
+    let result = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), context.clone())
+        .await;
+    match result {
+        TurnResult::Interrupt(held) if policy => {
+            kernel
+                .resume(
+                    held,
+                    shallot::types::Decision::Deny("not today".into()),
+                    context,
+                )
+                .await
+        }
+        other => other,
+    }
+}
+
+// AgentScope's StopOnAllDenied (seed 004).
+/// When every call of a round is refused — by `approval`'s deny rule, by
+/// `tool-guard`, or by a human denying what the policy held — the turn
+/// stops there with an answer saying so, instead of asking the model again
+/// until the rounds run out; a round with one call that ran goes on.
+#[tokio::test]
+async fn a_turn_whose_every_call_is_refused_stops_instead_of_asking_again() {
+    let approval = load(vec![spec(
+        "approval",
+        "approval",
+        json!({ "tools": "all", "rules": [{ "tool": "delete_*", "action": "deny" }], "default": "allow" }),
+    )])
+    .await;
+    let guard = load(vec![spec(
+        "tool_guard",
+        "tool-guard",
+        json!({ "deny": { "*": ["delete_all"] } }),
+    )])
+    .await;
+    let none = load(vec![]).await;
+    for (what, filters, tools, policy, says) in [
+        (
+            "approval",
+            &approval,
+            &["delete_all"][..],
+            false,
+            "not approved",
+        ),
+        (
+            "tool-guard",
+            &guard,
+            &["delete_all", "delete_all"][..],
+            false,
+            "denied to tenant",
+        ),
+        ("a denied hold", &none, &["search"][..], true, "not today"),
+    ] {
+        let stopped = insisting(tools, filters, true, policy).await;
+        let TurnResult::Done(done) = stopped else {
+            panic!("{what}: {stopped:?}");
+        };
+        assert_eq!(done.iterations, 1, "{what}: one round, not ten");
+        assert_eq!(
+            done.response.finish_reason,
+            shallot::types::FinishReason::ContentFiltered,
+            "{what}"
+        );
+        assert_eq!(done.response.metadata["stopped"], "all_denied", "{what}");
+        assert!(
+            done.response.text().contains(says),
+            "{what}: {}",
+            done.response.text()
+        );
+
+        // Without the option the model is asked again and again.
+        let asked = insisting(tools, filters, false, policy).await;
+        assert!(
+            !matches!(&asked, TurnResult::Done(d) if d.iterations == 1),
+            "{what}: {asked:?}"
+        );
+    }
+    // One call of the round ran: the turn goes on (to the round limit here).
+    let mixed = insisting(&["search", "delete_all"], &guard, true, false).await;
+    let TurnResult::Error(error) = mixed else {
+        panic!("{mixed:?}");
+    };
+    assert_eq!(error.kind, shallot::ErrorKind::LimitExceeded, "{error}");
+}

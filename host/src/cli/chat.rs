@@ -52,6 +52,10 @@ pub(crate) struct ChatArgs {
     /// control. By default a registered tool the model names runs.
     #[arg(long)]
     offered_only: bool,
+    /// End a turn when every tool call of a round was refused (by
+    /// approval, a guard or a filter) instead of asking the model again.
+    #[arg(long)]
+    stop_on_all_denied: bool,
     /// Pause between the embedded model's streamed tokens, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pace: u64,
@@ -127,6 +131,7 @@ async fn kernel(engine: &Engine, args: &ChatArgs) -> anyhow::Result<Kernel> {
     let config = LoopConfig {
         max_iterations: args.max_iterations,
         offered_only: args.offered_only,
+        stop_on_all_denied: args.stop_on_all_denied,
         ..LoopConfig::default()
     };
     let tool_loop = if plugins.keeps_conversations() {

@@ -73,6 +73,14 @@ pub struct LoopConfig {
     /// the model names runs whether it was offered or not, so trimming the
     /// menu is a hint to the model, not access control. On, it is.
     pub offered_only: bool,
+    /// End the turn when every call of a round's batch was refused (by
+    /// `approval` or `tool-guard`, a filter's `content-filtered` error, a
+    /// human's or the policy's denial on resume, or `offered_only`),
+    /// instead of asking the model again (AgentScope's `StopOnAllDenied`):
+    /// the turn is done, its answer saying what was refused, its finish
+    /// reason `content-filtered` and its metadata `"stopped":
+    /// "all_denied"`. Off by default.
+    pub stop_on_all_denied: bool,
 }
 
 /// What a tool call that failed for its environment does to the turn.
@@ -102,6 +110,7 @@ impl Default for LoopConfig {
             tool_timeout: None,
             batch_timeout: None,
             offered_only: false,
+            stop_on_all_denied: false,
         }
     }
 }
@@ -320,6 +329,11 @@ impl ToolLoop {
         let outcomes = skip(&skipped);
         run.record(tools, skipped, outcomes);
         if hold.is_none() && later.is_empty() {
+            if self.config.stop_on_all_denied
+                && let Some(stopped) = run.all_denied()
+            {
+                return Some(stopped);
+            }
             return run.settle();
         }
         hold.map(|hold| run.pause(hold, later))
@@ -395,6 +409,9 @@ pub struct Paused {
     /// The tools the model was last offered, for the calls that run on
     /// resume.
     offered: Option<Arc<Vec<ToolSpec>>>,
+    /// The paused batch's refusals so far, while every call of it was
+    /// refused.
+    denied: Option<Vec<String>>,
     last: ChatResponse,
 }
 

@@ -30,6 +30,9 @@ pub(super) struct Run<'a> {
     /// a `return_direct` tool and worked; `None` once one was not. A batch
     /// paused midway keeps it, so that it is judged whole.
     pub(super) direct: Option<Vec<String>>,
+    /// Why each call of the current batch was refused, while every one so
+    /// far was; `None` once one was not. Kept across a pause, as `direct`.
+    pub(super) denied: Option<Vec<String>>,
 }
 
 impl<'a> Run<'a> {
@@ -55,6 +58,7 @@ impl<'a> Run<'a> {
             offered: None,
             verdicts: Vec::new(),
             direct: None,
+            denied: None,
         };
         // A re-entry sends the history it already has: store only what
         // follows it, so nothing is stored twice.
@@ -78,6 +82,7 @@ impl<'a> Run<'a> {
             offered: paused.offered.clone(),
             verdicts: paused.verdicts.clone(),
             direct: paused.direct.clone(),
+            denied: paused.denied.clone(),
         }
     }
 
@@ -106,6 +111,7 @@ impl<'a> Run<'a> {
     /// Starts a batch of the model's calls.
     pub(super) fn begin_batch(&mut self) {
         self.direct = Some(Vec::new());
+        self.denied = Some(Vec::new());
     }
 
     /// Records outcomes of the current batch: the tool messages and call
@@ -121,6 +127,10 @@ impl<'a> Run<'a> {
             match (&mut self.direct, &outcome) {
                 (Some(answers), Ok(output)) if direct => answers.push(model_text(output)),
                 _ => self.direct = None,
+            }
+            match (&mut self.denied, refusal(&outcome)) {
+                (Some(reasons), Some(reason)) => reasons.push(format!("{}: {reason}", call.name)),
+                _ => self.denied = None,
             }
             let (content, output, error) = match outcome {
                 Ok(output) => (model_text(&output), Some(output), None),
@@ -148,6 +158,22 @@ impl<'a> Run<'a> {
         Some(TurnResult::Done(self.summary(answer)))
     }
 
+    /// Ends the batch when every call of it was refused: the turn stops
+    /// with an answer saying so ([`super::LoopConfig::stop_on_all_denied`]).
+    pub(super) fn all_denied(&mut self) -> Option<TurnResult> {
+        let reasons = self.denied.take().filter(|reasons| !reasons.is_empty())?;
+        let text = format!(
+            "Every tool call was refused, so the turn stops here: {}",
+            reasons.join("; ")
+        );
+        let mut answer = ChatResponse::new(Message::assistant(text), FinishReason::ContentFiltered);
+        answer
+            .metadata
+            .insert("stopped".into(), "all_denied".into());
+        self.push(answer.message.clone());
+        Some(TurnResult::Done(self.summary(answer)))
+    }
+
     /// Pauses the turn: `hold` waits for a decision, then `later` (calls
     /// of the same batch, sorted again when the turn resumes).
     pub(super) fn pause(&mut self, hold: Hold, later: Vec<ToolCall>) -> TurnResult {
@@ -165,6 +191,7 @@ impl<'a> Run<'a> {
             verdicts: std::mem::take(&mut self.verdicts),
             direct: self.direct.take(),
             offered: self.offered.clone(),
+            denied: self.denied.take(),
             last,
         };
         TurnResult::Interrupt(TurnInterrupt {
@@ -203,6 +230,29 @@ fn model_text(output: &str) -> String {
 
 /// A failed call as the model sees it: a JSON error object of type
 /// `tool_error`, with the error's kind and message.
+/// Why a call was refused rather than run, if it was: a result that says
+/// so (`approval`'s `not_approved`, `tool-guard`'s `not_allowed`), a
+/// filter's `content-filtered` error, or the loop's own refusal (a denial
+/// on resume, a tool not offered).
+fn refusal(outcome: &Result<String, ChainError>) -> Option<String> {
+    match outcome {
+        Ok(output) => {
+            let value: serde_json::Value = serde_json::from_str(output).ok()?;
+            let error = &value["error"];
+            matches!(error["type"].as_str(), Some("not_approved" | "not_allowed"))
+                .then(|| error["message"].as_str().unwrap_or("refused").to_owned())
+        }
+        Err(error) => {
+            let by_loop = error.kind == ErrorKind::InvalidRequest
+                && error
+                    .origin
+                    .as_ref()
+                    .is_some_and(|o| o.filter.as_ref() == "tool-loop");
+            (error.kind == ErrorKind::ContentFiltered || by_loop).then(|| error.message.clone())
+        }
+    }
+}
+
 fn error_text(error: &ChainError) -> String {
     let error = serde_json::json!({
         "type": "tool_error",

@@ -202,4 +202,5 @@ fn denied(reason: &str) -> ChainError {
         ErrorKind::InvalidRequest,
         format!("the call was denied: {reason}"),
     )
+    .at(Origin::terminal("tool-loop"))
 }
