@@ -43,15 +43,21 @@ pub const UPSTREAM: &str = "upstream";
 /// so a route or a side call whose model leads back to a gateway ends
 /// there instead of going round for ever.
 pub const HOPS: &str = "hops";
+/// The shared-context key the host sets, to the reason's message, when a
+/// [`Cancel`](crate::Cancel) ends the invoke's calls (the gateway's: the
+/// request's deadline passed, or the client went away), so a filter can
+/// tell a cancelled turn from a failed one (`trace` writes `"outcome":
+/// "cancelled"`).
+pub const CANCELLED: &str = "cancelled";
 /// The most gateways one request may pass through.
 pub const MAX_HOPS: u64 = 8;
 
-/// Keys of the shared context that say whom an invoke is for and how far
-/// it came. The caller sets them; a sandboxed filter may read them but
+/// Keys of the shared context that say whom an invoke is for, how far it
+/// came and whether it was cancelled. The caller (or the host) sets them; a sandboxed filter may read them but
 /// never set or remove one, or it could act for another tenant, read
 /// another conversation, or hide a loop. Native filters, the embedder's
 /// own code, may.
-pub const IDENTITY_KEYS: [&str; 5] = [CONVERSATION_ID, TENANT, CLIENT_KEY, USER, HOPS];
+pub const IDENTITY_KEYS: [&str; 6] = [CONVERSATION_ID, TENANT, CLIENT_KEY, USER, HOPS, CANCELLED];
 
 /// A handle to an invoke's shared context. Clones share the same map, so
 /// the caller keeps a clone to read what filters wrote.

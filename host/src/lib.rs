@@ -79,8 +79,8 @@ pub use config::{
     ClientKey, Config, PoolMember, RouteMode, RouteSpec, Server, Upstream, read_config, read_dir,
 };
 pub use context::{
-    CACHE, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS, RATE_LIMIT,
-    Reducers, TENANT, UPSTREAM, USER,
+    CACHE, CANCELLED, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS,
+    RATE_LIMIT, Reducers, TENANT, UPSTREAM, USER,
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,
@@ -98,7 +98,7 @@ pub use model::{
     OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth, UpstreamPool,
 };
 pub use onion::{
-    ApprovalRequest, Approver, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,
+    ApprovalRequest, Approver, Cancel, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,
     InvokeOptions, Next, Terminal, TokenSink, TokenStream, TokenTransform, Tool, Turn,
 };
 pub use plugin::{

@@ -9,6 +9,7 @@ mod access;
 mod agent;
 mod apis;
 mod approval;
+mod audit;
 mod chain;
 mod concurrency;
 mod context;

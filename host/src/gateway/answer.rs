@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::GatewayState;
 use super::admission::ConcurrencyPermit;
@@ -14,7 +16,7 @@ use super::wire::ApiError;
 use crate::config::RouteMode;
 use crate::context::Context;
 use crate::kernel::Kernel;
-use crate::onion::InvokeOptions;
+use crate::onion::{Cancel, InvokeOptions};
 use crate::types::{
     ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TurnRequest, TurnResult,
 };
@@ -55,36 +57,43 @@ impl Responder {
         &self,
         response: &mut ChatResponse,
     ) -> Result<Option<String>, ChainError> {
-        match response.message.take_text() {
-            None => Ok(None),
-            Some(text) => Ok(Some(
-                self.kernel
-                    .delivered_text(&text, self.context.clone())
-                    .await?,
-            )),
-        }
+        delivered(&self.kernel, &self.context, response).await
     }
 
-    /// A whole (JSON) answer, or the error it ended in.
+    /// A whole (JSON) answer, or the error it ended in. The answer is
+    /// worked out on its own task, holding the request's place, so that
+    /// neither the deadline nor the client going away drops it midway
+    /// (see [`bounded`]).
     pub(super) async fn whole(mut self, chat: ChatRequest) -> Response {
-        let timed_out = self.timed_out();
-        let (deadline, shared) = (self.deadline, self.shared.clone());
-        let keep = self.keep.take();
-        let answer = async {
-            let options = InvokeOptions::from(self.context.clone());
-            let mut response = run(&self.kernel, self.mode, chat, options).await?;
-            shared.metrics.usage(&self.model, &response.usage);
-            let shown = self.delivered(&mut response).await?;
+        let cancel = Cancel::new();
+        let (timed_out, deadline) = (self.timed_out(), self.deadline);
+        let (kernel, context) = (self.kernel.clone(), self.context.clone());
+        let (shared, model, mode) = (self.shared.clone(), self.model.clone(), self.mode);
+        let (keep, place) = (self.keep.take(), self.place.take());
+        let options = InvokeOptions::from(context.clone()).cancel_on(cancel.clone());
+        let answer = async move {
+            let mut response = run(&kernel, mode, chat, options).await?;
+            shared.metrics.usage(&model, &response.usage);
+            let shown = delivered(&kernel, &context, &mut response).await?;
             if let Some(keep) = keep {
                 keep.keep(&response, shown.as_deref()).await?;
             }
             Ok((response, shown))
         };
+        let (mut sent, answered) = oneshot::channel();
+        let working = async move {
+            let _place = place;
+            let gone = async {
+                sent.closed().await;
+                went_away()
+            };
+            let answer = bounded(answer, &cancel, deadline, timed_out, gone).await;
+            let _ = sent.send(answer);
+        };
+        tokio::spawn(working.instrument(tracing::Span::current()));
         let answer = tokio::select! {
-            answer = tokio::time::timeout(deadline, answer) => {
-                answer.unwrap_or(Err(timed_out))
-            }
-            () = shared.cut() => Err(GatewayState::cut_error()),
+            answer = answered => answer.unwrap_or_else(|_| Err(lost())),
+            () = self.shared.cut() => Err(GatewayState::cut_error()),
         };
         match answer {
             Ok((response, shown)) => {
@@ -94,6 +103,56 @@ impl Responder {
             Err(error) => self.dialect.refuse(ApiError::chain(&error)),
         }
     }
+}
+
+/// What a client is shown of `response`'s text, taken out of it.
+async fn delivered(
+    kernel: &Kernel,
+    context: &Context,
+    response: &mut ChatResponse,
+) -> Result<Option<String>, ChainError> {
+    match response.message.take_text() {
+        None => Ok(None),
+        Some(text) => Ok(Some(kernel.delivered_text(&text, context.clone()).await?)),
+    }
+}
+
+/// How long a cancelled request's filters have to see their calls end
+/// before the request is dropped.
+pub(super) const GRACE: Duration = Duration::from_secs(2);
+
+/// Runs `work` until it ends. If the request's `deadline` passes first
+/// (`timed_out`), or `gone` says the client went away, `cancel` ends its
+/// model and tool calls with that reason, and it has [`GRACE`] to end:
+/// every filter sees its calls end (`trace` writes the turn's line, as
+/// `cancelled`), and what is left is dropped.
+pub(super) async fn bounded<T>(
+    work: impl Future<Output = Result<T, ChainError>>,
+    cancel: &Cancel,
+    deadline: Duration,
+    timed_out: ChainError,
+    gone: impl Future<Output = ChainError>,
+) -> Result<T, ChainError> {
+    let mut work = std::pin::pin!(work);
+    let reason = tokio::select! {
+        done = &mut work => return done,
+        () = tokio::time::sleep(deadline) => timed_out,
+        reason = gone => reason,
+    };
+    cancel.cancel(reason.clone());
+    tokio::time::timeout(GRACE, work)
+        .await
+        .unwrap_or(Err(reason))
+}
+
+/// Why a request whose client went away was cancelled.
+pub(super) fn went_away() -> ChainError {
+    ChainError::new(ErrorKind::Transient, "the client went away").at(Origin::terminal("gateway"))
+}
+
+/// The error of an answer whose task ended without one (it panicked).
+fn lost() -> ChainError {
+    ChainError::new(ErrorKind::Internal, "the answer was lost").at(Origin::terminal("gateway"))
 }
 
 /// Runs `chat` as the route's mode asks: a chat through the filters, or an

@@ -16,12 +16,12 @@ use tracing::Instrument;
 
 use super::GatewayState;
 use super::admission::ConcurrencyPermit;
-use super::answer::{Responder, run};
+use super::answer::{Responder, bounded, run, went_away};
 use super::dialect::Frame;
 use super::wire::{self, ApiError};
 use crate::config::RouteMode;
 use crate::kernel::Kernel;
-use crate::onion::{InvokeOptions, TokenSink};
+use crate::onion::{Cancel, InvokeOptions, TokenSink};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, TokenBatch};
 
 impl Responder {
@@ -36,7 +36,10 @@ impl Responder {
             sender: sender.clone(),
             unsent: unsent.clone(),
         };
-        let options = InvokeOptions::from(self.context.clone()).stream_to(forward);
+        let cancel = Cancel::new();
+        let options = InvokeOptions::from(self.context.clone())
+            .stream_to(forward)
+            .cancel_on(cancel.clone());
         // The chat runs on its own, holding the request's place, until it
         // ends, its deadline passes or the client goes away.
         let chatting = Chatting {
@@ -44,6 +47,7 @@ impl Responder {
             mode,
             deadline: self.deadline,
             timed_out: self.timed_out(),
+            cancel,
             place: self.place.take(),
             backlog: unsent.clone(),
             sender,
@@ -99,6 +103,7 @@ struct Chatting {
     mode: RouteMode,
     deadline: Duration,
     timed_out: ChainError,
+    cancel: Cancel,
     place: Option<ConcurrencyPermit>,
     backlog: Arc<Unsent>,
     sender: mpsc::UnboundedSender<Streamed>,
@@ -111,28 +116,28 @@ impl Chatting {
             mode,
             deadline,
             timed_out,
+            cancel,
             place,
             backlog,
             sender,
         } = self;
         let _place = place;
-        let chat = tokio::time::timeout(deadline, run(&kernel, mode, chat, options));
-        tokio::select! {
-            biased;
-            () = backlog.overflow.notified() => {
-                let _ = sender.send(Streamed::Done(Err(Unsent::error())));
+        // The client went away, or fell so far behind that what it
+        // missed is gone.
+        let gone = async {
+            tokio::select! {
+                () = sender.closed() => went_away(),
+                () = backlog.overflow.notified() => Unsent::error(),
             }
-            done = chat => {
-                // The client fell behind as the chat ended: what it
-                // missed is gone, so the answer must not look whole.
-                let done = match done {
-                    _ if backlog.overflowed() => Err(Unsent::error()),
-                    done => done.unwrap_or(Err(timed_out)),
-                };
-                let _ = sender.send(Streamed::Done(done));
-            }
-            () = sender.closed() => {}
-        }
+        };
+        let chat = run(&kernel, mode, chat, options);
+        let done = match bounded(chat, &cancel, deadline, timed_out, gone).await {
+            // The client fell behind as the chat ended: the answer must
+            // not look whole.
+            _ if backlog.overflowed() => Err(Unsent::error()),
+            done => done,
+        };
+        let _ = sender.send(Streamed::Done(done));
     }
 }
 

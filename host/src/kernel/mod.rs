@@ -270,6 +270,9 @@ impl Kernel {
         let admission = plugin::admit::<K>(&self.wasm, streamed).await?;
         let mut extensions = http::Extensions::new();
         extensions.insert(Arc::new(admission));
+        if let Some(cancel) = options.cancel {
+            extensions.insert(cancel);
+        }
         let invoke = Arc::new(Invoke::new(
             self.onion.clone(),
             options.context,

@@ -9,8 +9,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::{Branch, Fctx, Filter, Hook, Invoke, Terminal};
-use crate::context::Context;
+use super::cancel::said;
+use super::{Branch, Cancel, Fctx, Filter, Hook, Invoke, Terminal};
+use crate::context::{CANCELLED, Context};
 use crate::types::{
     Call, ChainError, ChatRequest, ChatResponse, ErrorKind, Origin, ToolRequest, ToolResponse,
     TurnRequest, TurnResult,
@@ -320,15 +321,35 @@ impl<K: ChainKind> Next<K> {
             let context = self.writes_to.as_ref().unwrap_or(self.invoke.context());
             let call = self.chain.terminal.call(request, &self.invoke, context);
             let terminal = K::TERMINAL;
-            let mut output = match AssertUnwindSafe(call).catch_unwind().await {
-                Ok(output) => output,
-                Err(panic) => {
-                    let error = panicked(terminal, Call::Terminal, &*panic);
-                    K::fail(ChainError {
-                        kind: ErrorKind::Internal,
-                        ..error
-                    })
+            let call = async {
+                match AssertUnwindSafe(call).catch_unwind().await {
+                    Ok(output) => output,
+                    Err(panic) => {
+                        let error = panicked(terminal, Call::Terminal, &*panic);
+                        K::fail(ChainError {
+                            kind: ErrorKind::Internal,
+                            ..error
+                        })
+                    }
                 }
+            };
+            // A cancelled invoke's model and tool calls end with its
+            // reason; the turn's terminal, the tool loop, ends through
+            // them, so the filters inside it see their calls end too.
+            let cancel = self
+                .invoke
+                .extension::<Cancel>()
+                .filter(|_| K::HOOK != Hook::AroundTurn);
+            let mut output = match cancel {
+                None => call.await,
+                Some(cancel) => tokio::select! {
+                    biased;
+                    reason = cancel.cancelled() => {
+                        self.invoke.context().set(CANCELLED, said(&reason));
+                        K::fail(reason)
+                    }
+                    output = call => output,
+                },
             };
             // Every error names where it came from: a terminal's own,
             // unless it says which part of it failed.

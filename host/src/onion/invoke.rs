@@ -20,7 +20,7 @@ mod batch;
 
 pub(crate) use batch::Branch;
 
-use super::{Fctx, Next, Onion, TokenSink};
+use super::{Cancel, Fctx, Next, Onion, TokenSink};
 use crate::context::Context;
 use crate::types::{Carried, ChainError};
 use crate::types::{
@@ -47,9 +47,17 @@ pub struct InvokeOptions {
     /// request's own options win. A turn's tool loop makes its model calls
     /// itself; this is how a caller's options reach them.
     pub model_options: JsonMap,
+    /// What cancels the invoke's calls from outside, if anything.
+    pub cancel: Option<Cancel>,
 }
 
 impl InvokeOptions {
+    /// Lets `cancel` end the invoke's model and tool calls (see [`Cancel`]).
+    pub fn cancel_on(mut self, cancel: Cancel) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
     /// Adds a system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompts.push(prompt.into());
@@ -77,6 +85,7 @@ impl std::fmt::Debug for InvokeOptions {
             .field("system_prompts", &self.system_prompts)
             .field("model_options", &self.model_options)
             .field("streamed", &self.sink.is_some())
+            .field("cancellable", &self.cancel.is_some())
             .finish()
     }
 }

@@ -16,6 +16,7 @@
 //! which `plugin::WasmFilter` implements.
 
 mod approval;
+mod cancel;
 mod chain;
 mod filter;
 mod invoke;
@@ -23,6 +24,7 @@ mod side;
 mod token_transform;
 
 pub use approval::{ApprovalRequest, Approver};
+pub use cancel::Cancel;
 pub(crate) use chain::Chain;
 pub use chain::{ChainKind, Chat, Next, Tool, Turn};
 pub use filter::{Fctx, Filter, FilterScope, Hook, Terminal};

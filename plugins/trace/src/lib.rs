@@ -10,10 +10,21 @@
 //! shared context's `conversation_id`, `tenant`, `key` and `user` (the
 //! keys the gateway sets) when set.
 //!
-//! Config: `{"turns": true, "chats": true, "tools": true}` (all optional).
+//! With `arguments` and `results` a tool line also carries the call's
+//! arguments and its result (off by default: a trace records sizes), with
+//! the fields named in `redact` (at any depth, by name) and every match of
+//! `redact_patterns` (in any string) replaced by `[redacted]`.
+//!
+//! A turn that was cancelled (its deadline passed, or the client went
+//! away) ends with `"outcome": "cancelled"` and the host's `reason`.
+//!
+//! Config: `{"turns": true, "chats": true, "tools": true, "arguments":
+//! false, "results": false, "redact": [], "redact_patterns": []}` (all
+//! optional).
 
 use std::time::Instant;
 
+use regex_lite::Regex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use shallot_guest::{
@@ -30,7 +41,57 @@ struct Trace {
     chats: bool,
     #[serde(default = "yes")]
     tools: bool,
+    #[serde(default)]
+    arguments: bool,
+    #[serde(default)]
+    results: bool,
+    /// Field names whose values are redacted, compared without case.
+    #[serde(default)]
+    redact: Vec<String>,
+    #[serde(default)]
+    redact_patterns: Vec<String>,
+    #[serde(skip)]
+    patterns: Vec<Regex>,
 }
+
+/// What a redacted value or match becomes.
+const REDACTED: &str = "[redacted]";
+
+impl Trace {
+    /// `text` (JSON, or any text) as it may be traced: parsed, its named
+    /// fields and pattern matches redacted.
+    fn shown(&self, text: &str) -> Value {
+        let mut value = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()));
+        self.redact(&mut value);
+        value
+    }
+
+    fn redact(&self, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (name, field) in map.iter_mut() {
+                    if self.redact.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                        *field = json!(REDACTED);
+                    } else {
+                        self.redact(field);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact(item)),
+            Value::String(text) => {
+                for pattern in &self.patterns {
+                    if let std::borrow::Cow::Owned(replaced) = pattern.replace_all(text, REDACTED) {
+                        *text = replaced;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The shared context's key the host sets when it cancels the invoke.
+const CANCELLED: &str = "cancelled";
 
 fn yes() -> bool {
     true
@@ -68,6 +129,22 @@ fn object(value: Value) -> Map<String, Value> {
 
 #[shallot_guest::filter(name = "trace")]
 impl Filter for Trace {
+    fn configure(&mut self) -> Result<(), String> {
+        self.patterns = self
+            .redact_patterns
+            .iter()
+            .enumerate()
+            .map(|(i, pattern)| match Regex::new(pattern) {
+                Ok(regex) if regex.is_match("") => {
+                    Err(format!("redact_patterns[{i}] matches the empty string"))
+                }
+                Ok(regex) => Ok(regex),
+                Err(e) => Err(format!("redact_patterns[{i}]: {e}")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
     fn wants(&self, hook: shallot_guest::Hook) -> bool {
         match hook {
             shallot_guest::Hook::AroundTurn => self.turns,
@@ -118,11 +195,18 @@ impl Filter for Trace {
             "call_id": request.call_id(),
             "arguments_bytes": request.arguments().len(),
         }));
+        if self.arguments {
+            event.insert("arguments".into(), self.shown(&request.arguments()));
+        }
         let started = Instant::now();
         let result = next.tool(request);
         match &result {
             Ok(response) => {
-                event.insert("output_bytes".into(), json!(response.output().len()));
+                let output = response.output();
+                event.insert("output_bytes".into(), json!(output.len()));
+                if self.results {
+                    event.insert("output".into(), self.shown(&output));
+                }
             }
             Err(e) => {
                 event.insert("error".into(), error(e));
@@ -159,10 +243,16 @@ impl Filter for Trace {
                 event.insert("outcome".into(), json!("interrupt"));
                 event.insert("reason".into(), json!(interrupt.reason()));
             }
-            TurnResult::Error(e) => {
-                event.insert("outcome".into(), json!("error"));
-                event.insert("error".into(), error(e));
-            }
+            TurnResult::Error(e) => match context::get::<Value>(CANCELLED) {
+                Some(reason) => {
+                    event.insert("outcome".into(), json!("cancelled"));
+                    event.insert("reason".into(), reason);
+                }
+                None => {
+                    event.insert("outcome".into(), json!("error"));
+                    event.insert("error".into(), error(e));
+                }
+            },
         }
         emit(event, started);
         result
