@@ -67,7 +67,7 @@ fn plugins_check_describes_a_filter() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("is a shallot:filter@0.1.3 filter"),
+        stdout.contains("is a shallot:filter@0.1.4 filter"),
         "{stdout}"
     );
     assert!(stdout.contains("hooks    around-chat"), "{stdout}");

@@ -26,14 +26,14 @@
 // `FilterError` to fail a request on purpose; any other exception fails it
 // as a `plugin-fault` carrying the exception's message and stack.
 
-import * as wnext from 'shallot:filter/next@0.1.3';
-import * as wfctx from 'shallot:filter/fctx@0.1.3';
-import * as wcontext from 'shallot:filter/context@0.1.3';
-import * as wkv from 'shallot:filter/kv@0.1.3';
-import * as wmetrics from 'shallot:filter/metrics@0.1.3';
-import * as wmodel from 'shallot:filter/model@0.1.3';
-import { log as wlog } from 'shallot:filter/log@0.1.3';
-import { ChatResponse } from 'shallot:filter/types@0.1.3';
+import * as wnext from 'shallot:filter/next@0.1.4';
+import * as wfctx from 'shallot:filter/fctx@0.1.4';
+import * as wcontext from 'shallot:filter/context@0.1.4';
+import * as wkv from 'shallot:filter/kv@0.1.4';
+import * as wmetrics from 'shallot:filter/metrics@0.1.4';
+import * as wmodel from 'shallot:filter/model@0.1.4';
+import { log as wlog } from 'shallot:filter/log@0.1.4';
+import { ChatResponse } from 'shallot:filter/types@0.1.4';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */

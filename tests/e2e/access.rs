@@ -362,3 +362,174 @@ async fn a_turn_whose_every_call_is_refused_stops_instead_of_asking_again() {
     };
     assert_eq!(error.kind, shallot::ErrorKind::LimitExceeded, "{error}");
 }
+
+/// A model whose first round asks for `tools`, one call each, in order,
+/// and then says what it was told of each.
+fn batch_of(tools: &'static [&'static str], arguments: Value) -> ScriptedModel {
+    ScriptedModel::new(move |_, request: &ChatRequest| {
+        let last = request.messages.last().unwrap();
+        match last.role {
+            Role::Tool => Reply::Text("done".into()),
+            _ => Reply::Calls(
+                tools
+                    .iter()
+                    .map(|t| (t.to_string(), arguments.clone()))
+                    .collect(),
+            ),
+        }
+    })
+}
+
+/// The type of each call's result: what ran says so, what was refused is
+/// `not_allowed`.
+fn outcomes(done: &shallot::types::TurnDone) -> Vec<String> {
+    done.tool_calls
+        .iter()
+        .map(|call| {
+            let output: Value = serde_json::from_str(call.output.as_deref().unwrap()).unwrap();
+            match output["error"]["type"].as_str() {
+                Some(kind) => format!("{kind}: {}", output["error"]["message"].as_str().unwrap()),
+                None => output.as_str().unwrap().to_owned(),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn tool_guard_judges_a_rounds_calls_as_one_batch() {
+    const ROUND: &[&str] = &["search", "search", "delete_all", "search"];
+    for (config, expect) in [
+        (
+            json!({ "per_round": 2 }),
+            vec![
+                "search ran",
+                "search ran",
+                "not_allowed: call 3 of the round is over its limit of 2",
+                "not_allowed: call 4 of the round is over its limit of 2",
+            ],
+        ),
+        (
+            json!({ "distinct": true }),
+            vec![
+                "search ran",
+                "not_allowed: tool 'search' is called more than once in the round",
+                "delete_all ran",
+                "not_allowed: tool 'search' is called more than once in the round",
+            ],
+        ),
+        (
+            json!({ "deny": { "*": ["delete_all"] }, "all_or_nothing": true }),
+            vec![
+                "not_allowed: call 3 of the round was refused (tool 'delete_all' is denied to tenant 'acme'), so every call is",
+                "not_allowed: call 3 of the round was refused (tool 'delete_all' is denied to tenant 'acme'), so every call is",
+                "not_allowed: tool 'delete_all' is denied to tenant 'acme'",
+                "not_allowed: call 3 of the round was refused (tool 'delete_all' is denied to tenant 'acme'), so every call is",
+            ],
+        ),
+    ] {
+        let plugins = load(vec![spec("tool_guard", "tool-guard", config.clone())]).await;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let kernel = kernel(
+            batch_of(ROUND, json!({})),
+            LoopConfig::default(),
+            Some(&plugins),
+            &ran,
+        );
+        let done = turn(&kernel, "acme").await;
+        assert_eq!(outcomes(&done), expect, "{config}");
+        let runs = expect.iter().filter(|e| e.ends_with(" ran")).count();
+        assert_eq!(ran.load(Ordering::SeqCst), runs, "{config}");
+    }
+    let error =
+        super::loading::refused("tool_guard", "tool-guard", json!({ "per_round": 0 })).await;
+    assert!(
+        error.to_string().contains("per_round is at least 1"),
+        "{error}"
+    );
+}
+
+/// Reads the batch its tool calls see into its private context, by call.
+struct Sees;
+
+#[async_trait::async_trait]
+impl shallot::Filter for Sees {
+    fn name(&self) -> &str {
+        "sees"
+    }
+
+    async fn around_tool(
+        &self,
+        request: shallot::types::ToolRequest,
+        next: shallot::Next<shallot::Tool>,
+    ) -> Result<shallot::types::ToolResponse, ChainError> {
+        let batch: Vec<String> = request.batch.iter().map(|c| c.name.clone()).collect();
+        let mine = request.batch.iter().position(|c| *c.id == *request.call_id);
+        let response = next.call(request).await?;
+        Ok(shallot::types::ToolResponse::json(
+            &json!({ "batch": batch, "mine": mine, "was": response.output }),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn every_call_of_a_round_sees_the_whole_round_and_a_direct_call_none() {
+    let kernel = Kernel::builder()
+        .model(batch_of(&["search", "delete_all"], json!({})))
+        .filter(Sees)
+        .tool(
+            ToolSpec::new("search", "", json!({ "type": "object" })),
+            |_: Value, _| async { Ok(json!("hit")) },
+        )
+        .tool(
+            ToolSpec::new("delete_all", "", json!({ "type": "object" })),
+            |_: Value, _| async { Ok(json!("gone")) },
+        )
+        .build()
+        .unwrap();
+    let done = turn(&kernel, "acme").await;
+    let seen: Vec<Value> = done
+        .tool_calls
+        .iter()
+        .map(|c| serde_json::from_str(c.output.as_deref().unwrap()).unwrap())
+        .collect();
+    assert_eq!(seen[0]["batch"], json!(["search", "delete_all"]));
+    assert_eq!(seen[1]["batch"], json!(["search", "delete_all"]));
+    assert_eq!((&seen[0]["mine"], &seen[1]["mine"]), (&json!(0), &json!(1)));
+    let direct = kernel
+        .tool("search", json!({}), Context::new())
+        .await
+        .unwrap();
+    let direct: Value = serde_json::from_str(&direct.output).unwrap();
+    assert_eq!(
+        (&direct["batch"], &direct["mine"]),
+        (&json!([]), &Value::Null)
+    );
+}
+
+#[tokio::test]
+async fn a_filter_that_reads_its_batch_without_end_fails_only_its_own_calls() {
+    let chatter = spec(
+        "misbehave",
+        "chatter",
+        json!({ "on": "tool", "do": "batch-chatter" }),
+    );
+    let plugins = load(vec![chatter]).await;
+    // A round of 8 calls of 256 KiB of arguments each, copied in on
+    // every read.
+    let arguments = json!({ "pad": "x".repeat(256 << 10) });
+    let ran = Arc::new(AtomicUsize::new(0));
+    let tools: &'static [&'static str] = &["search"; 8];
+    let kernel = kernel(
+        batch_of(tools, arguments),
+        LoopConfig::default(),
+        Some(&plugins),
+        &ran,
+    );
+    let done = turn(&kernel, "acme").await;
+    assert_eq!(done.response.text(), "done", "the turn goes on");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    for call in &done.tool_calls {
+        let error = call.error.as_ref().expect("the filter's call faulted");
+        assert_eq!(error.kind, shallot::ErrorKind::PluginFault, "{error}");
+    }
+}

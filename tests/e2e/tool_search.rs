@@ -404,3 +404,64 @@ async fn a_tool_the_filter_offers_keeps_what_the_host_knows_of_it() {
     let search = seen.tools.iter().find(|t| t.name == "tool_search").unwrap();
     assert!(!search.strict, "the filter's own tool is not");
 }
+
+/// A chat filter that adds `lookup` (which it would serve) to each call's
+/// tools, outside `tool-search`.
+struct AddsLookup;
+
+#[async_trait::async_trait]
+impl shallot::Filter for AddsLookup {
+    fn name(&self) -> &str {
+        "adds-lookup"
+    }
+
+    async fn around_chat(
+        &self,
+        request: ChatRequest,
+        next: shallot::Next<shallot::Chat>,
+    ) -> Result<shallot::types::ChatResponse, shallot::ChainError> {
+        let mut tools = request.tools.to_vec();
+        tools.push(ToolSpec::new(
+            "lookup",
+            "looks up",
+            json!({ "type": "object" }),
+        ));
+        next.call(request.with_tools(tools)).await
+    }
+}
+
+#[tokio::test]
+async fn it_indexes_the_registered_tools_and_an_interrupt_tool_or_a_filters_tool_passes_through() {
+    for (config, expect) in [
+        (json!(null), vec!["tool_search", "ask_human", "lookup"]),
+        (
+            json!({ "unindexed": ["get_weather"] }),
+            vec!["tool_search", "ask_human", "get_weather", "lookup"],
+        ),
+        (json!({ "indexes": "all" }), vec!["tool_search"]),
+    ] {
+        let plugins = load(vec![spec("tool_search", "tool-search", config.clone())]).await;
+        let model = ScriptedModel::answer("ok");
+        let mut builder = Kernel::builder()
+            .filter(AddsLookup)
+            .plugins(&plugins)
+            .model(model.clone());
+        for (name, description) in english_tools() {
+            builder = builder.tool(
+                ToolSpec::new(name, description, json!({ "type": "object" })),
+                |_: Value, _| async { Ok(json!("ran")) },
+            );
+        }
+        let ask = ToolSpec::new("ask_human", "asks a human", json!({ "type": "object" }));
+        let kernel = builder.interrupt_tool(ask).build().unwrap();
+        done(kernel.turn(go("help"), Context::new()).await);
+        // The search tool, then the request's tools in their order (the
+        // loop offers the registered ones by name).
+        let names: Vec<String> = model.requests()[0]
+            .tools
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        assert_eq!(names, expect, "{config}");
+    }
+}

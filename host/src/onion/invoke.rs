@@ -24,7 +24,8 @@ use super::{Cancel, Fctx, Next, Onion, TokenSink};
 use crate::context::Context;
 use crate::types::{Carried, ChainError};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, Weigh,
+    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, ToolSpec,
+    Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
@@ -306,6 +307,18 @@ impl Invoke {
         Next::start(self.onion.tool.clone(), self.clone())
             .call(request)
             .await
+    }
+
+    /// Of `tools`, the names of those registered with the kernel as tools
+    /// its loop runs (an interrupt tool is a question, not one of them).
+    pub(crate) fn registered(&self, tools: &[ToolSpec]) -> Vec<String> {
+        let registry = &self.onion.tools;
+        let registered = |name: &str| {
+            let at = registry.binary_search_by(|spec| spec.name.as_str().cmp(name));
+            at.is_ok_and(|at| !registry[at].interrupt)
+        };
+        let names = tools.iter().map(|tool| &tool.name);
+        names.filter(|name| registered(name)).cloned().collect()
     }
 
     pub(crate) fn onion(&self) -> &Arc<Onion> {

@@ -57,7 +57,8 @@ pub(crate) struct Onion {
     pub turn: Arc<Chain<Turn>>,
     /// Filters with a token transform, in order.
     pub token_layers: Vec<usize>,
-    /// The registered tools' specs, offered to the model by the tool loop.
+    /// The registered tools' specs, by name, offered to the model by the
+    /// tool loop.
     pub tools: Vec<Arc<ToolSpec>>,
     /// Who answers the `approval` import; `None` denies every question.
     pub approver: Option<Arc<dyn Approver>>,

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use super::ToolCall;
 use serde::{Deserialize, Serialize};
 
 /// A tool the model may call.
@@ -137,6 +138,10 @@ pub struct ToolRequest {
     pub call_id: Arc<str>,
     /// The arguments, a JSON object as text.
     pub arguments: Arc<str>,
+    /// The tool calls of the model's round this call belongs to, in the
+    /// model's order, this one among them; empty for a direct invoke. A
+    /// filter decides on the whole batch from any of its calls.
+    pub batch: Arc<[ToolCall]>,
 }
 
 impl ToolRequest {
@@ -146,6 +151,7 @@ impl ToolRequest {
             tool,
             call_id: Arc::from(""),
             arguments: arguments.into(),
+            batch: Arc::from([]),
         }
     }
 }

@@ -10,15 +10,24 @@
 //! or not the tool was on its menu: this is the enforcing side of a
 //! trimmed menu (`tool-search` only hides).
 //!
+//! It also judges a round's calls as one batch (each call sees its round,
+//! `tool-request.batch`): `per_round` refuses the calls past the first N of
+//! a round, `distinct` a second call to one tool in a round, and with
+//! `all_or_nothing` a round one of whose calls is refused has every call
+//! refused.
+//!
 //! Config: `{"by": "tenant", "allow": {"acme": ["search", "read_*"], "*":
-//! ["search"]}, "deny": {"*": ["delete_*"]}}` (patterns: `*` matches any
-//! run of characters).
+//! ["search"]}, "deny": {"*": ["delete_*"]}, "per_round": 4, "distinct":
+//! true, "all_or_nothing": false}` (patterns: `*` matches any run of
+//! characters).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::json;
-use shallot_guest::{Filter, FilterError, Next, ToolRequest, ToolResponse, context, glob, log};
+use shallot_guest::{
+    Filter, FilterError, Next, ToolCall, ToolRequest, ToolResponse, context, glob, log,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +38,11 @@ struct ToolGuard {
     allow: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     deny: BTreeMap<String, Vec<String>>,
+    per_round: Option<usize>,
+    #[serde(default)]
+    distinct: bool,
+    #[serde(default)]
+    all_or_nothing: bool,
 }
 
 fn tenant() -> String {
@@ -60,6 +74,59 @@ impl ToolGuard {
     }
 }
 
+impl ToolGuard {
+    /// Why the `at`-th call of `batch` is refused, if it is: by the lists,
+    /// then by the round's bounds.
+    fn refused_in(&self, who: Option<&str>, batch: &[ToolCall], at: usize) -> Option<String> {
+        let tool = &batch[at].name;
+        if let Some(why) = self.refusal(who, tool) {
+            return Some(why);
+        }
+        if let Some(most) = self.per_round.filter(|most| at >= *most) {
+            return Some(format!(
+                "call {} of the round is over its limit of {most}",
+                at + 1
+            ));
+        }
+        if self.distinct && batch[..at].iter().any(|call| &call.name == tool) {
+            return Some(format!(
+                "tool '{tool}' is called more than once in the round"
+            ));
+        }
+        None
+    }
+
+    /// Why `request` is refused, if it is.
+    fn verdict(&self, who: Option<&str>, request: &ToolRequest) -> Option<String> {
+        let mut batch = request.batch();
+        let at = match batch.iter().position(|call| call.id == request.call_id()) {
+            Some(at) => at,
+            // A direct call, or one a filter made up: a batch of its own.
+            None => {
+                batch = vec![ToolCall {
+                    id: request.call_id(),
+                    name: request.name(),
+                    arguments: request.arguments(),
+                }];
+                0
+            }
+        };
+        if let Some(why) = self.refused_in(who, &batch, at) {
+            return Some(why);
+        }
+        if !self.all_or_nothing {
+            return None;
+        }
+        let other = (0..batch.len()).find_map(|i| Some((i, self.refused_in(who, &batch, i)?)));
+        other.map(|(i, why)| {
+            format!(
+                "call {} of the round was refused ({why}), so every call is",
+                i + 1
+            )
+        })
+    }
+}
+
 /// Whether `rules` list a pattern of `value` that `tool` matches.
 fn listed(rules: &BTreeMap<String, Vec<String>>, value: &str, tool: &str) -> bool {
     rules
@@ -80,13 +147,16 @@ impl Filter for ToolGuard {
                 }
             }
         }
+        if self.per_round == Some(0) {
+            return Err("per_round is at least 1".to_owned());
+        }
         Ok(())
     }
 
     fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
-        let tool = request.tool().name;
+        let tool = request.name();
         let who = context::get_text(&self.by);
-        match self.refusal(who.as_deref(), &tool) {
+        match self.verdict(who.as_deref(), request) {
             None => next.tool(request),
             Some(why) => {
                 log::info(&why);

@@ -1,14 +1,20 @@
 //! `tool-search` (chat + tool): with many tools, offer the model one
 //! search tool instead of all of them (PEER-CASES K, L). Every tool stays
-//! registered; each model call is offered the search tool, the tools the
-//! searches of this conversation found so far (all of them, or with
-//! `accumulate = false` only the last search's), and every tool listed in
-//! `unindexed`. The search itself is served here, in around-tool, over an
-//! index of the tools the model call was given: BM25 over keywords, or a
-//! regex. A request with no tools is left as it is.
+//! registered; each model call is offered the search tool, then, in the
+//! request's order, every tool it does not index and the indexed tools
+//! the searches of this conversation found so far (all of them, or with
+//! `accumulate = false` only the last search's). It indexes the tools
+//! registered with the kernel (`registered-tools`, as the seed builds its
+//! index from the registry) but those listed in `unindexed`; an interrupt
+//! tool such as `ask_human`, a tool another filter added and a tool a
+//! client sent pass through (with `indexes = "all"`, every tool of the
+//! request is indexed). The search itself is served here, in around-tool,
+//! over an index of the tools the model call was given: BM25 over
+//! keywords, or a regex. A request with no tools is left as it is.
 //!
 //! Config: `{"index": "keyword", "max_results": 5, "accumulate": true,
-//! "tool_name": "tool_search", "unindexed": ["calculator"]}`.
+//! "tool_name": "tool_search", "unindexed": ["calculator"], "indexes":
+//! "registered"}`.
 
 mod index;
 
@@ -36,6 +42,9 @@ struct ToolSearch {
     /// Tools always offered, never indexed.
     #[serde(default)]
     unindexed: Vec<String>,
+    /// Which tools of a request it indexes.
+    #[serde(default)]
+    indexes: Indexes,
     /// Regex index: whether matching is case-sensitive.
     #[serde(default)]
     case_sensitive: bool,
@@ -57,6 +66,16 @@ enum Kind {
     #[default]
     Keyword,
     Regex,
+}
+
+#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Indexes {
+    /// The tools registered with the kernel; the others pass through.
+    #[default]
+    Registered,
+    /// Every tool of the request.
+    All,
 }
 
 fn default_max() -> usize {
@@ -183,8 +202,15 @@ impl Filter for ToolSearch {
         if tools.is_empty() {
             return next.chat(request);
         }
-        let indexed =
-            |tool: &ToolSpec| tool.name != self.tool_name && !self.unindexed.contains(&tool.name);
+        let registered: BTreeSet<String> = match self.indexes {
+            Indexes::Registered => request.registered_tools().into_iter().collect(),
+            Indexes::All => tools.iter().map(|tool| tool.name.clone()).collect(),
+        };
+        let indexed = |tool: &ToolSpec| {
+            tool.name != self.tool_name
+                && !self.unindexed.contains(&tool.name)
+                && registered.contains(&tool.name)
+        };
         fctx.set(&Catalogue {
             tools: tools
                 .iter()

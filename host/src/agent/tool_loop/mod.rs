@@ -269,7 +269,9 @@ impl ToolLoop {
                 !self.config.offered_only || offered.iter().any(|t| t.name == call.name)
             });
         let triage = self.triage(run, tools, calls);
-        let outcomes = self.run_tools(invoke, tools, &offered, &triage.free).await;
+        let outcomes = self
+            .run_tools(run, invoke, tools, &offered, &triage.free)
+            .await;
         let mut ran = Ran {
             outcomes: refused.iter().map(not_offered).collect(),
             calls: std::mem::take(&mut refused),

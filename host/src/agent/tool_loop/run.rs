@@ -36,6 +36,12 @@ pub(super) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
+    /// The tool calls of the current round, as the model asked for them.
+    pub(super) fn batch(&self) -> Arc<[ToolCall]> {
+        let calls = self.last.as_ref().map(|r| r.message.tool_calls.as_slice());
+        Arc::from(calls.unwrap_or_default())
+    }
+
     pub(super) fn start(history: &'a dyn History, invoke: &Invoke, request: &TurnRequest) -> Self {
         let conversation = conversation(invoke);
         let stored = conversation

@@ -15,13 +15,15 @@ use crate::types::{
 };
 
 impl ToolLoop {
-    /// The tool requests of `calls`: each with its spec, registered or
-    /// offered, or the error of a tool that is neither.
+    /// The tool requests of `calls`, of the round whose calls are
+    /// `batch`: each with its spec, registered or offered, or the error of
+    /// a tool that is neither.
     fn requests(
         &self,
         tools: &[Arc<ToolSpec>],
         offered: &[ToolSpec],
         calls: &[ToolCall],
+        batch: &Arc<[ToolCall]>,
     ) -> Vec<Result<ToolRequest, ChainError>> {
         // Each name is looked up once a batch: an offered spec is copied
         // out of the request, and a batch may call one tool many times.
@@ -43,6 +45,7 @@ impl ToolLoop {
                         tool,
                         call_id: Arc::from(call.id.as_str()),
                         arguments: Arc::from(call.arguments.as_str()),
+                        batch: batch.clone(),
                     }),
                     None => Err(ChainError::new(
                         ErrorKind::NotFound,
@@ -62,12 +65,13 @@ impl ToolLoop {
     /// neither registered nor offered fails without running filters.
     pub(super) async fn run_tools(
         &self,
+        run: &Run<'_>,
         invoke: &Arc<Invoke>,
         tools: &[Arc<ToolSpec>],
         offered: &[ToolSpec],
         calls: &[ToolCall],
     ) -> Vec<Result<String, ChainError>> {
-        let requests = self.requests(tools, offered, calls);
+        let requests = self.requests(tools, offered, calls, &run.batch());
         let serial = !self.config.parallel_tools
             || requests.iter().flatten().any(|request| request.tool.serial);
         let runnable: Vec<ToolRequest> = requests.iter().flatten().cloned().collect();
@@ -122,7 +126,7 @@ impl ToolLoop {
         let outcomes = match decision {
             Decision::Approve => {
                 let offered = run.offered.clone().unwrap_or_default();
-                self.run_tools(invoke, tools, &offered, &pending).await
+                self.run_tools(run, invoke, tools, &offered, &pending).await
             }
             Decision::Deny(reason) => pending.iter().map(|_| Err(denied(&reason))).collect(),
             Decision::Reply(text) => {

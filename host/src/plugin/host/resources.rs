@@ -122,13 +122,16 @@ impl wit::HostChatRequest for HostState {
     }
 
     fn tools(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<wit::ToolSpec>> {
+        let tools = self.table.get(&this)?.tools.iter();
+        Ok(tools.map(convert::tool_spec).collect())
+    }
+
+    fn registered_tools(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<Vec<String>> {
+        let tools = &self.table.get(&this)?.tools;
         Ok(self
-            .table
-            .get(&this)?
-            .tools
-            .iter()
-            .map(convert::tool_spec)
-            .collect())
+            .scope
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.invoke.registered(tools)))
     }
 
     fn set_tools(
@@ -315,6 +318,11 @@ impl wit::HostToolRequest for HostState {
         Ok(self.table.get(&this)?.arguments.to_string())
     }
 
+    fn batch(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<Vec<wit::ToolCall>> {
+        let batch = self.table.get(&this)?.batch.iter();
+        Ok(batch.map(convert::tool_call).collect())
+    }
+
     fn set_arguments(
         &mut self,
         this: Resource<ToolRequest>,
@@ -445,13 +453,8 @@ impl wit::HostTurnDone for HostState {
         &mut self,
         this: Resource<TurnDone>,
     ) -> wasmtime::Result<Vec<wit::ToolCallRecord>> {
-        Ok(self
-            .table
-            .get(&this)?
-            .tool_calls
-            .iter()
-            .map(convert::tool_call_record)
-            .collect())
+        let calls = self.table.get(&this)?.tool_calls.iter();
+        Ok(calls.map(convert::tool_call_record).collect())
     }
 
     fn iterations(&mut self, this: Resource<TurnDone>) -> wasmtime::Result<u32> {
@@ -481,12 +484,8 @@ impl wit::HostTurnInterrupt for HostState {
         &mut self,
         this: Resource<TurnInterrupt>,
     ) -> wasmtime::Result<Option<wit::ToolCall>> {
-        Ok(self
-            .table
-            .get(&this)?
-            .pending
-            .as_ref()
-            .map(convert::tool_call))
+        let pending = self.table.get(&this)?.pending.as_ref();
+        Ok(pending.map(convert::tool_call))
     }
 
     fn drop(&mut self, this: Resource<TurnInterrupt>) -> wasmtime::Result<()> {

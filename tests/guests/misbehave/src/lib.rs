@@ -54,7 +54,8 @@ struct Misbehave {
     /// (gets until refused), kv-huge-key (a 4 KiB key), kv-huge-value (a
     /// 2 MiB value), kv-overflow (adds 1 to a counter at `i64::MAX`),
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
-    /// kv-forever (a time to live of ten years), kv-trespass (reads and
+    /// kv-forever (a time to live of ten years), batch-chatter (reads its
+    /// tool call's batch until its time runs out), kv-trespass (reads and
     /// deletes keys spelled as another namespace's, and fails if it finds
     /// one), model-flood (model side calls until refused), metrics-flood
     /// (a thousand series of one counter, label values that forge
@@ -440,6 +441,12 @@ impl Filter for Misbehave {
     }
 
     fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
+        if self.action == "batch-chatter" && self.armed("tool", &request.arguments()) {
+            // Has the host copy the round's calls in, again and again.
+            loop {
+                std::hint::black_box(request.batch());
+            }
+        }
         self.strike("tool", &request.arguments())?;
         next.tool(request)
     }
