@@ -84,3 +84,77 @@ async fn system_prompt_hooks_shape_the_prompt_in_filter_order() {
         "filters may add a prompt of their own"
     );
 }
+
+/// A system-prompt filter that numbers its runs: each prompt it shapes
+/// says which run of the pipeline made it.
+struct Numbers(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl shallot::Filter for Numbers {
+    fn name(&self) -> &str {
+        "numbers"
+    }
+
+    fn hooks(&self) -> &[shallot::Hook] {
+        &[shallot::Hook::SystemPrompt]
+    }
+
+    async fn system_prompt(
+        &self,
+        prompt: String,
+        _: &shallot::FilterScope,
+    ) -> Result<String, shallot::ChainError> {
+        let run = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        Ok(format!("{prompt}\npipeline run {run}"))
+    }
+}
+
+// The seed's article found the prompt rebuilt on every round in one
+// implementation: here it is shaped once per turn, and once more when a
+// paused turn resumes (a new invoke).
+#[tokio::test]
+async fn the_system_prompt_pipeline_runs_once_per_turn_not_per_round_and_again_on_resume() {
+    let plugins = load(vec![spec(
+        "probe",
+        "brief",
+        json!({ "append_system": "Be brief.", "hooks": ["system-prompt"] }),
+    )])
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("add", json!({"a": 1, "b": 1})),
+        Reply::call("ask_human", json!({"question": "sure?"})),
+        Reply::Text("done".into()),
+    ]);
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ask = shallot::types::ToolSpec::new("ask_human", "asks", json!({"type": "object"}));
+    let kernel = add_tool(Kernel::builder().plugins(&plugins))
+        .filter(Numbers(runs.clone()))
+        .interrupt_tool(ask)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let shallot::types::TurnResult::Interrupt(paused) =
+        kernel.turn(go("1+1"), Context::new()).await
+    else {
+        panic!("the turn pauses for the human");
+    };
+    let prompts = |from: usize| -> Vec<String> {
+        model.requests()[from..]
+            .iter()
+            .map(|r| r.messages[0].text())
+            .collect()
+    };
+    assert_eq!(
+        prompts(0),
+        ["Be brief.\npipeline run 1", "Be brief.\npipeline run 1"],
+        "two rounds, one prompt"
+    );
+    let decision = shallot::types::Decision::Reply("yes".into());
+    done(kernel.resume(paused, decision, Context::new()).await);
+    assert_eq!(
+        prompts(2),
+        ["Be brief.\npipeline run 2"],
+        "shaped again on resume"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
