@@ -1416,6 +1416,36 @@ fn plugins_list_shows_a_filter_that_needs_a_configuration_and_what_it_needs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `plugins check` of a filter that needs a configuration and was given
+/// none says it is a filter and what it needs (and fails: it cannot run
+/// as it is); with a configuration it checks that one.
+#[test]
+fn plugins_check_says_what_a_filter_needs_without_its_configuration() {
+    let file = guest("token_redact");
+    let out = shallot(&["plugins", "check", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("is a shallot:filter@0.1.4 filter that needs a configuration")
+            && stdout.contains("`pattern`")
+            && stdout.contains("--with-config"),
+        "{stdout}"
+    );
+    let out = shallot(&[
+        "plugins",
+        "check",
+        file.to_str().unwrap(),
+        "--with-config",
+        r#"{"pattern": "sk-\\w+"}"#,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("hooks    token-transform"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 /// `rate-limit` at `limit` requests an hour per user, its counters in `store`.
 fn rate_limited(dir: &std::path::Path, limit: u32, store: &str) -> PathBuf {
     let config = format!("{{ requests = {limit}, window_s = 3600, by = \"user\" }}");

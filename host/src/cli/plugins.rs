@@ -24,7 +24,8 @@ pub(crate) enum PluginsCommand {
         source: Source,
     },
     /// Check that FILE is a filter component for this host's WIT version,
-    /// configure it, and show what it implements.
+    /// configure it, and show what it implements. A filter that needs a
+    /// configuration and was given none says what it needs (exit 1).
     Check {
         /// The .wasm file.
         file: PathBuf,
@@ -105,12 +106,8 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
         );
     }
     for (path, error) in &unconfigured {
-        if let LoadError::Filter { error, .. } = error {
-            let name = error.origin.as_ref().map_or("?", |o| &*o.filter);
-            let says = error
-                .message
-                .trim_start_matches("rejected its configuration: ");
-            let says = shallot::terminal_text(says);
+        if let (LoadError::Filter { error: e, .. }, Some(says)) = (error, needs(error)) {
+            let name = e.origin.as_ref().map_or("?", |o| &*o.filter);
             println!(
                 "-   {name:<16} needs a configuration: {says}  {}",
                 path.display()
@@ -126,6 +123,18 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
 fn wants_configuration(error: &LoadError) -> bool {
     matches!(error, LoadError::Filter { error, .. }
         if error.origin.as_ref().is_some_and(|o| o.call == Call::Configure))
+}
+
+/// What a filter that refused its configuration (`error`) said it needs,
+/// safe for a terminal.
+fn needs(error: &LoadError) -> Option<String> {
+    let LoadError::Filter { error, .. } = error else {
+        return None;
+    };
+    let says = error
+        .message
+        .trim_start_matches("rejected its configuration: ");
+    Some(shallot::terminal_text(says))
 }
 
 /// The specs that configure (any other failure is the whole set's again),
@@ -185,16 +194,30 @@ async fn check(
                 .map_err(|e| anyhow::anyhow!("--with-config is not JSON: {e}"))
         })
         .transpose()?;
+    let given = config.is_some();
     let spec = FilterSpec {
         config,
         ..FilterSpec::default()
     };
-    let set = FilterSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
+    let loaded = FilterSet::from_specs(engine, vec![(file.clone(), spec)], &mut |event| {
         if let LoadEvent::Compiling { .. } = event {
             report(&event);
         }
     })
-    .await?;
+    .await;
+    let set = match loaded {
+        Ok(set) => set,
+        Err(error) if !given && wants_configuration(&error) => {
+            println!(
+                "{} is a {WIT_PACKAGE}@{WIT_VERSION} filter that needs a configuration: {}",
+                file.display(),
+                needs(&error).unwrap_or_default()
+            );
+            println!("  check it with one: --with-config '{{...}}' (JSON)");
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(error) => return Err(error.into()),
+    };
     let filter = &set.filters()[0];
     let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
     println!(
