@@ -158,3 +158,85 @@ async fn the_system_prompt_pipeline_runs_once_per_turn_not_per_round_and_again_o
     );
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+// AgentScope's DynamicContext: the current time (and who asks) into the
+// system prompt, once per invoke.
+#[tokio::test]
+async fn dynamic_context_puts_the_time_in_the_operators_offset_and_context_values_in_the_prompt() {
+    let config = json!({
+        "template": "{now}|{date}|{time}|{weekday}|{offset}|{context.user}|{context.missing}",
+        "utc_offset": "+08:00",
+    });
+    let grants = shallot::Grants {
+        clock: true,
+        ..shallot::Grants::default()
+    };
+    let plugins = load(vec![shallot_tests::granted(
+        spec("dynamic_context", "dynamic-context", config),
+        grants,
+    )])
+    .await;
+    let model = ScriptedModel::answer("ok");
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let options =
+        InvokeOptions::from(Context::new().with(shallot::USER, "ada")).system_prompt("You are X.");
+    kernel
+        .chat(shallot_tests::ask("hi"), options)
+        .await
+        .unwrap();
+    let prompt = model.requests()[0].messages[0].text();
+    let line = prompt
+        .strip_prefix("You are X.\n\n")
+        .unwrap_or_else(|| panic!("added after the caller's prompt: {prompt}"));
+    let parts: Vec<&str> = line.split('|').collect();
+    let [now, date, time, weekday, offset, user, missing] = parts[..] else {
+        panic!("{line}");
+    };
+    assert_eq!(now, format!("{date}T{time}{}", &now[16..]), "{line}");
+    assert!(now.ends_with("+08:00") && offset == "+08:00", "{line}");
+    assert!(
+        date.len() == 10 && date.as_bytes()[4] == b'-' && &date[..4] >= "2026",
+        "{line}"
+    );
+    let days = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    assert!(days.contains(&weekday), "{line}");
+    assert_eq!((user, missing), ("ada", "unknown"));
+
+    for (config, grants, says) in [
+        (
+            json!(null),
+            shallot::Grants::default(),
+            "grants = { clock = true }",
+        ),
+        (
+            json!({ "utc_offset": "+8" }),
+            shallot::Grants {
+                clock: true,
+                ..shallot::Grants::default()
+            },
+            "utc_offset '+8' is not an offset",
+        ),
+    ] {
+        let specs = vec![shallot_tests::granted(
+            spec("dynamic_context", "dynamic-context", config),
+            grants,
+        )];
+        let error = shallot::FilterSet::from_specs(&shallot_tests::engine(), specs, &mut |_| {})
+            .await
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains(says), "{error}");
+    }
+}
