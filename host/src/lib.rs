@@ -76,7 +76,8 @@ pub mod types;
 pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{
-    ClientKey, Config, PoolMember, RouteMode, RouteSpec, Server, Upstream, read_config, read_dir,
+    ClientKey, Config, PRESETS, PoolMember, RouteMode, RouteSpec, Server, Upstream, preset,
+    read_config, read_dir,
 };
 pub use context::{
     CACHE, CANCELLED, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS,

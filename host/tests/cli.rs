@@ -1446,6 +1446,26 @@ fn plugins_check_says_what_a_filter_needs_without_its_configuration() {
     );
 }
 
+#[test]
+fn plugins_presets_lists_each_preset_with_its_filters_and_grants() {
+    let out = shallot(&["plugins", "presets"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let production = stdout
+        .split("\n")
+        .skip_while(|line| !line.starts_with("production:"))
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        production.contains(r#"call_limit.wasm    {"max_model_calls":15,"on_limit":"halt"}"#)
+            && production.contains("tool_retry.wasm")
+            && production.contains("grants { sleep_ms = 30000 }"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("human_in_loop:"), "{stdout}");
+}
+
 /// `rate-limit` at `limit` requests an hour per user, its counters in `store`.
 fn rate_limited(dir: &std::path::Path, limit: u32, store: &str) -> PathBuf {
     let config = format!("{{ requests = {limit}, window_s = 3600, by = \"user\" }}");

@@ -23,6 +23,7 @@ mod loading;
 mod logging;
 mod memory;
 mod polyglot;
+mod presets;
 mod provider;
 mod resilience;
 mod sandbox;

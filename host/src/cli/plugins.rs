@@ -1,4 +1,5 @@
-//! `shallot plugins`: list a plugin set, check one plugin file.
+//! `shallot plugins`: list a plugin set, check one plugin file, show the
+//! presets.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -6,8 +7,8 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use shallot::{
-    CacheState, Call, Engine, FilterSet, FilterSpec, Hook, LoadError, LoadEvent, WIT_PACKAGE,
-    WIT_VERSION, cache_state, read_config, read_dir, read_plugin,
+    CacheState, Call, Engine, FilterSet, FilterSpec, Hook, LoadError, LoadEvent, PRESETS,
+    WIT_PACKAGE, WIT_VERSION, cache_state, preset, read_config, read_dir, read_plugin,
 };
 
 use super::{Source, human_size, report};
@@ -23,6 +24,9 @@ pub(crate) enum PluginsCommand {
         #[command(flatten)]
         source: Source,
     },
+    /// The presets a `[[filter]]` table can name (`preset = "NAME"`), with
+    /// their filters and configurations.
+    Presets,
     /// Check that FILE is a filter component for this host's WIT version,
     /// configure it, and show what it implements. A filter that needs a
     /// configuration and was given none says what it needs (exit 1).
@@ -39,6 +43,7 @@ pub(crate) async fn run(engine: &Engine, command: PluginsCommand) -> anyhow::Res
     match command {
         PluginsCommand::List { source } => list(engine, source).await,
         PluginsCommand::Check { file, with_config } => check(engine, file, with_config).await,
+        PluginsCommand::Presets => Ok(presets()),
     }
 }
 
@@ -116,6 +121,29 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
     }
     print_chains(&set);
     Ok(ExitCode::SUCCESS)
+}
+
+fn presets() -> ExitCode {
+    for (name, about) in PRESETS {
+        println!("{name}: {about}");
+        for (plugin, spec) in preset(name).unwrap_or_default() {
+            let config = spec.config.unwrap_or_default();
+            let mut grants = Vec::new();
+            if spec.grants.sleep_ms > 0 {
+                grants.push(format!("sleep_ms = {}", spec.grants.sleep_ms));
+            }
+            if spec.grants.approval {
+                grants.push("approval = true".to_owned());
+            }
+            let grants = if grants.is_empty() {
+                String::new()
+            } else {
+                format!("  grants {{ {} }}", grants.join(", "))
+            };
+            println!("  {plugin:<18} {config}{grants}");
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// Whether `error` is a filter refusing the configuration it was given

@@ -31,7 +31,15 @@
 //! ```
 //!
 //! The list order is the layer order (first = outermost). The same plugin
-//! may appear twice under two names.
+//! may appear twice under two names. A table with only `preset = "NAME"`
+//! stands for that preset's filters, in its place ([`PRESETS`]: `minimal`,
+//! `default`, `production`, `development`, `human_in_loop`, the first
+//! seed's middleware presets):
+//!
+//! ```toml
+//! [[filter]]
+//! preset = "production"
+//! ```
 //!
 //! A `[model]` table points `shallot chat` at an OpenAI-compatible server
 //! (see [`OpenAiConfig`]); without `api_key`, `OPENAI_API_KEY` is used:
@@ -56,9 +64,11 @@ use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
 
 mod gateway;
+mod presets;
 
 pub use gateway::{ClientKey, PoolMember, RouteMode, RouteSpec, Server, Upstream};
 use gateway::{KeyEntry, RouteEntry};
+pub use presets::{PRESETS, preset};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,7 +87,9 @@ struct ConfigFile {
 #[serde(deny_unknown_fields)]
 struct FilterEntry {
     name: Option<String>,
-    plugin: PathBuf,
+    plugin: Option<PathBuf>,
+    /// A preset's name, in place of one filter: its filters.
+    preset: Option<String>,
     config: Option<toml::Value>,
     #[serde(default)]
     limits: Limits,
@@ -171,40 +183,80 @@ impl Config {
             Some(dir) => base.join(expand(dir).map_err(bad)?),
             None => base.to_path_buf(),
         };
-        self.parsed
-            .filters
-            .iter()
-            .map(|entry| {
-                let line = self.text[..entry.span().start].matches('\n').count() + 1;
-                let source = format!("{}, the [[filter]] at line {line}", self.file.display());
-                let entry = entry.get_ref().clone();
-                let config = entry
-                    .config
-                    .map(|value| {
-                        serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
-                    })
-                    .transpose()?;
-                let mut grants = entry.grants;
-                // A trace file and the SQLite stores are the operator's files,
-                // relative to this file.
-                if let Some(TraceTarget::File(path)) = &mut grants.trace {
-                    *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
+        let mut filters = Vec::new();
+        for entry in &self.parsed.filters {
+            let line = self.text[..entry.span().start].matches('\n').count() + 1;
+            let source = format!("{}, the [[filter]] at line {line}", self.file.display());
+            let entry = entry.get_ref().clone();
+            let only_named = entry.name.is_none()
+                && entry.config.is_none()
+                && entry.limits == Limits::default()
+                && entry.grants == Grants::default()
+                && entry.isolation == Isolation::default();
+            let plugin = match (entry.plugin, entry.preset) {
+                (Some(plugin), None) => plugin,
+                (None, Some(_)) if !only_named => {
+                    let message = "a `preset` table takes nothing else (list a filter of it on its own to change it)";
+                    return Err(bad(format!("{source}: {message}")));
                 }
-                let kv = grants.kv.as_mut().map(|kv| &mut kv.store);
-                for store in [grants.memory.as_mut(), kv].into_iter().flatten() {
-                    self.locate(store)?;
+                (None, Some(name)) => {
+                    filters.extend(self.preset(&name, &dir, &source)?);
+                    continue;
                 }
-                let spec = FilterSpec {
-                    name: entry.name,
-                    config,
-                    limits: entry.limits,
-                    grants,
-                    isolation: entry.isolation,
-                    source: Some(source),
-                };
-                Ok((dir.join(entry.plugin), spec))
-            })
-            .collect()
+                _ => {
+                    return Err(bad(format!("{source}: give one of `plugin` and `preset`")));
+                }
+            };
+            let config = entry
+                .config
+                .map(|value| {
+                    serde_json::to_value(value).map_err(|e| bad(format!("filter config: {e}")))
+                })
+                .transpose()?;
+            let mut grants = entry.grants;
+            // A trace file and the SQLite stores are the operator's files,
+            // relative to this file.
+            if let Some(TraceTarget::File(path)) = &mut grants.trace {
+                *path = base.join(expand(&path.to_string_lossy()).map_err(bad)?);
+            }
+            let kv = grants.kv.as_mut().map(|kv| &mut kv.store);
+            for store in [grants.memory.as_mut(), kv].into_iter().flatten() {
+                self.locate(store)?;
+            }
+            let spec = FilterSpec {
+                name: entry.name,
+                config,
+                limits: entry.limits,
+                grants,
+                isolation: entry.isolation,
+                source: Some(source),
+            };
+            filters.push((dir.join(plugin), spec));
+        }
+        Ok(filters)
+    }
+
+    /// The filters of the preset `name`, named by a `[[filter]]` table
+    /// (`source`) that says nothing else.
+    fn preset(
+        &self,
+        name: &str,
+        dir: &Path,
+        source: &str,
+    ) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError> {
+        let filters = presets::preset(name).ok_or_else(|| {
+            let names = presets::names();
+            self.bad(format!("{source}: no preset '{name}' (there are {names})"))
+        })?;
+        let source = format!("{source}, preset '{name}'");
+        let placed = |(plugin, spec): (String, FilterSpec)| {
+            let spec = FilterSpec {
+                source: Some(source.clone()),
+                ..spec
+            };
+            (dir.join(plugin), spec)
+        };
+        Ok(filters.into_iter().map(placed).collect())
     }
 }
 
@@ -330,169 +382,4 @@ impl FilterSet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::Config;
-
-    fn read_keys(file: &std::path::Path) -> Result<Vec<super::ClientKey>, super::LoadError> {
-        Config::read(file)?.keys()
-    }
-
-    #[test]
-    fn client_keys_come_hashed_or_from_the_environment_and_nothing_else() {
-        let dir = std::env::temp_dir().join(format!("shallot-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("shallot.toml");
-        let write = |text: &str| std::fs::write(&file, text).unwrap();
-        // SAFETY: no other test reads or writes this variable.
-        unsafe { std::env::set_var("SHALLOT_TEST_OPS_KEY", "sk-ops") };
-        write(concat!(
-            "[[key]]\nname = \"billing\"\ntenant = \"acme\"\n",
-            "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
-            "[[key]]\nname = \"ops\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\nmodels = [\"raw\"]\n",
-        ));
-        let keys = read_keys(&file).unwrap();
-        assert_eq!(keys[0].tenant.as_deref(), Some("acme"));
-        assert!(keys[0].may_use("raw") && keys[0].may_use("filtered"));
-        assert!(keys[1].may_use("raw") && !keys[1].may_use("filtered"));
-        assert!(keys[0].matches("shallot-test-key") && !keys[0].matches("sk-ops"));
-        assert!(keys[1].matches("sk-ops"));
-        assert!(
-            !format!("{keys:?}").contains("a92667"),
-            "Debug shows no digest"
-        );
-        for (text, says) in [
-            ("[[key]]\nname = \"x\"\nsha256 = \"abc\"\n", "64 hex digits"),
-            ("[[key]]\nname = \"x\"\n", "exactly one of"),
-            (
-                "[[key]]\nname = \"x\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\nmodels = []\n",
-                "could use nothing",
-            ),
-            (
-                "[[key]]\nname = \"x\"\nenv = \"SHALLOT_TEST_UNSET_KEY\"\n",
-                "is not set",
-            ),
-            (
-                "[[key]]\nname = \"x\"\nsecret = \"plain\"\n",
-                "unknown field",
-            ),
-            (
-                "[[key]]\nname = \"a/b\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
-                "cannot hold '/'",
-            ),
-            (
-                concat!(
-                    "[[key]]\nname = \"x\"\ntenant = \"acme\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
-                    "[[key]]\nname = \"acme\"\nenv = \"SHALLOT_TEST_OPS_KEY\"\n",
-                ),
-                "would share conversations",
-            ),
-        ] {
-            write(text);
-            let error = read_keys(&file).unwrap_err().to_string();
-            assert!(error.contains(says), "{error}");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_broken_config_is_placed_by_line_and_column_without_quoting_its_lines() {
-        let dir = std::env::temp_dir().join(format!("shallot-broken-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("shallot.toml");
-        std::fs::write(
-            &file,
-            "[model]\nbase_url = \"http://localhost:8000/v1\"\napi_key = \"sk-live-secret\nmodel = \"x\"\n",
-        )
-        .unwrap();
-        let error = Config::read(&file).unwrap_err().to_string();
-        assert!(error.contains("line 3, column "), "{error}");
-        assert!(!error.contains("sk-live"), "the key is not quoted: {error}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_kv_grant_is_a_store_or_a_table_its_sqlite_path_relative_to_the_config() {
-        use crate::conversation::StoreSpec;
-        let dir = std::env::temp_dir().join(format!("shallot-kv-grant-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("shallot.toml");
-        let filters = |grant: &str| {
-            let text = format!("[[filter]]\nplugin = \"x.wasm\"\ngrants = {{ kv = {grant} }}\n");
-            std::fs::write(&file, text).unwrap();
-            super::read_config(&file)
-        };
-        let read = filters("\"limits.db\"").unwrap();
-        let kv = read[0].1.grants.kv.clone().unwrap();
-        assert_eq!(kv.store, StoreSpec::Sqlite(dir.join("limits.db")));
-        assert_eq!(kv.namespace, None);
-        let read = filters("{ store = \"redis://127.0.0.1/0\", namespace = \"limits\" }").unwrap();
-        let kv = read[0].1.grants.kv.clone().unwrap();
-        assert_eq!(kv.store, StoreSpec::Redis("redis://127.0.0.1/0".into()));
-        assert_eq!(kv.namespace.as_deref(), Some("limits"));
-        for wrong in ["5", "{ store = \":memory:\", name = \"x\" }"] {
-            let error = filters(wrong).unwrap_err().to_string();
-            assert!(error.contains("a store (a SQLite file's path"), "{error}");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn an_http_grant_is_a_list_of_origins_or_a_table_of_them_and_its_bounds() {
-        use crate::plugin::HttpGrant;
-        let dir = std::env::temp_dir().join(format!("shallot-http-grant-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("shallot.toml");
-        let filters = |grant: &str| {
-            let text = format!("[[filter]]\nplugin = \"x.wasm\"\ngrants = {{ http = {grant} }}\n");
-            std::fs::write(&file, text).unwrap();
-            super::read_config(&file)
-        };
-        let read = filters("[\"https://api.example.com\"]").unwrap();
-        let http = read[0].1.grants.http.clone().unwrap();
-        assert_eq!(http.origins[0].to_string(), "https://api.example.com:443");
-        assert_eq!(http.requests, HttpGrant::REQUESTS);
-        let table = "{ origins = [\"http://127.0.0.1:9000\"], private = [\"http://moderation.internal:8080\"], requests = 2, timeout_ms = 900 }";
-        let http = filters(table).unwrap()[0].1.grants.http.clone().unwrap();
-        assert_eq!((http.requests, http.timeout_ms), (2, 900));
-        assert_eq!(http.private[0].host, "moderation.internal");
-        assert_eq!(http.send_bytes, HttpGrant::SEND_BYTES);
-        for (wrong, says) in [
-            ("[\"ftp://x\"]", "the scheme `ftp` is not http or https"),
-            (
-                "{ origins = [\"https://x/path\"] }",
-                "an origin has no path",
-            ),
-            ("{ origins = [], proxy = \"x\" }", "unknown field `proxy`"),
-            ("\"https://x\"", "a list of origins"),
-        ] {
-            let error = filters(wrong).unwrap_err().to_string();
-            assert!(error.contains(says), "{wrong}: {error}");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    use super::expand;
-
-    #[test]
-    fn plugin_dirs_take_environment_variables_with_defaults() {
-        assert_eq!(
-            expand("${SHALLOT_TEST_UNSET:-../target}/guest").unwrap(),
-            std::path::Path::new("../target/guest")
-        );
-        assert_eq!(
-            expand("plain/dir").unwrap(),
-            std::path::Path::new("plain/dir")
-        );
-        let home = std::env::var("HOME").unwrap();
-        assert_eq!(
-            expand("${HOME:-x}/guest").unwrap(),
-            std::path::Path::new(&home).join("guest")
-        );
-        assert!(
-            expand("${SHALLOT_TEST_UNSET}/x")
-                .unwrap_err()
-                .contains("is not set")
-        );
-        assert!(expand("${OPEN").is_err());
-    }
-}
+mod tests;
