@@ -166,7 +166,7 @@ async fn tool_guard_refuses_by_tenant_what_it_does_not_allow_offered_or_not() {
 
 /// A tool a chat filter adds to the menu (not registered; the filter
 /// serves its calls).
-struct Adds;
+pub(crate) struct Adds;
 
 #[async_trait::async_trait]
 impl shallot::Filter for Adds {

@@ -21,6 +21,15 @@ fn go(text: &str) -> TurnRequest {
     TurnRequest::new(vec![Message::user(text)])
 }
 
+/// `trace`, configured with `config`, writing to `path`.
+async fn tracing(path: &std::path::Path, config: Value) -> shallot::FilterSet {
+    load(vec![granted(
+        spec("trace", "trace", config),
+        trace_grant(path),
+    )])
+    .await
+}
+
 /// The trace lines of `path` once one is a `turn` line (at most 10 s, then
 /// the test fails): what a cancelled request leaves, seen from outside.
 async fn turn_line(path: &std::path::Path) -> (Vec<Value>, Value) {
@@ -57,11 +66,7 @@ async fn trace_records_arguments_and_results_only_when_asked_with_fields_and_pat
         ),
     ] {
         let path = trace_file(&format!("audit-{}", expect.is_some()));
-        let plugins = load(vec![granted(
-            spec("trace", "trace", config),
-            trace_grant(&path),
-        )])
-        .await;
+        let plugins = tracing(&path, config).await;
         let kernel = Kernel::builder()
             .plugins(&plugins)
             .model(model())
@@ -116,11 +121,7 @@ async fn trace_refuses_a_redaction_pattern_it_cannot_use() {
 /// for ever once it is asked (saying so on `asked`), as a model that
 /// never answers.
 async fn stuck(path: &std::path::Path, asked: Arc<Notify>) -> Kernel {
-    let plugins = load(vec![granted(
-        spec("trace", "trace", Value::Null),
-        trace_grant(path),
-    )])
-    .await;
+    let plugins = tracing(path, Value::Null).await;
     let model = ScriptedModel::new(move |_, _| {
         asked.notify_one();
         Reply::Slow(Duration::from_secs(3600), "never".into())
@@ -171,11 +172,7 @@ async fn a_turn_the_embedder_cancels_ends_with_its_reason_and_leaves_a_cancelled
 #[tokio::test]
 async fn a_tool_that_never_ends_is_cancelled_and_the_turn_ends_without_asking_the_model_again() {
     let path = trace_file("cancel-tool");
-    let plugins = load(vec![granted(
-        spec("trace", "trace", Value::Null),
-        trace_grant(&path),
-    )])
-    .await;
+    let plugins = tracing(&path, Value::Null).await;
     let model = ScriptedModel::replies(vec![
         Reply::call("wait", json!({})),
         Reply::Text("no".into()),

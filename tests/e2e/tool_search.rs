@@ -405,31 +405,6 @@ async fn a_tool_the_filter_offers_keeps_what_the_host_knows_of_it() {
     assert!(!search.strict, "the filter's own tool is not");
 }
 
-/// A chat filter that adds `lookup` (which it would serve) to each call's
-/// tools, outside `tool-search`.
-struct AddsLookup;
-
-#[async_trait::async_trait]
-impl shallot::Filter for AddsLookup {
-    fn name(&self) -> &str {
-        "adds-lookup"
-    }
-
-    async fn around_chat(
-        &self,
-        request: ChatRequest,
-        next: shallot::Next<shallot::Chat>,
-    ) -> Result<shallot::types::ChatResponse, shallot::ChainError> {
-        let mut tools = request.tools.to_vec();
-        tools.push(ToolSpec::new(
-            "lookup",
-            "looks up",
-            json!({ "type": "object" }),
-        ));
-        next.call(request.with_tools(tools)).await
-    }
-}
-
 #[tokio::test]
 async fn it_indexes_the_registered_tools_and_an_interrupt_tool_or_a_filters_tool_passes_through() {
     for (config, expect) in [
@@ -443,7 +418,7 @@ async fn it_indexes_the_registered_tools_and_an_interrupt_tool_or_a_filters_tool
         let plugins = load(vec![spec("tool_search", "tool-search", config.clone())]).await;
         let model = ScriptedModel::answer("ok");
         let mut builder = Kernel::builder()
-            .filter(AddsLookup)
+            .filter(crate::access::Adds)
             .plugins(&plugins)
             .model(model.clone());
         for (name, description) in english_tools() {
