@@ -26,7 +26,7 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: escape context types sandbox conversation kv cache compile engine onion plugin tool model agent kernel config gateway
+//! layers: escape context types sandbox conversation kv cache compile engine onion plugin tool mcp model agent kernel config gateway
 //!
 //! - `escape`: text from guests, models and clients made safe for a
 //!   terminal, a log line or a JSON line.
@@ -40,7 +40,8 @@
 //!   transforms; a sandboxed filter is one more `Filter` to it.
 //! - `plugin`: wasm filters (loading, instances, admission, the host side
 //!   of the WIT contract): `WasmFilter`, a `Filter` the onion runs.
-//! - `tool`, `model`, `agent`: the terminals (tools, models, the tool loop).
+//! - `tool`, `mcp`, `model`, `agent`: the terminals (tools, MCP servers'
+//!   tools, models, the tool loop).
 //! - `kernel`: builds the onions over the terminals and runs invokes.
 //! - `config`: `shallot.toml` and plugins directories, read into specs.
 //! - `gateway`: the OpenAI-compatible HTTP server in front of a kernel
@@ -66,6 +67,7 @@ mod escape;
 mod gateway;
 mod kernel;
 mod kv;
+mod mcp;
 mod model;
 mod onion;
 mod plugin;
@@ -94,6 +96,7 @@ pub use gateway::{
 };
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};
+pub use mcp::{McpConfig, McpError, McpServer};
 pub use model::{
     AnthropicConfig, AnthropicModel, ChatModel, EmbeddedModel, HOPS_HEADER, ModelEvent,
     OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth, UpstreamPool,

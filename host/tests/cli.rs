@@ -1617,3 +1617,58 @@ fn serve_streams_a_cached_answer() {
     gateway.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `shallot chat` with an `[[mcp]]` server (the test server on the official
+/// Python SDK): the embedded model calls the server's tool by name, the
+/// call goes through a `trace` filter, and the server's result comes back
+/// in the answer.
+#[test]
+fn chat_calls_an_mcp_servers_tool_through_the_filters() {
+    let python = target_dir().join("polyglot/venv/bin/python");
+    let has_mcp = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_mcp,
+        "{} has no mcp package: run scripts/build-polyglot",
+        python.display()
+    );
+    let dir = target_dir().join("shallot-test-scratch").join("chat-mcp");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/server.py");
+    let config = dir.join("shallot.toml");
+    let toml = format!(
+        "plugin_dir = {plugins:?}\n\n[[filter]]\nplugin = \"trace.wasm\"\ngrants = {{ trace = \"trace.jsonl\" }}\nconfig = {{ arguments = true, results = true }}\n\n[[mcp]]\nname = \"test\"\ncommand = {python:?}\nargs = [{server:?}]\n",
+        plugins = guest("trace").parent().unwrap().display().to_string(),
+        python = python.display().to_string(),
+        server = server.display().to_string(),
+    );
+    std::fs::write(&config, toml).unwrap();
+    let out = shallot(&[
+        "chat",
+        "--config",
+        config.to_str().unwrap(),
+        r#"call test_echo {"text": "via MCP"}"#,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("via MCP"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("starting the MCP server 'test'"),
+        "{}",
+        text(&out.stderr)
+    );
+    let trace = std::fs::read_to_string(dir.join("trace.jsonl")).unwrap();
+    let tool: serde_json::Value = trace
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|event| event["event"] == "tool")
+        .unwrap_or_else(|| panic!("no tool line: {trace}"));
+    assert_eq!(tool["tool"], "test_echo");
+    assert_eq!(tool["arguments"], serde_json::json!({ "text": "via MCP" }));
+}

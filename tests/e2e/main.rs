@@ -21,6 +21,7 @@ mod guards;
 mod hostile;
 mod loading;
 mod logging;
+mod mcp;
 mod memory;
 mod polyglot;
 mod presets;

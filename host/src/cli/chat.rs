@@ -15,8 +15,9 @@ use shallot::types::{
     TurnRequest, TurnResult,
 };
 use shallot::{
-    ApprovalRequest, Approver, ChainError, Context, EmbeddedModel, Engine, Filter, Hook,
-    InvokeOptions, Kernel, LoopConfig, MemoryHistory, Next, NoHistory, OpenAiModel, Tool, ToolLoop,
+    ApprovalRequest, Approver, ChainError, Config, Context, EmbeddedModel, Engine, Filter, Hook,
+    InvokeOptions, Kernel, LoopConfig, McpServer, MemoryHistory, Next, NoHistory, OpenAiModel,
+    Tool, ToolLoop,
 };
 
 use super::{ModelArgs, Source};
@@ -146,6 +147,13 @@ async fn kernel(engine: &Engine, args: &ChatArgs) -> anyhow::Result<Kernel> {
     };
     if !args.no_tools {
         builder = builder.builtin_tools();
+        let servers = file.as_ref().map(Config::mcp).transpose()?;
+        for server in servers.unwrap_or_default() {
+            eprintln!("starting the MCP server '{}' ...", server.name);
+            let server = McpServer::start(server).await?;
+            eprintln!("  {} tools", server.tools().len());
+            builder = builder.mcp(&server);
+        }
     }
     if !args.json {
         builder = builder.filter(ShowTools);

@@ -58,6 +58,7 @@ use serde::Deserialize;
 
 use crate::conversation::StoreSpec;
 use crate::engine::Engine;
+use crate::mcp::McpConfig;
 use crate::model::OpenAiConfig;
 use crate::plugin::{FilterSet, FilterSpec, Isolation, LoadError, LoadEvent};
 use crate::plugin::{Grants, TraceTarget};
@@ -81,6 +82,8 @@ struct ConfigFile {
     keys: Vec<KeyEntry>,
     #[serde(default, rename = "route")]
     routes: Vec<RouteEntry>,
+    #[serde(default)]
+    mcp: Vec<McpConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +165,48 @@ impl Config {
     /// from `OPENAI_API_KEY`.
     pub fn model(&self) -> Option<OpenAiConfig> {
         self.parsed.model.clone().map(OpenAiConfig::or_env_key)
+    }
+
+    /// The MCP servers (`[[mcp]]` tables), `${NAME}` taken from the
+    /// environment in their commands, arguments and environments, and a
+    /// command given as a relative path taken from this file's directory.
+    pub fn mcp(&self) -> Result<Vec<McpConfig>, LoadError> {
+        let base = self.file.parent().unwrap_or(Path::new("."));
+        let mut names = std::collections::BTreeSet::new();
+        let mut servers = Vec::new();
+        for server in &self.parsed.mcp {
+            let bad =
+                |what: &str, e: String| self.bad(format!("[[mcp]] '{}': {what}: {e}", server.name));
+            if !names.insert(server.name.as_str()) {
+                return Err(bad("name", "two servers have it".to_owned()));
+            }
+            let text = |value: &str, what: &str| {
+                expand_text(value)
+                    .map(|(text, _)| text)
+                    .map_err(|e| bad(what, e))
+            };
+            let mut command = text(&server.command, "command")?;
+            if command.contains('/') && Path::new(&command).is_relative() {
+                command = base.join(&command).to_string_lossy().into_owned();
+            }
+            let args = server
+                .args
+                .iter()
+                .map(|a| text(a, "args"))
+                .collect::<Result<_, _>>()?;
+            let env = server
+                .env
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), text(v, "env")?)))
+                .collect::<Result<_, LoadError>>()?;
+            servers.push(McpConfig {
+                command,
+                args,
+                env,
+                ..server.clone()
+            });
+        }
+        Ok(servers)
     }
 
     /// Makes a SQLite store's path, the operator's file, relative to this
@@ -271,6 +316,17 @@ pub fn read_config(file: &Path) -> Result<Vec<(PathBuf, FilterSpec)>, LoadError>
 /// from the working directory, as cargo reads CARGO_TARGET_DIR; one that
 /// starts with a default stays relative to the file.
 fn expand(text: &str) -> Result<PathBuf, String> {
+    let (out, from_env_at_start) = expand_text(text)?;
+    let path = PathBuf::from(out);
+    if from_env_at_start && path.is_relative() {
+        return std::path::absolute(&path).map_err(|e| format!("'{text}': {e}"));
+    }
+    Ok(path)
+}
+
+/// Expands `${NAME}` and `${NAME:-default}` in `text` from the
+/// environment; also whether it starts with a variable's value.
+fn expand_text(text: &str) -> Result<(String, bool), String> {
     let mut out = String::new();
     let mut rest = text;
     let mut from_env_at_start = false;
@@ -295,11 +351,7 @@ fn expand(text: &str) -> Result<PathBuf, String> {
         rest = &rest[start + len + 1..];
     }
     out.push_str(rest);
-    let path = PathBuf::from(out);
-    if from_env_at_start && path.is_relative() {
-        return std::path::absolute(&path).map_err(|e| format!("'{text}': {e}"));
-    }
-    Ok(path)
+    Ok((out, from_env_at_start))
 }
 
 /// Lists a plugins directory: every `*.wasm` in file-name order, each with

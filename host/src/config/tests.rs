@@ -164,3 +164,63 @@ fn plugin_dirs_take_environment_variables_with_defaults() {
     );
     assert!(expand("${OPEN").is_err());
 }
+
+#[test]
+fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
+    let dir = std::env::temp_dir().join(format!("shallot-mcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var("SHALLOT_TEST_MCP_TOKEN", "t-1") };
+    let text = concat!(
+        "[[mcp]]\nname = \"files\"\ncommand = \"servers/files.sh\"\n",
+        "args = [\"--token\", \"${SHALLOT_TEST_MCP_TOKEN}\"]\n",
+        "env = { TOKEN = \"${SHALLOT_TEST_MCP_TOKEN}\", MODE = \"${SHALLOT_TEST_MCP_MODE:-ro}\" }\n",
+        "[[mcp]]\nname = \"web\"\ncommand = \"python3\"\nprefix = \"w_\"\ntimeout_ms = 500\n",
+    );
+    std::fs::write(&file, text).unwrap();
+    let servers = Config::read(&file).unwrap().mcp().unwrap();
+    assert_eq!(
+        servers[0].command,
+        dir.join("servers/files.sh").to_string_lossy()
+    );
+    assert_eq!(servers[0].args, ["--token", "t-1"]);
+    assert_eq!(
+        (&servers[0].env["TOKEN"], &servers[0].env["MODE"]),
+        (&"t-1".to_owned(), &"ro".to_owned())
+    );
+    assert_eq!(
+        (servers[0].timeout_ms, servers[0].max_message_kib),
+        (30_000, 4096)
+    );
+    assert_eq!(
+        (
+            servers[1].command.as_str(),
+            servers[1].prefix.as_deref(),
+            servers[1].timeout_ms
+        ),
+        ("python3", Some("w_"), 500)
+    );
+    for (text, says) in [
+        (
+            "[[mcp]]\nname = \"a\"\ncommand = \"x\"\n[[mcp]]\nname = \"a\"\ncommand = \"y\"\n",
+            "[[mcp]] 'a': name: two servers have it",
+        ),
+        (
+            "[[mcp]]\nname = \"a\"\ncommand = \"${SHALLOT_TEST_MCP_UNSET}\"\n",
+            "[[mcp]] 'a': command",
+        ),
+        (
+            "[[mcp]]\nname = \"a\"\ncommand = \"x\"\nurl = \"http://x\"\n",
+            "unknown field `url`",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let error = Config::read(&file)
+            .and_then(|c| c.mcp())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(says), "{text}: {error}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,6 +7,7 @@ use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Server, Upstream};
 use crate::conversation::open_store;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
+use crate::mcp::{McpError, McpServer};
 use crate::model::{
     AnthropicModel, ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool,
 };
@@ -35,6 +36,9 @@ pub enum RouteError {
     /// A route's upstream could not be set up.
     #[error("{0}")]
     Upstream(ChainError),
+    /// An MCP server did not start, or did not list its tools.
+    #[error(transparent)]
+    Mcp(#[from] McpError),
     /// A route's response store could not be opened.
     #[error("route '{route}': its store: {error}")]
     Store {
@@ -82,6 +86,14 @@ impl Route {
             check_keys(&keys, &routes)?;
             return Ok((routes, keys));
         }
+        // The MCP servers start once, and every agent route offers their
+        // tools.
+        let mut servers = Vec::new();
+        if specs.iter().any(|spec| spec.mode == RouteMode::Agent) {
+            for server in config.map(Config::mcp).transpose()?.unwrap_or_default() {
+                servers.push(McpServer::start(server).await?);
+            }
+        }
         let mut routes = Vec::with_capacity(specs.len());
         for spec in specs {
             let mut builder = Kernel::builder();
@@ -114,6 +126,9 @@ impl Route {
                 // add to a history in this process that nothing reads.
                 let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
                 builder = builder.builtin_tools().turn_terminal(tool_loop);
+                for server in &servers {
+                    builder = builder.mcp(server);
+                }
             }
             let store =
                 match &spec.store {

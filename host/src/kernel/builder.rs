@@ -8,6 +8,7 @@ use super::Kernel;
 use crate::agent::ToolLoop;
 use crate::context::{Context, Reducers};
 use crate::engine::Engine;
+use crate::mcp::McpServer;
 use crate::model::{ChatModel, EmbeddedModel, ModelTerminal, ResponseLimits};
 use crate::onion::{Approver, Chat, Filter, KernelFilter, Onion, SideModel, Terminal, Tool, Turn};
 use crate::plugin::{self, FilterSet, WasmFilter};
@@ -171,6 +172,23 @@ impl KernelBuilder {
         + 'static,
     ) -> Self {
         self.reducers = std::mem::take(&mut self.reducers).with(key, init, reduce);
+        self
+    }
+
+    /// Registers the tools of a started MCP server (`server.tools()`,
+    /// prefixed): each call goes through the tool chain, then to the
+    /// server.
+    pub fn mcp(mut self, server: &Arc<McpServer>) -> Self {
+        for spec in server.tools() {
+            let Some(tool) = server.tool_of(&spec.name) else {
+                continue;
+            };
+            let server = server.clone();
+            self.tools.register(spec, move |arguments, _| {
+                let (server, tool) = (server.clone(), tool.clone());
+                async move { server.call(&tool, arguments).await }
+            });
+        }
         self
     }
 

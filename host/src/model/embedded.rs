@@ -1,8 +1,9 @@
 //! The embedded default model: offline and deterministic, for the demo and
 //! for tests. It echoes the latest user message, except that it calls the
-//! tools it is offered when a message asks for them: the `calculator` for an
-//! arithmetic expression, the `clock` for the time or date; given the tool
-//! results, it reports them. Text is streamed in word-sized tokens (long
+//! tools it is offered when a message asks for them: any tool by name for
+//! `call TOOL {"json": "arguments"}` (an MCP server's, say), the
+//! `calculator` for an arithmetic expression, the `clock` for the time or
+//! date; given the tool results, it reports them. Text is streamed in word-sized tokens (long
 //! words in 4-character pieces, as real tokenizers split them), optionally
 //! paced so a terminal shows the stream.
 
@@ -66,6 +67,9 @@ impl EmbeddedModel {
             })
         };
         if last.role == Role::User {
+            if let Some((tool, arguments)) = asked_to_call(&text).filter(|(t, _)| offered(t)) {
+                return call(tool, arguments);
+            }
             if let Some(expression) = arithmetic(&text).filter(|_| offered("calculator")) {
                 return call("calculator", json!({ "expression": expression }));
             }
@@ -126,6 +130,18 @@ fn arithmetic(text: &str) -> Option<String> {
         })
         .max_by_key(|run| run.len())
         .map(str::to_owned)
+}
+
+/// `call TOOL {arguments}` (the arguments a JSON object, or nothing):
+/// the tool and its arguments.
+fn asked_to_call(text: &str) -> Option<(&str, Value)> {
+    let rest = text.trim().strip_prefix("call ")?.trim_start();
+    let (tool, arguments) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let arguments = match arguments.trim() {
+        "" => json!({}),
+        given => serde_json::from_str(given).ok().filter(Value::is_object)?,
+    };
+    Some((tool, arguments))
 }
 
 /// An answer reporting the tool results after the last tool-calling message.
@@ -312,6 +328,37 @@ mod tests {
         };
         assert_eq!(call.name, "calculator");
         assert_eq!(call.arguments, r#"{"expression":"(2 + 3) * 4"}"#);
+    }
+
+    #[test]
+    fn call_names_any_offered_tool_with_json_arguments() {
+        let offered = |text: &str| {
+            let echo = ToolSpec::new("files_read", "", json!({}));
+            ChatRequest::new(vec![Message::user(text)]).with_tools(vec![echo])
+        };
+        let Answer::Call(call) =
+            EmbeddedModel::answer(&offered(r#"call files_read {"path": "a"}"#))
+        else {
+            panic!("expected a tool call")
+        };
+        assert_eq!(
+            (call.name.as_str(), call.arguments.as_str()),
+            ("files_read", r#"{"path":"a"}"#)
+        );
+        for not_a_call in [
+            "call files_read [1]",
+            "call other {}",
+            "call files_read {oops",
+        ] {
+            assert!(
+                matches!(EmbeddedModel::answer(&offered(not_a_call)), Answer::Text(_)),
+                "{not_a_call}"
+            );
+        }
+        let Answer::Call(call) = EmbeddedModel::answer(&offered("call files_read")) else {
+            panic!("expected a tool call")
+        };
+        assert_eq!(call.arguments, "{}");
     }
 
     #[test]

@@ -1,0 +1,289 @@
+//! MCP servers as tools of the agent, through the official Rust SDK
+//! (`rmcp`): each `[[mcp]]` server's tools join the kernel's tools under
+//! the operator's prefix, so a call goes through the tool chain (every
+//! filter applies) and then to the server.
+//!
+//! A server is a command spoken to over stdio. It is started when the
+//! kernel is built (its tools are listed then), and again, on the next
+//! call, after it died or stopped answering: a call that finds it gone or
+//! runs past `timeout_ms` fails with a typed error (`transient`,
+//! `timeout`), the process is killed, and nothing waits on it. What a
+//! server sends is bounded (a message of at most `max_message_kib`; a
+//! longer one is dropped); what it writes to its stderr goes to the host's
+//! debug log, a line (or a kibibyte) at a time.
+
+mod result;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::async_rw::AsyncRwTransport;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::sync::Mutex;
+
+use crate::types::{ChainError, ErrorKind, Origin, ToolSpec};
+
+/// One `[[mcp]]` table: a server and how its tools are named.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// The server's name, in errors and logs.
+    pub name: String,
+    /// What its tools are called in the kernel: `<prefix><tool>`
+    /// (default: `<name>_`).
+    pub prefix: Option<String>,
+    /// The command that runs the server (stdio).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Its environment, beside the host's `PATH` and `HOME` (nothing else
+    /// of the host's is passed on).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The bound on starting it, and on each call (default 30 s).
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// The largest message it may send, in KiB (default 4096); a longer
+    /// one is dropped (the call it answers ends at its deadline).
+    #[serde(default = "default_message_kib")]
+    pub max_message_kib: usize,
+}
+
+fn default_timeout() -> u64 {
+    30_000
+}
+
+fn default_message_kib() -> usize {
+    4096
+}
+
+/// Why a server could not be started or listed.
+#[derive(Debug, thiserror::Error)]
+#[error("MCP server '{name}': {message}")]
+pub struct McpError {
+    /// The server's name.
+    pub name: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// A session with a server's process, which is killed when it is dropped.
+struct Connection {
+    session: RunningService<RoleClient, ()>,
+    _process: tokio::process::Child,
+}
+
+/// A running MCP server: its tools, and the connection calls go over.
+pub struct McpServer {
+    config: McpConfig,
+    tools: Vec<Tool>,
+    connection: Mutex<Option<Arc<Connection>>>,
+}
+
+impl McpServer {
+    /// Starts the server and lists its tools.
+    pub async fn start(config: McpConfig) -> Result<Arc<Self>, McpError> {
+        let fail = |message: String| McpError {
+            name: config.name.clone(),
+            message,
+        };
+        let connection = connect(&config).await.map_err(|e| fail(e.message))?;
+        let listed = tokio::time::timeout(timeout(&config), connection.session.list_all_tools());
+        let tools = match listed.await {
+            Ok(Ok(tools)) => tools,
+            Ok(Err(e)) => return Err(fail(format!("tools/list failed: {e}"))),
+            Err(_) => {
+                return Err(fail(format!(
+                    "tools/list took over {} ms",
+                    config.timeout_ms
+                )));
+            }
+        };
+        Ok(Arc::new(McpServer {
+            config,
+            tools,
+            connection: Mutex::new(Some(Arc::new(connection))),
+        }))
+    }
+
+    /// The server's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Its tools as the kernel registers them: prefixed, with the
+    /// server's descriptions and schemas.
+    pub fn tools(&self) -> Vec<ToolSpec> {
+        let prefix = self.prefix();
+        self.tools
+            .iter()
+            .map(|tool| {
+                let description = tool.description.as_deref().unwrap_or_default();
+                let schema = Value::Object((*tool.input_schema).clone());
+                ToolSpec::new(format!("{prefix}{}", tool.name), description, schema)
+            })
+            .collect()
+    }
+
+    /// The server's name of the kernel's tool `name`.
+    pub fn tool_of(&self, name: &str) -> Option<String> {
+        let tool = name.strip_prefix(&self.prefix())?;
+        self.tools
+            .iter()
+            .any(|t| t.name == tool)
+            .then(|| tool.to_owned())
+    }
+
+    fn prefix(&self) -> String {
+        self.config
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("{}_", self.config.name))
+    }
+
+    /// Calls the server's tool `tool` with `arguments`: its result, as
+    /// [`result::output`] maps it, or a typed error. A server that is
+    /// gone is started again first; one that fails the call's transport
+    /// or runs past the bound is killed.
+    pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ChainError> {
+        let connection = self.connection().await?;
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        params.arguments = match arguments {
+            Value::Object(map) => Some(map),
+            Value::Null => None,
+            other => {
+                let message = format!("the arguments are not an object: {other}");
+                return Err(self.error(ErrorKind::InvalidRequest, message));
+            }
+        };
+        let call = connection.session.call_tool(params);
+        let answered = tokio::time::timeout(timeout(&self.config), call);
+        match answered.await {
+            Ok(Ok(answer)) => {
+                result::output(answer).map_err(|(kind, message)| self.error(kind, message))
+            }
+            Ok(Err(ServiceError::McpError(error))) => {
+                Err(self.error(ErrorKind::InvalidRequest, error.message.into_owned()))
+            }
+            Ok(Err(error)) => {
+                self.drop_connection(&connection).await;
+                Err(self.error(
+                    ErrorKind::Transient,
+                    format!("the server failed the call: {error}"),
+                ))
+            }
+            Err(_) => {
+                self.drop_connection(&connection).await;
+                let message = format!("the call took over {} ms", self.config.timeout_ms);
+                Err(self.error(ErrorKind::Timeout, message))
+            }
+        }
+    }
+
+    /// The live connection, started again if the server is gone.
+    async fn connection(&self) -> Result<Arc<Connection>, ChainError> {
+        let mut held = self.connection.lock().await;
+        if let Some(connection) = held.as_ref().filter(|c| !c.session.is_transport_closed()) {
+            return Ok(connection.clone());
+        }
+        tracing::warn!(server = %self.config.name, "the MCP server is gone; starting it again");
+        let connection = Arc::new(
+            connect(&self.config)
+                .await
+                .map_err(|e| self.error(ErrorKind::Transient, e.message))?,
+        );
+        *held = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Forgets `connection` (its process is killed when the last call on
+    /// it ends), so the next call starts the server again.
+    async fn drop_connection(&self, connection: &Arc<Connection>) {
+        let mut held = self.connection.lock().await;
+        if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+            *held = None;
+        }
+    }
+
+    fn error(&self, kind: ErrorKind, message: String) -> ChainError {
+        let terminal = format!("mcp:{}", self.config.name);
+        ChainError::new(kind, message).at(Origin::terminal(&terminal))
+    }
+}
+
+/// The most of a server's stderr logged as one line.
+const STDERR_PIECE: usize = 1024;
+
+fn timeout(config: &McpConfig) -> Duration {
+    Duration::from_millis(config.timeout_ms)
+}
+
+/// Spawns the server and initializes the session, within the bound.
+async fn connect(config: &McpConfig) -> Result<Connection, McpError> {
+    let fail = |message: String| McpError {
+        name: config.name.clone(),
+        message,
+    };
+    let mut command = tokio::process::Command::new(&config.command);
+    command.args(&config.args).env_clear().kill_on_drop(true);
+    for key in ["PATH", "HOME"] {
+        if let Some(value) = std::env::var_os(key) {
+            command.env(key, value);
+        }
+    }
+    command.envs(&config.env);
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut process = command
+        .spawn()
+        .map_err(|e| fail(format!("cannot start `{}`: {e}", config.command)))?;
+    let (Some(stdout), Some(stdin), Some(stderr)) = (
+        process.stdout.take(),
+        process.stdin.take(),
+        process.stderr.take(),
+    ) else {
+        return Err(fail("its stdio could not be piped".to_owned()));
+    };
+    let name = config.name.clone();
+    tokio::spawn(async move {
+        // A line at a time, a long one in pieces: the server's stderr
+        // never holds more than a piece of memory here.
+        let mut stderr = BufReader::new(stderr);
+        let mut piece = Vec::with_capacity(STDERR_PIECE);
+        loop {
+            piece.clear();
+            let mut limited = (&mut stderr).take(STDERR_PIECE as u64);
+            match limited.read_until(b'\n', &mut piece).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&piece);
+                    let line = crate::escape::terminal_line(line.trim_end());
+                    tracing::debug!(server = %name, "{line}");
+                }
+            }
+        }
+    });
+    let transport = AsyncRwTransport::new_client(stdout, stdin)
+        .with_max_line_length(config.max_message_kib << 10);
+    match tokio::time::timeout(timeout(config), ().serve(transport)).await {
+        Ok(Ok(session)) => Ok(Connection {
+            session,
+            _process: process,
+        }),
+        Ok(Err(e)) => Err(fail(format!("the session did not start: {e}"))),
+        Err(_) => Err(fail(format!(
+            "did not start within {} ms",
+            config.timeout_ms
+        ))),
+    }
+}

@@ -1,0 +1,307 @@
+//! MCP servers as tools of the agent: a real server on the official Python
+//! SDK (`tests/mcp/server.py`, over stdio), its tools in the kernel under a
+//! prefix with the server's schemas, each call through the tool chain (a
+//! `trace` filter records it) to the server and back; and the server that
+//! fails a call, hangs, dies, sends too much, floods its stderr, is not
+//! there or does not speak MCP: each a typed error within its bound, the
+//! server started again for the next call.
+//!
+//! Needs the `mcp` package in the polyglot venv: `scripts/build-polyglot`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use shallot::types::{Message, TurnRequest, TurnResult};
+use shallot::{Context, ErrorKind, Kernel, McpConfig, McpServer};
+use shallot_tests::{
+    Reply, ScriptedModel, granted, lines, load, spec, target_dir, trace_file, trace_grant,
+};
+
+/// The venv's Python, which has the `mcp` package.
+fn python() -> PathBuf {
+    let python = target_dir().join("polyglot/venv/bin/python");
+    let has_mcp = std::process::Command::new(&python)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_mcp,
+        "{} has no mcp package: run scripts/build-polyglot",
+        python.display()
+    );
+    python
+}
+
+/// The test server, as `[[mcp]]` names it.
+fn test_server(timeout_ms: u64) -> McpConfig {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
+    McpConfig {
+        name: "test".into(),
+        prefix: None,
+        command: python().to_string_lossy().into_owned(),
+        args: vec![script.to_string_lossy().into_owned()],
+        env: Default::default(),
+        timeout_ms,
+        max_message_kib: 64,
+    }
+}
+
+async fn started(timeout_ms: u64) -> Arc<McpServer> {
+    McpServer::start(test_server(timeout_ms))
+        .await
+        .expect("the test server starts")
+}
+
+#[tokio::test]
+async fn a_servers_tools_join_the_kernel_with_its_schemas_and_a_turn_calls_one_through_the_filters()
+{
+    let server = started(10_000).await;
+    let tools = server.tools();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    for name in [
+        "test_echo",
+        "test_add",
+        "test_fail",
+        "test_hang",
+        "test_die",
+    ] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    let echo = tools.iter().find(|t| t.name == "test_echo").unwrap();
+    assert_eq!(echo.description, "Says the text back.");
+    assert_eq!(
+        echo.parameters["properties"]["text"]["type"], "string",
+        "{}",
+        echo.parameters
+    );
+
+    let path = trace_file("mcp-turn");
+    let trace = spec(
+        "trace",
+        "trace",
+        json!({ "arguments": true, "results": true }),
+    );
+    let plugins = load(vec![granted(trace, trace_grant(&path))]).await;
+    let model = ScriptedModel::replies(vec![
+        Reply::Calls(vec![
+            ("test_echo".into(), json!({ "text": "over MCP" })),
+            ("test_add".into(), json!({ "a": 2, "b": 3 })),
+        ]),
+        Reply::Text("done".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .mcp(&server)
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let TurnResult::Done(done) = kernel
+        .turn(TurnRequest::new(vec![Message::user("go")]), Context::new())
+        .await
+    else {
+        panic!("the turn ends");
+    };
+    let outputs: Vec<Value> = done
+        .tool_calls
+        .iter()
+        .map(|c| serde_json::from_str(c.output.as_deref().expect("answered")).unwrap())
+        .collect();
+    // The Python SDK gives a function's value as structured content.
+    assert_eq!(
+        outputs,
+        [json!({ "result": "over MCP" }), json!({ "result": 5 })]
+    );
+    let offered: Vec<String> = model.requests()[0]
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    assert!(
+        offered.contains(&"test_echo".to_owned()),
+        "the model is offered them: {offered:?}"
+    );
+    let traced: Vec<Value> = lines(&path)
+        .into_iter()
+        .filter(|e| e["event"] == "tool")
+        .collect();
+    assert_eq!(traced.len(), 2, "each call went through the tool chain");
+    let echo = traced.iter().find(|e| e["tool"] == "test_echo").unwrap();
+    assert_eq!(
+        (&echo["arguments"], &echo["output"]),
+        (
+            &json!({ "text": "over MCP" }),
+            &json!({ "result": "over MCP" })
+        )
+    );
+
+    // The server's schema is checked before the call leaves.
+    let error = kernel
+        .tool("test_add", json!({ "a": "two" }), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
+}
+
+#[tokio::test]
+async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again() {
+    let server = started(1_500).await;
+    let kernel = Kernel::builder().mcp(&server).build().unwrap();
+    let call = |tool: &'static str, arguments: Value| {
+        let kernel = kernel.clone();
+        async move { kernel.tool(tool, arguments, Context::new()).await }
+    };
+    let echo = || call("test_echo", json!({ "text": "still here" }));
+
+    let error = call("test_fail", json!({ "why": "no such cargo" }))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
+    assert!(
+        error.message.contains("no such cargo"),
+        "the tool's own words: {error}"
+    );
+    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
+
+    let error = call("test_hang", json!({})).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
+    assert!(error.message.contains("1500 ms"), "{error}");
+    assert_eq!(
+        echo().await.unwrap().output,
+        r#"{"result":"still here"}"#,
+        "started again"
+    );
+
+    let error = call("test_die", json!({})).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient, "{error}");
+    assert_eq!(
+        echo().await.unwrap().output,
+        r#"{"result":"still here"}"#,
+        "started again"
+    );
+
+    // Over `max_message_kib` (64): dropped, and the call ends at its bound.
+    let error = call("test_huge", json!({ "kib": 200 })).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
+    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
+    let whole = call("test_huge", json!({ "kib": 16 }))
+        .await
+        .unwrap()
+        .output;
+    assert_eq!(
+        whole.len(),
+        r#"{"result":""}"#.len() + 16 * 1024,
+        "under the bound, whole"
+    );
+
+    // Two megabytes of stderr without a newline, read a piece at a time.
+    assert_eq!(
+        call("test_shout", json!({ "times": 2048 }))
+            .await
+            .unwrap()
+            .output,
+        r#"{"result":"done"}"#
+    );
+
+    // Calls of one batch share the session.
+    let (a, b) = tokio::join!(echo(), call("test_add", json!({ "a": 1, "b": 1 })));
+    assert_eq!(
+        (a.unwrap().output, b.unwrap().output),
+        (
+            r#"{"result":"still here"}"#.to_owned(),
+            r#"{"result":2}"#.to_owned()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_so() {
+    let missing = McpConfig {
+        command: "/nonexistent/mcp-server".into(),
+        ..test_server(1_000)
+    };
+    let error = McpServer::start(missing).await.err().expect("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("MCP server 'test': cannot start `/nonexistent/mcp-server`"),
+        "{error}"
+    );
+    let garbage = McpConfig {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            "echo '{not json'; echo '[1,2'; sleep 60".into(),
+        ],
+        ..test_server(500)
+    };
+    let error = McpServer::start(garbage).await.err().expect("refused");
+    assert!(
+        error.to_string().contains("did not start within 500 ms"),
+        "{error}"
+    );
+}
+
+/// `shallot serve`'s routes from a `shallot.toml` with an `[[mcp]]`
+/// server: an agent route offers its tools, so a plain chat-completions
+/// client gets an answer the server's tool made; a proxy route does not.
+#[tokio::test]
+async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_client() {
+    let dir = target_dir().join("test-scratch").join("mcp-routes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let server = test_server(10_000);
+    let toml = format!(
+        "[[route]]\nmodel = \"agent\"\nmode = \"agent\"\nupstream = \"embedded\"\n\n\
+         [[route]]\nmodel = \"proxy\"\nupstream = \"embedded\"\n\n\
+         [[mcp]]\nname = \"test\"\ncommand = {:?}\nargs = [{:?}]\n",
+        server.command, server.args[0],
+    );
+    std::fs::write(&file, toml).unwrap();
+    let config = shallot::Config::read(&file).unwrap();
+    let plugins = load(Vec::new()).await;
+    let (routes, _) = shallot::Route::from_config(Some(&config), &plugins, None)
+        .await
+        .unwrap();
+    let served = crate::gateway::Served::gateway(shallot::Gateway::new(
+        routes,
+        shallot::GatewayConfig::default(),
+    ))
+    .await;
+    let ask = |model: &str| json!({ "model": model, "messages": [{ "role": "user", "content": r#"call test_echo {"text": "from a client"}"# }] });
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", served.base);
+    let answer: Value = client
+        .post(&url)
+        .json(&ask("agent"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains("from a client") && text.contains("test_echo"),
+        "{answer}"
+    );
+    let answer: Value = client
+        .post(&url)
+        .json(&ask("proxy"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.starts_with("You said: call test_echo"),
+        "a proxy route runs no tools: {answer}"
+    );
+    served.stop().await.unwrap();
+}

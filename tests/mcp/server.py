@@ -1,0 +1,62 @@
+"""An MCP server on the official Python SDK (`mcp`, pinned in
+tests/gateway/requirements.txt), over stdio, for shallot's MCP tests: tools
+that work, and tools that fail, hang, flood or kill the server."""
+
+import os
+import sys
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("shallot-test")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Says the text back."""
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@server.tool()
+def fail(why: str) -> str:
+    """Always fails, saying why."""
+    raise ToolError(why)
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answers."""
+    await anyio.sleep(3600)
+    return "late"
+
+
+@server.tool()
+def die() -> str:
+    """Ends the server's process in the middle of the call."""
+    os._exit(3)
+
+
+@server.tool()
+def huge(kib: int) -> str:
+    """Answers with `kib` KiB of text."""
+    return "x" * (kib * 1024)
+
+
+@server.tool()
+def shout(times: int) -> str:
+    """Writes `times` KiB to stderr without a newline, then answers."""
+    for _ in range(times):
+        sys.stderr.write("y" * 1024)
+    sys.stderr.flush()
+    return "done"
+
+
+if __name__ == "__main__":
+    server.run()
