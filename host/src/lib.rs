@@ -26,10 +26,11 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: escape context types sandbox conversation kv cache compile engine onion plugin tool mcp model agent kernel config gateway
+//! layers: escape tls context types sandbox conversation kv cache compile engine onion plugin tool mcp model agent kernel config gateway
 //!
 //! - `escape`: text from guests, models and clients made safe for a
 //!   terminal, a log line or a JSON line.
+//! - `tls`: the TLS client every outgoing connection uses.
 //! - `context`, `types`: the data that flows through the chains (messages,
 //!   requests, responses, tokens, typed errors) and the shared context.
 //! - `sandbox`, `conversation`, `kv`, `cache`, `compile`, `engine`: the wasmtime core
@@ -72,6 +73,7 @@ mod model;
 mod onion;
 mod plugin;
 mod sandbox;
+mod tls;
 mod tool;
 pub mod types;
 

@@ -1,5 +1,6 @@
 //! MCP servers as tools of the agent: a real server on the official Python
-//! SDK (`tests/mcp/server.py`, over stdio), its tools in the kernel under a
+//! SDK (`tests/mcp/server.py`, over stdio and over streamable HTTP), its
+//! tools in the kernel under a
 //! prefix with the server's schemas, each call through the tool chain (a
 //! `trace` filter records it) to the server and back; and the server that
 //! fails a call, hangs, dies, sends too much, floods its stderr, is not
@@ -39,7 +40,9 @@ fn test_server(timeout_ms: u64) -> McpConfig {
     McpConfig {
         name: "test".into(),
         prefix: None,
-        command: python().to_string_lossy().into_owned(),
+        command: Some(python().to_string_lossy().into_owned()),
+        url: None,
+        headers: Default::default(),
         args: vec![script.to_string_lossy().into_owned()],
         env: Default::default(),
         timeout_ms,
@@ -217,7 +220,7 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
 #[tokio::test]
 async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_so() {
     let missing = McpConfig {
-        command: "/nonexistent/mcp-server".into(),
+        command: Some("/nonexistent/mcp-server".into()),
         ..test_server(1_000)
     };
     let error = McpServer::start(missing).await.err().expect("refused");
@@ -228,7 +231,7 @@ async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_
         "{error}"
     );
     let garbage = McpConfig {
-        command: "sh".into(),
+        command: Some("sh".into()),
         args: vec![
             "-c".into(),
             "echo '{not json'; echo '[1,2'; sleep 60".into(),
@@ -255,7 +258,8 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
         "[[route]]\nmodel = \"agent\"\nmode = \"agent\"\nupstream = \"embedded\"\n\n\
          [[route]]\nmodel = \"proxy\"\nupstream = \"embedded\"\n\n\
          [[mcp]]\nname = \"test\"\ncommand = {:?}\nargs = [{:?}]\n",
-        server.command, server.args[0],
+        server.command.unwrap(),
+        server.args[0],
     );
     std::fs::write(&file, toml).unwrap();
     let config = shallot::Config::read(&file).unwrap();
@@ -304,4 +308,126 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
         "a proxy route runs no tools: {answer}"
     );
     served.stop().await.unwrap();
+}
+
+/// The test server over streamable HTTP on a free loopback port, once it
+/// listens (at most 30 s, then the test fails); killed when dropped.
+struct HttpServer {
+    process: std::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
+        let process = std::process::Command::new(python())
+            .arg(script)
+            .args(["--http", &port.to_string()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the HTTP server never listened"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        HttpServer {
+            process,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_server_over_streamable_http_gets_its_headers_and_is_reached_again_after_it_fails() {
+    let http = HttpServer::start().await;
+    let config = McpConfig {
+        command: None,
+        url: Some(http.url.clone()),
+        headers: [("X-Tenant-Token".to_owned(), "t-42".to_owned())].into(),
+        args: Vec::new(),
+        ..test_server(1_500)
+    };
+    let server = McpServer::start(config).await.expect("it starts over HTTP");
+    let kernel = Kernel::builder().mcp(&server).build().unwrap();
+    let call = |tool: &'static str, arguments: Value| {
+        let kernel = kernel.clone();
+        async move { kernel.tool(tool, arguments, Context::new()).await }
+    };
+    assert_eq!(
+        call("test_echo", json!({ "text": "over HTTP" }))
+            .await
+            .unwrap()
+            .output,
+        r#"{"result":"over HTTP"}"#
+    );
+    assert_eq!(
+        call("test_header", json!({ "name": "X-Tenant-Token" }))
+            .await
+            .unwrap()
+            .output,
+        r#"{"result":"t-42"}"#,
+        "the configured headers reach the server"
+    );
+    let error = call("test_fail", json!({ "why": "over HTTP too" }))
+        .await
+        .unwrap_err();
+    assert!(
+        error.kind == ErrorKind::InvalidRequest && error.message.contains("over HTTP too"),
+        "{error}"
+    );
+    let error = call("test_hang", json!({})).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
+    assert_eq!(
+        call("test_echo", json!({ "text": "again" }))
+            .await
+            .unwrap()
+            .output,
+        r#"{"result":"again"}"#,
+        "a new session after the one that hung"
+    );
+    // Over `max_message_kib` (64): refused, and the next call still works.
+    let error = call("test_huge", json!({ "kib": 200 })).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient, "{error}");
+    assert_eq!(
+        call("test_echo", json!({ "text": "after" }))
+            .await
+            .unwrap()
+            .output,
+        r#"{"result":"after"}"#
+    );
+    let nobody = McpConfig {
+        url: Some("http://127.0.0.1:9/mcp".into()),
+        ..McpConfig {
+            headers: Default::default(),
+            ..test_server(1_000)
+        }
+    };
+    let nobody = McpConfig {
+        command: None,
+        ..nobody
+    };
+    let error = McpServer::start(nobody)
+        .await
+        .err()
+        .expect("nothing listens there");
+    assert!(error.to_string().contains("MCP server 'test'"), "{error}");
 }

@@ -1,12 +1,13 @@
 """An MCP server on the official Python SDK (`mcp`, pinned in
-tests/gateway/requirements.txt), over stdio, for shallot's MCP tests: tools
-that work, and tools that fail, hang, flood or kill the server."""
+tests/gateway/requirements.txt), for shallot's MCP tests: tools that work,
+and tools that fail, hang, flood or kill the server. Over stdio; with
+`--http PORT`, over streamable HTTP on 127.0.0.1:PORT at /mcp."""
 
 import os
 import sys
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("shallot-test")
@@ -58,5 +59,14 @@ def shout(times: int) -> str:
     return "done"
 
 
+@server.tool()
+def header(name: str, ctx: Context) -> str:
+    """The value of the HTTP request's header `name` (empty over stdio)."""
+    return (ctx.headers or {}).get(name.lower(), "")
+
+
 if __name__ == "__main__":
-    server.run()
+    if sys.argv[1:2] == ["--http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -168,7 +168,8 @@ impl Config {
     }
 
     /// The MCP servers (`[[mcp]]` tables), `${NAME}` taken from the
-    /// environment in their commands, arguments and environments, and a
+    /// environment in their commands, arguments, environments, URLs and
+    /// headers, and a
     /// command given as a relative path taken from this file's directory.
     pub fn mcp(&self) -> Result<Vec<McpConfig>, LoadError> {
         let base = self.file.parent().unwrap_or(Path::new("."));
@@ -185,10 +186,34 @@ impl Config {
                     .map(|(text, _)| text)
                     .map_err(|e| bad(what, e))
             };
-            let mut command = text(&server.command, "command")?;
-            if command.contains('/') && Path::new(&command).is_relative() {
-                command = base.join(&command).to_string_lossy().into_owned();
+            if server.command.is_some() == server.url.is_some() {
+                return Err(bad(
+                    "the server",
+                    "give one of `command` and `url`".to_owned(),
+                ));
             }
+            let command = match &server.command {
+                None => None,
+                Some(command) => {
+                    let command = text(command, "command")?;
+                    Some(
+                        match command.contains('/') && Path::new(&command).is_relative() {
+                            true => base.join(&command).to_string_lossy().into_owned(),
+                            false => command,
+                        },
+                    )
+                }
+            };
+            let url = server
+                .url
+                .as_deref()
+                .map(|url| text(url, "url"))
+                .transpose()?;
+            let headers = server
+                .headers
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), text(v, "headers")?)))
+                .collect::<Result<_, LoadError>>()?;
             let args = server
                 .args
                 .iter()
@@ -201,6 +226,8 @@ impl Config {
                 .collect::<Result<_, LoadError>>()?;
             servers.push(McpConfig {
                 command,
+                url,
+                headers,
                 args,
                 env,
                 ..server.clone()

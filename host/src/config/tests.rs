@@ -177,13 +177,13 @@ fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
         "args = [\"--token\", \"${SHALLOT_TEST_MCP_TOKEN}\"]\n",
         "env = { TOKEN = \"${SHALLOT_TEST_MCP_TOKEN}\", MODE = \"${SHALLOT_TEST_MCP_MODE:-ro}\" }\n",
         "[[mcp]]\nname = \"web\"\ncommand = \"python3\"\nprefix = \"w_\"\ntimeout_ms = 500\n",
+        "[[mcp]]\nname = \"remote\"\nurl = \"https://mcp.example/${SHALLOT_TEST_MCP_TOKEN}\"\n",
+        "headers = { Authorization = \"Bearer ${SHALLOT_TEST_MCP_TOKEN}\" }\n",
     );
     std::fs::write(&file, text).unwrap();
     let servers = Config::read(&file).unwrap().mcp().unwrap();
-    assert_eq!(
-        servers[0].command,
-        dir.join("servers/files.sh").to_string_lossy()
-    );
+    let files = dir.join("servers/files.sh");
+    assert_eq!(servers[0].command.as_deref(), files.to_str());
     assert_eq!(servers[0].args, ["--token", "t-1"]);
     assert_eq!(
         (&servers[0].env["TOKEN"], &servers[0].env["MODE"]),
@@ -195,11 +195,18 @@ fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
     );
     assert_eq!(
         (
-            servers[1].command.as_str(),
+            servers[1].command.as_deref(),
             servers[1].prefix.as_deref(),
             servers[1].timeout_ms
         ),
-        ("python3", Some("w_"), 500)
+        (Some("python3"), Some("w_"), 500)
+    );
+    assert_eq!(
+        (
+            servers[2].url.as_deref(),
+            servers[2].headers["Authorization"].as_str()
+        ),
+        (Some("https://mcp.example/t-1"), "Bearer t-1")
     );
     for (text, says) in [
         (
@@ -212,7 +219,12 @@ fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
         ),
         (
             "[[mcp]]\nname = \"a\"\ncommand = \"x\"\nurl = \"http://x\"\n",
-            "unknown field `url`",
+            "give one of `command` and `url`",
+        ),
+        ("[[mcp]]\nname = \"a\"\n", "give one of `command` and `url`"),
+        (
+            "[[mcp]]\nname = \"a\"\ncommand = \"x\"\nport = 1\n",
+            "unknown field `port`",
         ),
     ] {
         std::fs::write(&file, text).unwrap();

@@ -3,9 +3,10 @@
 //! the operator's prefix, so a call goes through the tool chain (every
 //! filter applies) and then to the server.
 //!
-//! A server is a command spoken to over stdio. It is started when the
-//! kernel is built (its tools are listed then), and again, on the next
-//! call, after it died or stopped answering: a call that finds it gone or
+//! A server is a command spoken to over stdio, or a streamable-HTTP URL.
+//! It is started (or its session opened) when the kernel is built, its
+//! tools listed then, and again, on the next call, after it died or
+//! stopped answering: a call that finds it gone or
 //! runs past `timeout_ms` fails with a typed error (`transient`,
 //! `timeout`), the process is killed, and nothing waits on it. What a
 //! server sends is bounded (a message of at most `max_message_kib`; a
@@ -14,18 +15,22 @@
 
 mod result;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::Mutex;
 
 use crate::types::{ChainError, ErrorKind, Origin, ToolSpec};
@@ -39,8 +44,16 @@ pub struct McpConfig {
     /// What its tools are called in the kernel: `<prefix><tool>`
     /// (default: `<name>_`).
     pub prefix: Option<String>,
-    /// The command that runs the server (stdio).
-    pub command: String,
+    /// The command that runs the server, spoken to over stdio; or
+    /// `url`, not both.
+    pub command: Option<String>,
+    /// The server's streamable-HTTP endpoint (`https://host/mcp`); or
+    /// `command`, not both.
+    pub url: Option<String>,
+    /// Headers sent with every request to `url` (an `Authorization`
+    /// bearer token, say).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
@@ -75,10 +88,11 @@ pub struct McpError {
     pub message: String,
 }
 
-/// A session with a server's process, which is killed when it is dropped.
+/// A session with a server (and its process, for a command, which is
+/// killed when it is dropped).
 struct Connection {
     session: RunningService<RoleClient, ()>,
-    _process: tokio::process::Child,
+    _process: Option<tokio::process::Child>,
 }
 
 /// A running MCP server: its tools, and the connection calls go over.
@@ -226,33 +240,98 @@ fn timeout(config: &McpConfig) -> Duration {
     Duration::from_millis(config.timeout_ms)
 }
 
-/// Spawns the server and initializes the session, within the bound.
+/// Starts a session with the server (spawning it, for a command), within
+/// the bound.
 async fn connect(config: &McpConfig) -> Result<Connection, McpError> {
     let fail = |message: String| McpError {
         name: config.name.clone(),
         message,
     };
-    let mut command = tokio::process::Command::new(&config.command);
+    let (session, process) = match (&config.command, &config.url) {
+        (Some(command), None) => {
+            let (transport, process) = spawn(config, command).map_err(fail)?;
+            (
+                tokio::time::timeout(timeout(config), ().serve(transport)).await,
+                Some(process),
+            )
+        }
+        (None, Some(url)) => {
+            let transport = http(config, url).map_err(fail)?;
+            (
+                tokio::time::timeout(timeout(config), ().serve(transport)).await,
+                None,
+            )
+        }
+        _ => return Err(fail("give one of `command` and `url`".to_owned())),
+    };
+    match session {
+        Ok(Ok(session)) => Ok(Connection {
+            session,
+            _process: process,
+        }),
+        Ok(Err(e)) => Err(fail(format!("the session did not start: {e}"))),
+        Err(_) => Err(fail(format!(
+            "did not start within {} ms",
+            config.timeout_ms
+        ))),
+    }
+}
+
+/// The transport to a streamable-HTTP server: the host's TLS, the
+/// configured headers, replies bounded as a stdio server's lines are.
+fn http(
+    config: &McpConfig,
+    url: &str,
+) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
+    let mut headers = HashMap::new();
+    for (name, value) in &config.headers {
+        let bad = |e: &dyn std::fmt::Display| format!("header '{name}': {e}");
+        let name = HeaderName::try_from(name.as_str()).map_err(|e| bad(&e))?;
+        let value = HeaderValue::try_from(value.as_str()).map_err(|e| bad(&e))?;
+        headers.insert(name, value);
+    }
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured((*crate::tls::client_config()).clone())
+        .connect_timeout(timeout(config))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let bound = config.max_message_kib << 10;
+    let transport = StreamableHttpClientTransportConfig::with_uri(url)
+        .custom_headers(headers)
+        .max_sse_event_size(bound)
+        .max_json_response_size(bound);
+    Ok(StreamableHttpClientTransport::with_client(
+        client, transport,
+    ))
+}
+
+/// Spawns the server's command, its stdio piped: the transport over its
+/// stdin and stdout, and the process. Its stderr is read into the log.
+fn spawn(
+    config: &McpConfig,
+    program: &str,
+) -> Result<(AsyncRwTransport<RoleClient, ChildStdout, ChildStdin>, Child), String> {
+    let mut command = tokio::process::Command::new(program);
     command.args(&config.args).env_clear().kill_on_drop(true);
     for key in ["PATH", "HOME"] {
         if let Some(value) = std::env::var_os(key) {
             command.env(key, value);
         }
     }
-    command.envs(&config.env);
     command
+        .envs(&config.env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut process = command
         .spawn()
-        .map_err(|e| fail(format!("cannot start `{}`: {e}", config.command)))?;
+        .map_err(|e| format!("cannot start `{program}`: {e}"))?;
     let (Some(stdout), Some(stdin), Some(stderr)) = (
         process.stdout.take(),
         process.stdin.take(),
         process.stderr.take(),
     ) else {
-        return Err(fail("its stdio could not be piped".to_owned()));
+        return Err("its stdio could not be piped".to_owned());
     };
     let name = config.name.clone();
     tokio::spawn(async move {
@@ -273,17 +352,7 @@ async fn connect(config: &McpConfig) -> Result<Connection, McpError> {
             }
         }
     });
-    let transport = AsyncRwTransport::new_client(stdout, stdin)
-        .with_max_line_length(config.max_message_kib << 10);
-    match tokio::time::timeout(timeout(config), ().serve(transport)).await {
-        Ok(Ok(session)) => Ok(Connection {
-            session,
-            _process: process,
-        }),
-        Ok(Err(e)) => Err(fail(format!("the session did not start: {e}"))),
-        Err(_) => Err(fail(format!(
-            "did not start within {} ms",
-            config.timeout_ms
-        ))),
-    }
+    let bound = config.max_message_kib << 10;
+    let transport = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(bound);
+    Ok((transport, process))
 }

@@ -13,6 +13,7 @@ use crate::types::{ChainError, ErrorKind};
 /// reads within `timeout_ms` of silence.
 pub(super) fn http_client(timeout_ms: u64) -> Result<reqwest::Client, ChainError> {
     reqwest::Client::builder()
+        .tls_backend_preconfigured((*crate::tls::client_config()).clone())
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(Duration::from_millis(timeout_ms))
         .build()

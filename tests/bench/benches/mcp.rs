@@ -21,7 +21,9 @@ fn server(rt: &Runtime) -> Arc<McpServer> {
     let config = McpConfig {
         name: "bench".into(),
         prefix: None,
-        command: python.display().to_string(),
+        command: Some(python.display().to_string()),
+        url: None,
+        headers: Default::default(),
         args: vec![script.display().to_string()],
         env: Default::default(),
         timeout_ms: 30_000,

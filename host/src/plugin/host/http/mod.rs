@@ -333,17 +333,6 @@ async fn connect(addresses: &[SocketAddr], origin: &HttpOrigin) -> Result<Box<dy
     Err(refused)
 }
 
-/// The TLS client: the web's roots, ring's cryptography.
-static TLS: LazyLock<tokio_rustls::TlsConnector> = LazyLock::new(|| {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-    };
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-});
+/// The TLS client: the host's (`crate::tls`).
+static TLS: LazyLock<tokio_rustls::TlsConnector> =
+    LazyLock::new(|| tokio_rustls::TlsConnector::from(crate::tls::client_config()));
