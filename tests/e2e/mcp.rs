@@ -273,39 +273,24 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
     ))
     .await;
     let ask = |model: &str| json!({ "model": model, "messages": [{ "role": "user", "content": r#"call test_echo {"text": "from a client"}"# }] });
-    let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", served.base);
-    let answer: Value = client
-        .post(&url)
-        .json(&ask("agent"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let text = answer["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default();
+    let said = async |model: &str| -> String {
+        let request = reqwest::Client::new().post(&url).json(&ask(model));
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .to_owned()
+    };
+    let text = said("agent").await;
     assert!(
         text.contains("from a client") && text.contains("test_echo"),
-        "{answer}"
+        "{text}"
     );
-    let answer: Value = client
-        .post(&url)
-        .json(&ask("proxy"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let text = answer["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default();
+    let text = said("proxy").await;
     assert!(
         text.starts_with("You said: call test_echo"),
-        "a proxy route runs no tools: {answer}"
+        "a proxy route runs no tools: {text}"
     );
     served.stop().await.unwrap();
 }
