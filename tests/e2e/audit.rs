@@ -284,3 +284,50 @@ async fn a_gateway_turn_whose_client_goes_away_leaves_a_cancelled_line_in_both_m
         served.stop().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_result_too_long_for_a_trace_line_is_cut_and_its_line_kept() {
+    let path = trace_file("audit-long");
+    let plugins = tracing(
+        &path,
+        json!({ "arguments": true, "results": true, "redact": ["secret", "a_secret"] }),
+    )
+    .await;
+    let model = ScriptedModel::replies(vec![
+        Reply::call("dump", json!({ "secret": "s3", "what": "all" })),
+        Reply::Text("ok".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .tool(
+            ToolSpec::new("dump", "", json!({ "type": "object" })),
+            |_: Value, _| async {
+                Ok(json!({ "a_secret": "hidden", "rows": "\u{1}".repeat(100 << 10) }))
+            },
+        )
+        .build()
+        .unwrap();
+    let TurnResult::Done(_) = kernel.turn(go("dump"), Context::new()).await else {
+        panic!("the turn ends");
+    };
+    let events = lines(&path);
+    let tool = events
+        .iter()
+        .find(|e| e["event"] == "tool")
+        .expect("the tool's line is kept");
+    assert_eq!(tool["output_truncated"], true);
+    let shown = tool["output"].as_str().unwrap();
+    assert!(shown.len() <= 16 << 10, "{}", shown.len());
+    assert!(
+        shown.starts_with(r#"{"a_secret":"[redacted]","rows":"\u0001"#),
+        "redacted before it is cut: {}",
+        &shown[..80]
+    );
+    assert!(!shown.contains("hidden"));
+    assert_eq!(
+        tool["arguments"],
+        json!({ "secret": "[redacted]", "what": "all" })
+    );
+    assert!(tool.get("arguments_truncated").is_none());
+}

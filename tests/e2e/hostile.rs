@@ -883,6 +883,11 @@ async fn a_filter_cannot_change_whom_an_invoke_is_for() {
     assert!(matches!(result, TurnResult::Done(_)), "{result:?}");
     assert_eq!(attacker.get("conversation_id"), Some(json!("attacker")));
     assert_eq!(attacker.get("tenant"), Some(json!("acme")));
+    assert_eq!(
+        attacker.get(shallot::CANCELLED),
+        None,
+        "only the host says a turn was cancelled"
+    );
     let sent = last_sent(&model);
     assert!(!sent.iter().any(|t| t.contains("secret")), "{sent:?}");
 

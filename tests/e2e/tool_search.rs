@@ -440,3 +440,37 @@ async fn it_indexes_the_registered_tools_and_an_interrupt_tool_or_a_filters_tool
         assert_eq!(names, expect, "{config}");
     }
 }
+
+#[tokio::test]
+async fn a_filter_that_asks_its_registered_tools_without_end_fails_only_its_own_call() {
+    let chatter = spec(
+        "misbehave",
+        "chatter",
+        json!({ "on": "chat", "do": "registered-chatter" }),
+    );
+    let plugins = load(vec![chatter]).await;
+    let mut builder = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::answer("ok"));
+    for i in 0..500 {
+        let spec = ToolSpec::new(
+            format!("tool_{i:03}"),
+            "a tool",
+            json!({ "type": "object" }),
+        );
+        builder = builder.tool(spec, |_: Value, _| async { Ok(json!("ran")) });
+    }
+    let kernel = builder.build().unwrap();
+    let request = ChatRequest {
+        messages: vec![Message::user("hi")].into(),
+        tools: kernel.tools().into(),
+        ..Default::default()
+    };
+    let error = kernel.chat(request, Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, shallot::ErrorKind::PluginFault, "{error}");
+    assert_eq!(
+        error.origin.unwrap().filter.as_ref(),
+        "chatter",
+        "its own fault"
+    );
+}

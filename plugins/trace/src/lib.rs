@@ -13,7 +13,9 @@
 //! With `arguments` and `results` a tool line also carries the call's
 //! arguments and its result (off by default: a trace records sizes), with
 //! the fields named in `redact` (at any depth, by name) and every match of
-//! `redact_patterns` (in any string) replaced by `[redacted]`.
+//! `redact_patterns` (in any string) replaced by `[redacted]`; one longer
+//! than 16 KiB as JSON is cut there (`arguments_truncated`,
+//! `output_truncated`), so the line still fits the sink.
 //!
 //! A turn that was cancelled (its deadline passed, or the client went
 //! away) ends with `"outcome": "cancelled"` and the host's `reason`.
@@ -57,13 +59,30 @@ struct Trace {
 /// What a redacted value or match becomes.
 const REDACTED: &str = "[redacted]";
 
+/// The most of an argument or a result one line shows, as JSON text: the
+/// sink takes lines of 64 KiB at most, and a longer one would be lost.
+const SHOWN_CAP: usize = 16 << 10;
+
 impl Trace {
     /// `text` (JSON, or any text) as it may be traced: parsed, its named
     /// fields and pattern matches redacted.
-    fn shown(&self, text: &str) -> Value {
+    /// Puts `text` (JSON, or any text) into `event` under `key` as it may
+    /// be traced: parsed, its named fields and pattern matches redacted;
+    /// past [`SHOWN_CAP`] as the start of its JSON text, with
+    /// `<key>_truncated`.
+    fn show(&self, event: &mut Map<String, Value>, key: &str, text: &str) {
         let mut value = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()));
         self.redact(&mut value);
-        value
+        let json = value.to_string();
+        if json.len() > SHOWN_CAP {
+            let cut = (0..=SHOWN_CAP)
+                .rev()
+                .find(|at| json.is_char_boundary(*at))
+                .unwrap_or(0);
+            value = Value::String(json[..cut].to_owned());
+            event.insert(format!("{key}_truncated"), json!(true));
+        }
+        event.insert(key.into(), value);
     }
 
     fn redact(&self, value: &mut Value) {
@@ -196,7 +215,7 @@ impl Filter for Trace {
             "arguments_bytes": request.arguments().len(),
         }));
         if self.arguments {
-            event.insert("arguments".into(), self.shown(&request.arguments()));
+            self.show(&mut event, "arguments", &request.arguments());
         }
         let started = Instant::now();
         let result = next.tool(request);
@@ -205,7 +224,7 @@ impl Filter for Trace {
                 let output = response.output();
                 event.insert("output_bytes".into(), json!(output.len()));
                 if self.results {
-                    event.insert("output".into(), self.shown(&output));
+                    self.show(&mut event, "output", &output);
                 }
             }
             Err(e) => {

@@ -33,8 +33,8 @@ struct Misbehave {
     /// with 10,000 tool calls), shrink-then-trap (by its tool arguments:
     /// writes a large context value, or overwrites one small and traps),
     /// hoard-fctx (keeps 400 KiB in its FCtx), impersonate (points
-    /// `conversation_id` at "victim" and removes `tenant`, then passes
-    /// through), json-bomb (sets its request's options to 40 MiB of JSON
+    /// `conversation_id` at "victim", removes `tenant` and forges
+    /// `cancelled`, then passes through), json-bomb (sets its request's options to 40 MiB of JSON
     /// with 20 million values), tools-bomb (sets 30 tools of 1.3 MiB of
     /// parameters each), nap (`timer.sleep(10)`), ask-flood (asks
     /// approval a thousand times, until refused), big-answer (answers a
@@ -55,7 +55,8 @@ struct Misbehave {
     /// 2 MiB value), kv-overflow (adds 1 to a counter at `i64::MAX`),
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
     /// kv-forever (a time to live of ten years), batch-chatter (reads its
-    /// tool call's batch until its time runs out), kv-trespass (reads and
+    /// tool call's batch until its time runs out), registered-chatter (asks
+    /// its chat request's registered tools until its time runs out), kv-trespass (reads and
     /// deletes keys spelled as another namespace's, and fails if it finds
     /// one), model-flood (model side calls until refused), metrics-flood
     /// (a thousand series of one counter, label values that forge
@@ -155,6 +156,7 @@ impl Misbehave {
                 use shallot_guest::bindings::shallot::filter::context as raw;
                 let refused = raw::set("conversation_id", "\"victim\"").err();
                 raw::remove("tenant");
+                let _ = raw::set("cancelled", "\"forged\"");
                 log::warn(&format!("impersonating: {refused:?}"));
                 Ok(())
             }
@@ -337,6 +339,10 @@ impl Misbehave {
                 }
                 last
             }
+            // Has the host name the registered tools, again and again.
+            "registered-chatter" => loop {
+                std::hint::black_box(request.registered_tools());
+            },
             // Keeps every response next hands back.
             "hoard-next" => {
                 let mut hoard = Vec::new();
