@@ -94,7 +94,8 @@ pub use conversation::{
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_line, terminal_text};
 pub use gateway::{
-    CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, OPENAPI, Route, RouteError,
+    CONVERSATION_HEADER, Gateway, GatewayConfig, MAX_UNSENT_BYTES, McpEndpoint, OPENAPI, Route,
+    RouteError, Serving,
 };
 pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};

@@ -1672,3 +1672,81 @@ fn chat_calls_an_mcp_servers_tool_through_the_filters() {
     assert_eq!(tool["tool"], "test_echo");
     assert_eq!(tool["arguments"], serde_json::json!({ "text": "via MCP" }));
 }
+
+/// The venv's Python with the `mcp` package (`scripts/build-polyglot`).
+fn mcp_python() -> PathBuf {
+    let python = target_dir().join("polyglot/venv/bin/python");
+    let has_mcp = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_mcp,
+        "{} has no mcp package: run scripts/build-polyglot",
+        python.display()
+    );
+    python
+}
+
+/// What the official Python MCP client (`tests/mcp/client.py`) says of
+/// `args` against the gateway at `address`, without a key.
+fn mcp_client(address: &str, args: &[&str]) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/client.py");
+    let out = Command::new(mcp_python())
+        .arg(script)
+        .args([&format!("http://{address}/mcp"), "-"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `shallot serve` serves `/mcp` over an `[[mcp]]` server; when the server
+/// says its tools changed, the gateway is rebuilt over the same server
+/// (not started again: the tool it added is there), and a flood of such
+/// notices with nothing changed rebuilds nothing.
+#[test]
+fn serve_offers_an_mcp_servers_new_tools_after_it_says_they_changed() {
+    let dir = target_dir().join("shallot-test-scratch").join("serve-mcp");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/server.py");
+    let config = dir.join("shallot.toml");
+    let toml = format!(
+        "[[mcp]]\nname = \"test\"\ncommand = {python:?}\nargs = [{server:?}]\n\n[mcp_gateway]\n",
+        python = mcp_python().display().to_string(),
+        server = server.display().to_string(),
+    );
+    std::fs::write(&config, toml).unwrap();
+    let gateway = Gateway::start(&config);
+    assert!(
+        gateway.said().contains("/mcp with 10 tools"),
+        "{}",
+        gateway.said()
+    );
+    let listed = mcp_client(&gateway.address, &["list"]);
+    assert!(!listed.as_array().unwrap().contains(&"test_late".into()));
+
+    let churned = mcp_client(
+        &gateway.address,
+        &["call", "test_churn", r#"{"times": 300}"#],
+    );
+    assert_eq!(churned["structured"]["result"], "churned", "{churned}");
+    let grown = mcp_client(
+        &gateway.address,
+        &["call", "test_grow", r#"{"name": "late"}"#],
+    );
+    assert_eq!(grown["structured"]["result"], "added late", "{grown}");
+    let reloaded = gateway.lines("shallot serve: reloaded", 1);
+    assert_eq!(
+        asked(&reloaded[0]),
+        "the tools of the MCP server 'test'",
+        "{reloaded:?}"
+    );
+    assert!(reloaded[0].contains("/mcp with 11 tools"), "{reloaded:?}");
+    let late = mcp_client(&gateway.address, &["call", "test_late", "{}"]);
+    assert_eq!(late["structured"]["result"], "I am late", "{late}");
+    assert_eq!(swapped(&gateway.address), 1, "the churn rebuilt nothing");
+    gateway.terminate();
+}

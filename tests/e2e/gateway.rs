@@ -1859,7 +1859,7 @@ async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at
 }
 
 /// An embedder serves a `shallot.toml` as `shallot serve` does: the routes
-/// and keys come from `Route::from_config`, and a route naming a filter
+/// and keys come from `Serving::from_config`, and a route naming a filter
 /// that is not loaded is a typed error naming both.
 #[tokio::test]
 async fn routes_and_keys_are_built_from_a_config_by_the_library() {
@@ -1883,9 +1883,10 @@ async fn routes_and_keys_are_built_from_a_config_by_the_library() {
     };
     let toml = write("pass");
     let plugins = load(toml.filters().unwrap()).await;
-    let (routes, keys) = Route::from_config(Some(&toml), &plugins, None)
-        .await
-        .unwrap();
+    let shallot::Serving { routes, keys, .. } =
+        shallot::Serving::from_config(Some(&toml), &plugins, None)
+            .await
+            .unwrap();
     let served: Vec<(&str, RouteMode, usize)> = routes
         .iter()
         .map(|r| (r.model.as_str(), r.mode, r.kernel.filters().count()))
@@ -1903,7 +1904,7 @@ async fn routes_and_keys_are_built_from_a_config_by_the_library() {
     assert_eq!(status, 200, "{body}");
 
     let toml = write("missing");
-    let Err(error) = Route::from_config(Some(&toml), &plugins, None).await else {
+    let Err(error) = shallot::Serving::from_config(Some(&toml), &plugins, None).await else {
         panic!("a route naming a filter that is not loaded is refused");
     };
     assert!(

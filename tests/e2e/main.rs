@@ -22,6 +22,7 @@ mod hostile;
 mod loading;
 mod logging;
 mod mcp;
+mod mcp_gateway;
 mod memory;
 mod polyglot;
 mod presets;

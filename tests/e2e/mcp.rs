@@ -264,9 +264,10 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
     std::fs::write(&file, toml).unwrap();
     let config = shallot::Config::read(&file).unwrap();
     let plugins = load(Vec::new()).await;
-    let (routes, _) = shallot::Route::from_config(Some(&config), &plugins, None)
+    let routes = shallot::Serving::from_config(Some(&config), &plugins, None)
         .await
-        .unwrap();
+        .unwrap()
+        .routes;
     let served = crate::gateway::Served::gateway(shallot::Gateway::new(
         routes,
         shallot::GatewayConfig::default(),

@@ -342,9 +342,10 @@ async fn a_config_names_a_routes_upstreams_and_what_cannot_be_meant_is_refused()
     )
     .unwrap();
     let plugins = shallot_tests::load(vec![]).await;
-    let (routes, _) = Route::from_config(Some(&config), &plugins, None)
+    let routes = shallot::Serving::from_config(Some(&config), &plugins, None)
         .await
-        .unwrap();
+        .unwrap()
+        .routes;
     let served = Served::gateway(Gateway::new(routes, super::gateway::config())).await;
     let (_, ready) = served.get("/readyz").await;
     let ready: Value = serde_json::from_str(&ready).unwrap();

@@ -1,6 +1,7 @@
 """An MCP server on the official Python SDK (`mcp`, pinned in
 tests/gateway/requirements.txt), for shallot's MCP tests: tools that work,
-and tools that fail, hang, flood or kill the server. Over stdio; with
+tools that fail, hang, flood or kill the server, and tools that change
+the list of tools (or say so when nothing changed). Over stdio; with
 `--http PORT`, over streamable HTTP on 127.0.0.1:PORT at /mcp."""
 
 import os
@@ -63,6 +64,26 @@ def shout(times: int) -> str:
 def header(name: str, ctx: Context) -> str:
     """The value of the HTTP request's header `name` (empty over stdio)."""
     return (ctx.headers or {}).get(name.lower(), "")
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool `name` (it says its name) and says the tools changed."""
+
+    def added() -> str:
+        return f"I am {name}"
+
+    server.add_tool(added, name=name, description="Added by grow.")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+@server.tool()
+async def churn(times: int, ctx: Context) -> str:
+    """Says `times` times that the tools changed, none having changed."""
+    for _ in range(times):
+        await ctx.session.send_tool_list_changed()
+    return "churned"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""A chat filter in Python: rewrites e-mail addresses and phone numbers in
-the user's messages before the model sees them, and counts what it replaced
-in the response metadata.
+"""A chat and tool filter in Python: rewrites e-mail addresses and phone
+numbers in the user's messages before the model sees them (and counts what
+it replaced in the response metadata), and in every string of a tool call's
+arguments before the tool gets them (an MCP server behind `/mcp` too).
 
 Configuration (optional): {"email": "[EMAIL]", "phone": "[PHONE]"}
 """
@@ -44,6 +45,23 @@ class PiiGuard(Filter):
         metadata["pii_replaced"] = replaced
         response.set_metadata(json.dumps(metadata))
         return response
+
+    def around_tool(self, request, fctx):
+        arguments = json.loads(request.arguments())
+        scrubbed = self._scrub(arguments)
+        if scrubbed != arguments:
+            request.set_arguments(json.dumps(scrubbed))
+            log.info(f"rewrote personal data in the arguments of {request.name()}")
+        return next.tool(request)
+
+    def _scrub(self, value):
+        if isinstance(value, str):
+            return PHONE.sub(self.phone, EMAIL.sub(self.email, value))
+        if isinstance(value, list):
+            return [self._scrub(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self._scrub(item) for key, item in value.items()}
+        return value
 
 
 export(PiiGuard)

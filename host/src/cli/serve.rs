@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 use notify::{RecursiveMode, Watcher};
-use shallot::{ClientKey, Config, Engine, Gateway, GatewayConfig, Route};
+use std::sync::Arc;
+
+use shallot::{Config, Engine, Gateway, GatewayConfig, McpServer, Route, Serving};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
@@ -83,7 +85,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
     // take seconds: a SIGHUP meanwhile would otherwise end the process, and
     // a change meanwhile would be missed. Either reloads once after start.
     let reloads = Reloads::watch(&args.source)?;
-    let (routes, keys) = build(engine, &args, args.source.config()?.as_ref()).await?;
+    let serving = build(engine, &args, args.source.config()?.as_ref(), None).await?;
     let config = GatewayConfig {
         max_body_bytes: args.max_body_kib as usize * 1024,
         max_concurrent: args.max_concurrent as usize,
@@ -110,11 +112,19 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
     let address = listener.local_addr()?;
     eprintln!(
         "shallot serve: http://{address}/v1 ({}); SIGHUP or a changed file reloads, SIGTERM or Ctrl-C stops",
-        describe(&routes)
+        describe(&serving)
     );
-    let gateway = Gateway::new(routes, config);
-    gateway.set_keys(keys);
-    let reloading = tokio::spawn(reload(engine.clone(), args, gateway.clone(), reloads));
+    let servers = serving.servers().to_vec();
+    let gateway = Gateway::new(serving.routes, config);
+    gateway.set_keys(serving.keys);
+    gateway.set_mcp(serving.mcp);
+    let reloading = tokio::spawn(reload(
+        engine.clone(),
+        args,
+        gateway.clone(),
+        reloads,
+        servers,
+    ));
     gateway.serve(listener, stopped).await?;
     reloading.abort();
     eprintln!("shallot serve: stopped");
@@ -173,27 +183,62 @@ fn open_file_limit() -> u64 {
     limit.rlim_cur
 }
 
-/// Loads the filters and builds the routes the gateway serves (the
-/// config's `[[route]]` tables; without any, one proxy route over every
-/// filter and the model the flags, `[model]` or the environment name),
-/// with the config's client keys: all from `config`, one reading of the
-/// file.
+/// Loads the filters and builds what the gateway serves (the config's
+/// `[[route]]` tables, without any one proxy route over every filter and
+/// the model the flags, `[model]` or the environment name; the client
+/// keys; the MCP endpoint): all from `config`, one reading of the file.
+/// Over `servers` when given (their tools changed), else starting the
+/// config's MCP servers.
 async fn build(
     engine: &Engine,
     args: &ServeArgs,
     config: Option<&Config>,
-) -> anyhow::Result<(Vec<Route>, Vec<ClientKey>)> {
+    servers: Option<Vec<Arc<McpServer>>>,
+) -> anyhow::Result<Serving> {
     let plugins = args.source.load(engine, config).await?;
     let default = args.model.server(config)?;
-    Ok(Route::from_config(config, &plugins, default).await?)
+    Ok(match servers {
+        Some(servers) => Serving::over(config, &plugins, default, servers).await?,
+        None => Serving::from_config(config, &plugins, default).await?,
+    })
 }
 
-/// How `routes` are announced: their models, and their filters in all.
-fn describe(routes: &[Route]) -> String {
+/// How what is served is announced: the models, their filters in all, and
+/// the MCP endpoint's tools.
+fn describe(serving: &Serving) -> String {
+    let routes: &[Route] = &serving.routes;
     let models: Vec<&str> = routes.iter().map(|r| r.model.as_str()).collect();
     let filters: usize = routes.iter().map(|r| r.kernel.filters().count()).sum();
     let noun = if models.len() == 1 { "model" } else { "models" };
-    format!("{noun} '{}', {filters} filters", models.join("', '"))
+    let mut described = format!("{noun} '{}', {filters} filters", models.join("', '"));
+    if let Some(endpoint) = &serving.mcp {
+        let tools = endpoint.kernel.tools().len();
+        described.push_str(&format!("; /mcp with {tools} tools"));
+    }
+    described
+}
+
+/// Says (on `changed`) when the tools of one of `servers` change, naming
+/// it; until the task is aborted.
+fn watch_tools(
+    servers: &[Arc<McpServer>],
+    changed: mpsc::UnboundedSender<String>,
+) -> Vec<tokio::task::AbortHandle> {
+    let watch = |server: Arc<McpServer>| {
+        let changed = changed.clone();
+        tokio::spawn(async move {
+            let mut seen = server.changes();
+            loop {
+                seen = server.changed(seen).await;
+                let what = format!("the tools of the MCP server '{}'", server.name());
+                if changed.send(what).is_err() {
+                    return;
+                }
+            }
+        })
+        .abort_handle()
+    };
+    servers.iter().cloned().map(watch).collect()
 }
 
 /// What asks for a reload: SIGHUP, and changes to the config file or a
@@ -201,6 +246,10 @@ fn describe(routes: &[Route]) -> String {
 struct Reloads {
     changes: mpsc::UnboundedReceiver<String>,
     changed: mpsc::UnboundedSender<String>,
+    /// The MCP servers whose tools changed: a rebuild over the same
+    /// servers, none started again.
+    tools: mpsc::UnboundedReceiver<String>,
+    tools_changed: mpsc::UnboundedSender<String>,
     hangups: Signal,
     /// Kept alive for as long as changes are wanted.
     watcher: Option<notify::RecommendedWatcher>,
@@ -209,6 +258,7 @@ struct Reloads {
 impl Reloads {
     fn watch(source: &Source) -> anyhow::Result<Self> {
         let (changed, changes) = mpsc::unbounded_channel();
+        let (tools_changed, tools) = mpsc::unbounded_channel();
         let config = source.config().ok().flatten();
         let watcher = match watch(source, config.as_ref(), changed.clone()) {
             Ok(watcher) => Some(watcher),
@@ -220,6 +270,8 @@ impl Reloads {
         Ok(Reloads {
             changes,
             changed,
+            tools,
+            tools_changed,
             hangups: signal(SignalKind::hangup())?,
             watcher,
         })
@@ -238,49 +290,70 @@ impl Reloads {
     /// Waits for the next reload to be asked for, and for its changes to
     /// settle (an editor or a copy writes in several steps): until no
     /// change came for `SETTLE`, or `SETTLED` after the first one for a
-    /// file that keeps changing. Says what asked for it: `SIGHUP` and the
-    /// files that changed, each once, in the order they came.
-    async fn next(&mut self) -> String {
+    /// file that keeps changing. Says what asked for it: `SIGHUP`, the
+    /// files that changed and the MCP servers whose tools did, each once,
+    /// in the order they came; and whether only servers' tools did (then
+    /// the servers are kept).
+    async fn next(&mut self) -> (String, bool) {
         let mut asked = Vec::new();
-        let mut ask = |why: String| {
+        let mut only_tools = true;
+        let mut ask = |why: String, tools: bool| {
+            only_tools &= tools;
             if !asked.contains(&why) {
                 asked.push(why);
             }
         };
         tokio::select! {
-            Some(path) = self.changes.recv() => ask(path),
-            _ = self.hangups.recv() => ask("SIGHUP".to_owned()),
+            Some(path) = self.changes.recv() => ask(path, false),
+            Some(server) = self.tools.recv() => ask(server, true),
+            _ = self.hangups.recv() => ask("SIGHUP".to_owned(), false),
         }
         let settled = tokio::time::Instant::now() + SETTLED;
         loop {
             let quiet = (tokio::time::Instant::now() + SETTLE).min(settled);
             tokio::select! {
-                Some(path) = self.changes.recv() => ask(path),
-                _ = self.hangups.recv() => ask("SIGHUP".to_owned()),
+                Some(path) = self.changes.recv() => ask(path, false),
+                Some(server) = self.tools.recv() => ask(server, true),
+                _ = self.hangups.recv() => ask("SIGHUP".to_owned(), false),
                 () = tokio::time::sleep_until(quiet) => break,
             }
         }
-        asked.join(", ")
+        (asked.join(", "), only_tools)
     }
 }
 
 /// Reloads whenever asked: the new set is loaded and compiled while the old
 /// one serves, then swapped in; a broken one leaves the old set serving and
-/// is reported.
-async fn reload(engine: Engine, args: ServeArgs, gateway: Gateway, mut reloads: Reloads) {
+/// is reported. When only MCP servers' tools changed, the same servers
+/// serve the new set; otherwise the config's servers are started again.
+async fn reload(
+    engine: Engine,
+    args: ServeArgs,
+    gateway: Gateway,
+    mut reloads: Reloads,
+    mut servers: Vec<Arc<McpServer>>,
+) {
+    let mut watching = watch_tools(&servers, reloads.tools_changed.clone());
     loop {
+        let (asked, only_tools) = reloads.next().await;
         // A path can be named by whoever can write beside the config.
-        let asked = shallot::terminal_line(&reloads.next().await);
+        let asked = shallot::terminal_line(&asked);
         let config = args.source.config();
+        let kept = only_tools.then(|| servers.clone());
         let built = match &config {
-            Ok(config) => build(&engine, &args, config.as_ref()).await,
+            Ok(config) => build(&engine, &args, config.as_ref(), kept).await,
             Err(e) => Err(anyhow::anyhow!("{e:#}")),
         };
         reloads.rewatch(&args.source, config.ok().flatten().as_ref());
         match built {
-            Ok((routes, keys)) => {
-                let described = describe(&routes);
-                gateway.swap_with_keys(routes, keys);
+            Ok(serving) => {
+                let described = describe(&serving);
+                if !only_tools {
+                    watching.iter().for_each(tokio::task::AbortHandle::abort);
+                    servers = serving.servers().to_vec();
+                    watching = watch_tools(&servers, reloads.tools_changed.clone());
+                }
+                gateway.swap_serving(serving);
                 eprintln!("shallot serve: reloaded ({described}); asked by {asked}");
             }
             Err(e) => {

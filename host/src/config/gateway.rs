@@ -1,8 +1,8 @@
-//! The gateway's part of a `shallot.toml`: its client keys (`[[key]]`)
-//! and routes (`[[route]]`), read into specs the gateway builds from.
+//! The gateway's part of a `shallot.toml`: its routes (`[[route]]`) and
+//! MCP endpoint (`[mcp_gateway]`), read into specs the gateway builds
+//! from (the client keys are in `keys`).
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::Config;
 use crate::conversation::StoreSpec;
@@ -161,140 +161,40 @@ pub struct RouteSpec {
     pub store: Option<StoreSpec>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The gateway's MCP endpoint, as the `[mcp_gateway]` table gives it.
+///
+/// ```toml
+/// [mcp_gateway]
+/// filters = ["trace", "guard"]      # [[filter]] names, in order (default: all)
+/// allowed_hosts = ["mcp.example.com"]  # `Host`s it answers (default: loopback)
+/// max_sessions = 4096               # sessions open at once (503 beyond)
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub(super) struct KeyEntry {
-    name: String,
-    #[serde(default)]
-    tenant: Option<String>,
-    sha256: Option<String>,
-    env: Option<String>,
-    #[serde(default)]
-    models: Option<Vec<String>>,
+pub struct McpGatewaySpec {
+    /// The filters a `tools/call` runs through, by name, outermost first;
+    /// `None`: every filter.
+    pub filters: Option<Vec<String>>,
+    /// The `Host` headers it answers (`name` or `name:port`; `"*"`: any),
+    /// against DNS rebinding; default `localhost`, `127.0.0.1`, `::1`.
+    #[serde(default = "loopback")]
+    pub allowed_hosts: Vec<String>,
+    /// Sessions open at once (default 4096); a client that would open
+    /// another gets `503`. An idle session closes after five minutes.
+    #[serde(default = "max_sessions")]
+    pub max_sessions: usize,
 }
 
-/// A key a client of the gateway presents (`Authorization: Bearer ...`),
-/// kept only as its SHA-256.
-#[derive(Clone)]
-pub struct ClientKey {
-    /// Who holds it, for the filters (context `key`) and the logs.
-    pub name: String,
-    /// The tenant it belongs to (context `tenant`), if any.
-    pub tenant: Option<String>,
-    /// The routes it may use, by their model names; `None`: every route.
-    /// The others do not exist for it (`404`, not listed).
-    pub models: Option<Vec<String>>,
-    sha256: [u8; 32],
+fn loopback() -> Vec<String> {
+    ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec()
 }
 
-impl ClientKey {
-    /// A key from its secret text.
-    pub fn new(name: impl Into<String>, tenant: Option<String>, secret: &str) -> Self {
-        ClientKey {
-            name: name.into(),
-            tenant,
-            models: None,
-            sha256: Sha256::digest(secret.as_bytes()).into(),
-        }
-    }
-
-    /// The key, allowed only the routes of these model names.
-    pub fn for_models(mut self, models: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.models = Some(models.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Whether the key may use the route of `model`.
-    pub fn may_use(&self, model: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
-    }
-
-    /// Whether `secret` is this key.
-    pub fn matches(&self, secret: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
-        digest == self.sha256
-    }
+fn max_sessions() -> usize {
+    4096
 }
 
-impl std::fmt::Debug for ClientKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientKey")
-            .field("name", &self.name)
-            .field("tenant", &self.tenant)
-            .field("models", &self.models)
-            .finish_non_exhaustive()
-    }
-}
 
 impl Config {
-    /// The client keys (`[[key]]` tables), for the gateway: each with a
-    /// `name`, an optional `tenant`, the key as its hex `sha256` or the
-    /// name of the environment variable (`env`) that holds it, and
-    /// optionally the `models` (routes) it may use, all when not given.
-    ///
-    /// ```toml
-    /// [[key]]
-    /// name = "billing-app"
-    /// tenant = "acme"
-    /// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-    /// models = ["gpt-4o-mini"]
-    ///
-    /// [[key]]
-    /// name = "ops"
-    /// env = "SHALLOT_OPS_KEY"
-    /// ```
-    pub fn keys(&self) -> Result<Vec<ClientKey>, LoadError> {
-        let keys = &self.parsed.keys;
-        // A conversation's id is prefixed with its owner, the key's tenant or,
-        // without one, the key's name: owners must not be confused.
-        let tenants: std::collections::HashSet<&str> =
-            keys.iter().filter_map(|k| k.tenant.as_deref()).collect();
-        keys.iter()
-            .map(|key| {
-                let named = |what: &str| self.bad(format!("key '{}': {what}", key.name));
-                if key.name.contains('/') || key.tenant.as_ref().is_some_and(|t| t.contains('/')) {
-                    return Err(named(
-                        "a key's name and tenant cannot hold '/' (they prefix the ids of its conversations)",
-                    ));
-                }
-                if key.tenant.is_none() && tenants.contains(key.name.as_str()) {
-                    return Err(named(
-                        "it has no tenant and a tenant has its name: they would share conversations; give it that tenant or another name",
-                    ));
-                }
-                if key.models.as_ref().is_some_and(Vec::is_empty) {
-                    return Err(named(
-                        "`models` is empty: the key could use nothing (leave it out for every route)",
-                    ));
-                }
-                match (&key.sha256, &key.env) {
-                    (Some(hex), None) => {
-                        let sha256 = decode_sha256(hex)
-                            .ok_or_else(|| named("`sha256` must be 64 hex digits"))?;
-                        Ok(ClientKey {
-                            name: key.name.clone(),
-                            tenant: key.tenant.clone(),
-                            models: key.models.clone(),
-                            sha256,
-                        })
-                    }
-                    (None, Some(var)) => {
-                        let secret = std::env::var(var).map_err(|_| {
-                            named(&format!("the environment variable {var} is not set"))
-                        })?;
-                        Ok(ClientKey {
-                            models: key.models.clone(),
-                            ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
-                        })
-                    }
-                    _ => Err(named("give exactly one of `sha256` and `env`")),
-                }
-            })
-            .collect()
-    }
-
     /// The gateway routes (`[[route]]` tables), in order.
     ///
     /// ```toml
@@ -427,16 +327,4 @@ fn pool(
         })
         .collect::<Result<_, _>>()?;
     Ok(Upstream::Pool { members, config })
-}
-
-fn decode_sha256(hex: &str) -> Option<[u8; 32]> {
-    let hex = hex.as_bytes();
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(digest)
 }

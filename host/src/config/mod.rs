@@ -65,10 +65,13 @@ use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
 
 mod gateway;
+mod keys;
 mod presets;
 
-pub use gateway::{ClientKey, PoolMember, RouteMode, RouteSpec, Server, Upstream};
-use gateway::{KeyEntry, RouteEntry};
+pub use gateway::{McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
+use gateway::RouteEntry;
+pub use keys::ClientKey;
+use keys::KeyEntry;
 pub use presets::{PRESETS, preset};
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +87,7 @@ struct ConfigFile {
     routes: Vec<RouteEntry>,
     #[serde(default)]
     mcp: Vec<McpConfig>,
+    mcp_gateway: Option<McpGatewaySpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -234,6 +238,21 @@ impl Config {
             });
         }
         Ok(servers)
+    }
+
+    /// The gateway's MCP endpoint (`POST /mcp`), if the `[mcp_gateway]`
+    /// table asks for one (it is not served without): the filters its
+    /// `tools/call`s run through and the hosts it answers.
+    pub fn mcp_gateway(&self) -> Result<Option<McpGatewaySpec>, LoadError> {
+        let Some(spec) = &self.parsed.mcp_gateway else {
+            return Ok(None);
+        };
+        if self.parsed.mcp.is_empty() {
+            return Err(self.bad(
+                "[mcp_gateway]: there are no [[mcp]] servers whose tools it would serve".to_owned(),
+            ));
+        }
+        Ok(Some(spec.clone()))
     }
 
     /// Makes a SQLite store's path, the operator's file, relative to this

@@ -236,3 +236,53 @@ fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_mcp_gateway_table_needs_servers_and_keys_name_their_tools_as_patterns() {
+    let dir = std::env::temp_dir().join(format!("shallot-mcp-gateway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let text = concat!(
+        "[[mcp]]\nname = \"files\"\ncommand = \"x\"\n",
+        "[mcp_gateway]\nfilters = [\"guard\"]\n",
+        "[[key]]\nname = \"reader\"\ntools = [\"files_read*\", \"*_list\", \"exact\"]\n",
+        "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
+        "[[key]]\nname = \"ops\"\n",
+        "sha256 = \"a926675e5e28bc4294606f8631824dd0a5c8cb3a1bc7c1ca29b0e232b92b2d95\"\n",
+    );
+    std::fs::write(&file, text).unwrap();
+    let config = Config::read(&file).unwrap();
+    let spec = config.mcp_gateway().unwrap().unwrap();
+    assert_eq!(spec.filters.as_deref(), Some(&["guard".to_owned()][..]));
+    assert_eq!(spec.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+    assert_eq!(spec.max_sessions, 4096);
+    let keys = config.keys().unwrap();
+    for (tool, may) in [
+        ("files_read", true),
+        ("files_read_dir", true),
+        ("files_list", true),
+        ("exact", true),
+        ("files_write", false),
+        ("exactly", false),
+        ("xfiles_read", false),
+        ("files.read", false),
+    ] {
+        assert_eq!(keys[0].may_call(tool), may, "{tool}");
+        assert!(keys[1].may_call(tool), "no `tools`: every tool");
+    }
+    for (text, says) in [
+        ("[mcp_gateway]\n", "there are no [[mcp]] servers"),
+        (
+            "[[mcp]]\nname = \"a\"\ncommand = \"x\"\n[mcp_gateway]\nport = 1\n",
+            "unknown field `port`",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let error = Config::read(&file)
+            .and_then(|c| c.mcp_gateway())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(says), "{text}: {error}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,6 +3,8 @@
 //! What `shallot serve` runs at start and at every reload, and what an
 //! embedder calls to serve the same `shallot.toml`.
 
+use std::sync::Arc;
+
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Server, Upstream};
 use crate::conversation::open_store;
@@ -15,6 +17,7 @@ use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
 use super::Route;
+use super::mcp::McpEndpoint;
 
 /// Why a configuration's routes could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -22,10 +25,10 @@ pub enum RouteError {
     /// The configuration's keys or routes are wrong.
     #[error(transparent)]
     Config(#[from] LoadError),
-    /// A route names a filter the plugin set does not have.
+    /// A route (or `/mcp`) names a filter the plugin set does not have.
     #[error("route '{route}': there is no filter named '{filter}'")]
     NoSuchFilter {
-        /// The route's model name.
+        /// The route's model name (`/mcp` for the MCP endpoint).
         route: String,
         /// The filter it names.
         filter: String,
@@ -60,23 +63,72 @@ pub enum RouteError {
     },
 }
 
-impl Route {
-    /// The routes and keys `config` describes, over `plugins` (loaded from
-    /// the same configuration): each `[[route]]` over the filters it names
-    /// (all of `plugins` if it names none) and its upstream (`default`, if
-    /// it names none: `None` is the embedded model), an `agent` route with
-    /// the built-in tools and a tool loop that keeps no history (the client
-    /// sends the conversation, or a `memory` filter keeps it). Without
-    /// routes (or without a configuration), one proxy route over all of
-    /// `plugins` and `default`, under that model's name.
+/// What a gateway serves, as a configuration describes it: the routes, the
+/// client keys, the MCP endpoint, and the MCP servers the routes and the
+/// endpoint share (started once).
+pub struct Serving {
+    /// The routes, each under its model name.
+    pub routes: Vec<Route>,
+    /// The keys clients must present (none: the gateway is open).
+    pub keys: Vec<ClientKey>,
+    /// The `/mcp` endpoint, if the `[mcp_gateway]` table asks for one.
+    pub mcp: Option<McpEndpoint>,
+    servers: Vec<Arc<McpServer>>,
+}
+
+impl Serving {
+    /// The routes, keys and MCP endpoint `config` describes, over
+    /// `plugins` (loaded from the same configuration): each `[[route]]`
+    /// over the filters it names (all of `plugins` if it names none) and its
+    /// upstream (`default`, if it names none: `None` is the embedded
+    /// model), an `agent` route with the built-in tools, the MCP servers'
+    /// tools and a tool loop that keeps no history (the client sends the
+    /// conversation, or a `memory` filter keeps it). Without routes (or
+    /// without a configuration), one proxy route over all of `plugins` and
+    /// `default`, under that model's name. The `[[mcp]]` servers are
+    /// started if an agent route or the endpoint uses them.
     pub async fn from_config(
         config: Option<&Config>,
         plugins: &FilterSet,
         default: Option<OpenAiConfig>,
-    ) -> Result<(Vec<Route>, Vec<ClientKey>), RouteError> {
+    ) -> Result<Serving, RouteError> {
+        let mut servers = Vec::new();
+        if let Some(config) = config {
+            let agents = config.routes()?.iter().any(|r| r.mode == RouteMode::Agent);
+            if agents || config.mcp_gateway()?.is_some() {
+                for server in config.mcp()? {
+                    servers.push(McpServer::start(server).await?);
+                }
+            }
+        }
+        Self::over(config, plugins, default, servers).await
+    }
+
+    /// [`Serving::from_config`] over MCP servers already started (those of
+    /// an earlier one, after their tools changed): none is started again.
+    pub async fn over(
+        config: Option<&Config>,
+        plugins: &FilterSet,
+        default: Option<OpenAiConfig>,
+        servers: Vec<Arc<McpServer>>,
+    ) -> Result<Serving, RouteError> {
         let (keys, specs) = match config {
             Some(config) => (config.keys()?, config.routes()?),
             None => (Vec::new(), Vec::new()),
+        };
+        let mcp = match config.map(Config::mcp_gateway).transpose()?.flatten() {
+            None => None,
+            Some(spec) => {
+                let mut builder = with_filters(plugins, spec.filters.as_deref(), "/mcp")?;
+                for server in &servers {
+                    builder = builder.mcp(server);
+                }
+                Some(McpEndpoint {
+                    kernel: builder.build()?,
+                    allowed_hosts: spec.allowed_hosts,
+                    max_sessions: spec.max_sessions,
+                })
+            }
         };
         if specs.is_empty() {
             let upstream =
@@ -84,35 +136,16 @@ impl Route {
             let (builder, model) = with_model(Kernel::builder().plugins(plugins), upstream)?;
             let routes = vec![Route::proxy(model, builder.build()?)];
             check_keys(&keys, &routes)?;
-            return Ok((routes, keys));
-        }
-        // The MCP servers start once, and every agent route offers their
-        // tools.
-        let mut servers = Vec::new();
-        if specs.iter().any(|spec| spec.mode == RouteMode::Agent) {
-            for server in config.map(Config::mcp).transpose()?.unwrap_or_default() {
-                servers.push(McpServer::start(server).await?);
-            }
+            return Ok(Serving {
+                routes,
+                keys,
+                mcp,
+                servers,
+            });
         }
         let mut routes = Vec::with_capacity(specs.len());
         for spec in specs {
-            let mut builder = Kernel::builder();
-            match &spec.filters {
-                None => builder = builder.plugins(plugins),
-                Some(names) => {
-                    for name in names {
-                        let filter = plugins
-                            .filters()
-                            .iter()
-                            .find(|f| f.name() == name)
-                            .ok_or_else(|| RouteError::NoSuchFilter {
-                                route: spec.model.clone(),
-                                filter: name.clone(),
-                            })?;
-                        builder = builder.wasm(filter.clone());
-                    }
-                }
-            }
+            let builder = with_filters(plugins, spec.filters.as_deref(), &spec.model)?;
             let upstream = match spec.upstream.clone() {
                 None => default
                     .clone()
@@ -148,8 +181,43 @@ impl Route {
             });
         }
         check_keys(&keys, &routes)?;
-        Ok((routes, keys))
+        Ok(Serving {
+            routes,
+            keys,
+            mcp,
+            servers,
+        })
     }
+
+    /// The MCP servers its routes and endpoint use.
+    pub fn servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+}
+
+/// A kernel builder over the filters `names` (all of `plugins` for
+/// `None`), for `what` (a route's model name, in the error).
+fn with_filters(
+    plugins: &FilterSet,
+    names: Option<&[String]>,
+    what: &str,
+) -> Result<KernelBuilder, RouteError> {
+    let Some(names) = names else {
+        return Ok(Kernel::builder().plugins(plugins));
+    };
+    let mut builder = Kernel::builder();
+    for name in names {
+        let filter = plugins
+            .filters()
+            .iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| RouteError::NoSuchFilter {
+                route: what.to_owned(),
+                filter: name.clone(),
+            })?;
+        builder = builder.wasm(filter.clone());
+    }
+    Ok(builder)
 }
 
 /// Fails on a key allowed a model no route serves.

@@ -59,6 +59,14 @@ struct Reload {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct McpCall {
+    tool: String,
+    /// `ok`, `error` (the result is an error) or `refused` (a tool the
+    /// key may not call, or no place for the call).
+    outcome: &'static str,
+}
+
 /// Labels of a per-filter metric.
 type Labels = Vec<(&'static str, String)>;
 
@@ -293,6 +301,7 @@ pub(super) struct Metrics {
     pub filters: Gauge,
     pub connections: Gauge,
     reloads: Family<Reload, Counter>,
+    mcp_calls: Family<McpCall, Counter>,
     /// The filters of the set being served, for the per-filter metrics.
     pub served: Arc<ServedFilters>,
     /// The routes being served, for their upstreams' health.
@@ -341,6 +350,12 @@ impl Metrics {
             "Reloads of the filter set, by outcome",
             Family::<Reload, Counter>::default(),
         );
+        let mcp_calls = registered(
+            &mut registry,
+            "mcp_calls",
+            "tools/call requests of /mcp, by tool and outcome (ok, error, refused)",
+            Family::<McpCall, Counter>::default(),
+        );
         let served = Arc::new(ServedFilters::default());
         registry.register_collector(Box::new(served.clone()));
         let upstreams = Arc::new(ServedUpstreams::default());
@@ -358,7 +373,17 @@ impl Metrics {
             filters,
             connections,
             reloads,
+            mcp_calls,
         }
+    }
+
+    /// A `tools/call` of `/mcp` that ended as `outcome`; a tool the key may
+    /// not call is counted without its name (a client picks the names).
+    pub fn mcp_call(&self, tool: &str, outcome: &'static str) {
+        let tool = tool.to_owned();
+        self.mcp_calls
+            .get_or_create(&McpCall { tool, outcome })
+            .inc();
     }
 
     /// A request answered with `status` after `seconds`, in `mode`

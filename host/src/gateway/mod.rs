@@ -50,6 +50,7 @@ mod build;
 mod dialect;
 mod embeddings;
 mod handlers;
+mod mcp;
 mod messages;
 mod metrics;
 mod openapi;
@@ -70,8 +71,9 @@ use tokio::sync::Semaphore;
 use self::metrics::Metrics;
 use self::routes::RouteTable;
 
-pub use self::build::RouteError;
+pub use self::build::{RouteError, Serving};
 pub use self::handlers::CONVERSATION_HEADER;
+pub use self::mcp::McpEndpoint;
 pub use self::openapi::OPENAPI;
 pub use self::stream::MAX_UNSENT_BYTES;
 use crate::config::{ClientKey, RouteMode};
@@ -204,6 +206,7 @@ impl Gateway {
                 served: RwLock::new(RouteTable {
                     routes: routes.into(),
                     keys: Arc::new([]),
+                    mcp: None,
                 }),
                 reloads: Mutex::new(Reloads::default()),
                 metrics: Metrics::new(),
@@ -235,6 +238,26 @@ impl Gateway {
             served.routes = routes.into();
             served.keys = keys.into();
         });
+    }
+
+    /// Serves what a configuration describes ([`Serving::from_config`]) from
+    /// now on: its routes, its keys and its MCP endpoint, in one step.
+    pub fn swap_serving(&self, served: Serving) {
+        self.replace(|table| {
+            table.routes = served.routes.into();
+            table.keys = served.keys.into();
+            table.mcp = served.mcp;
+        });
+    }
+
+    /// Serves `endpoint` at `POST /mcp` from now on (`None`: no endpoint,
+    /// `404`).
+    pub fn set_mcp(&self, endpoint: Option<McpEndpoint>) {
+        self.shared
+            .served
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .mcp = endpoint;
     }
 
     fn replace(&self, change: impl FnOnce(&mut RouteTable)) {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 
 use super::Route;
+use super::mcp::McpEndpoint;
 use super::wire::ApiError;
 use crate::config::ClientKey;
 
@@ -13,6 +14,8 @@ pub(super) struct RouteTable {
     pub(super) routes: Arc<[Route]>,
     /// The keys clients must present; none: the gateway is open.
     pub(super) keys: Arc<[ClientKey]>,
+    /// The MCP endpoint (`/mcp`), if one is served.
+    pub(super) mcp: Option<McpEndpoint>,
 }
 
 impl RouteTable {

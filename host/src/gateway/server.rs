@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -20,9 +21,9 @@ use super::Gateway;
 use super::embeddings::embeddings;
 use super::handlers::{answer, exposition, model, models, ready};
 use super::messages::MessagesRequest;
-use super::openapi;
 use super::responses::ResponsesRequest;
 use super::wire::{ApiError, CompletionRequest};
+use super::{mcp, openapi};
 
 impl Gateway {
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
@@ -80,6 +81,11 @@ impl Gateway {
     }
 
     pub(super) fn router(&self) -> Router {
+        let (mcp, sessions) = mcp::service(self.shared.clone());
+        let admitted = (self.shared.clone(), sessions);
+        let mcp = Router::new()
+            .route_service("/mcp", mcp)
+            .layer(middleware::from_fn_with_state(admitted, mcp::admit));
         Router::new()
             .route("/v1/chat/completions", post(answer::<CompletionRequest>))
             .route("/v1/responses", post(answer::<ResponsesRequest>))
@@ -91,6 +97,7 @@ impl Gateway {
             .route("/readyz", get(ready))
             .route("/metrics", get(exposition))
             .route("/openapi.json", get(openapi::document))
+            .merge(mcp)
             .fallback(|| async {
                 ApiError::new(
                     StatusCode::NOT_FOUND,

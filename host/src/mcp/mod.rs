@@ -5,7 +5,9 @@
 //!
 //! A server is a command spoken to over stdio, or a streamable-HTTP URL.
 //! It is started (or its session opened) when the kernel is built, its
-//! tools listed then, and again, on the next call, after it died or
+//! tools listed then, again when it says they changed
+//! (`notifications/tools/list_changed`: [`McpServer::changed`] tells who
+//! builds kernels over it), and again, on the next call, after it died or
 //! stopped answering: a call that finds it gone or
 //! runs past `timeout_ms` fails with a typed error (`transient`,
 //! `timeout`), the process is killed, and nothing waits on it. What a
@@ -17,21 +19,22 @@ mod result;
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, Tool};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ServiceExt};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use crate::types::{ChainError, ErrorKind, Origin, ToolSpec};
 
@@ -91,14 +94,83 @@ pub struct McpError {
 /// A session with a server (and its process, for a command, which is
 /// killed when it is dropped).
 struct Connection {
-    session: RunningService<RoleClient, ()>,
+    session: RunningService<RoleClient, Listener>,
     _process: Option<tokio::process::Child>,
+}
+
+/// A server's tools as last listed, and who is told when they change.
+struct Listed {
+    tools: RwLock<Vec<Tool>>,
+    /// Counts the changes; [`McpServer::changed`] waits for the next.
+    changes: watch::Sender<u64>,
+    /// Set while a listing runs; `again` asks it for one more.
+    listing: AtomicBool,
+    again: AtomicBool,
+    name: String,
+    timeout: Duration,
+}
+
+impl Listed {
+    /// The tools, listed over `peer` within the bound.
+    async fn fetch(&self, peer: &Peer<RoleClient>) -> Result<Vec<Tool>, String> {
+        match tokio::time::timeout(self.timeout, peer.list_all_tools()).await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e)) => Err(format!("tools/list failed: {e}")),
+            Err(_) => Err(format!(
+                "tools/list took over {} ms",
+                self.timeout.as_millis()
+            )),
+        }
+    }
+
+    /// Lists the tools over `peer`, and says so if they changed.
+    async fn list(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
+        let tools = self.fetch(peer).await?;
+        let mut held = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+        if *held != tools {
+            *held = tools;
+            drop(held);
+            self.changes.send_modify(|n| *n += 1);
+        }
+        Ok(())
+    }
+
+    /// Lists again after the server said its tools changed: one listing
+    /// at a time, and one more for what was said meanwhile, however often
+    /// a server says it.
+    async fn relist(&self, peer: &Peer<RoleClient>) {
+        self.again.store(true, Ordering::Release);
+        // Whoever holds `listing` lists until nothing more was asked; one
+        // that finds it held leaves its ask to the holder.
+        while !self.listing.swap(true, Ordering::AcqRel) {
+            while self.again.swap(false, Ordering::AcqRel) {
+                if let Err(e) = self.list(peer).await {
+                    tracing::warn!(server = %self.name, "its tools changed, and listing them: {e}");
+                }
+            }
+            self.listing.store(false, Ordering::Release);
+            if !self.again.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+}
+
+/// What the host does with a server's notifications: lists its tools
+/// again when it says they changed.
+#[derive(Clone)]
+struct Listener(Arc<Listed>);
+
+impl ClientHandler for Listener {
+    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
+        self.0.relist(&context.peer).await;
+    }
 }
 
 /// A running MCP server: its tools, and the connection calls go over.
 pub struct McpServer {
     config: McpConfig,
-    tools: Vec<Tool>,
+    listed: Arc<Listed>,
     connection: Mutex<Option<Arc<Connection>>>,
 }
 
@@ -109,23 +181,45 @@ impl McpServer {
             name: config.name.clone(),
             message,
         };
-        let connection = connect(&config).await.map_err(|e| fail(e.message))?;
-        let listed = tokio::time::timeout(timeout(&config), connection.session.list_all_tools());
-        let tools = match listed.await {
-            Ok(Ok(tools)) => tools,
-            Ok(Err(e)) => return Err(fail(format!("tools/list failed: {e}"))),
-            Err(_) => {
-                return Err(fail(format!(
-                    "tools/list took over {} ms",
-                    config.timeout_ms
-                )));
-            }
-        };
+        let listed = Arc::new(Listed {
+            tools: RwLock::new(Vec::new()),
+            changes: watch::Sender::new(0),
+            listing: AtomicBool::new(false),
+            again: AtomicBool::new(false),
+            name: config.name.clone(),
+            timeout: timeout(&config),
+        });
+        let connection = connect(&config, &listed)
+            .await
+            .map_err(|e| fail(e.message))?;
+        let tools = listed
+            .fetch(connection.session.peer())
+            .await
+            .map_err(fail)?;
+        *listed.tools.write().unwrap_or_else(PoisonError::into_inner) = tools;
         Ok(Arc::new(McpServer {
             config,
-            tools,
+            listed,
             connection: Mutex::new(Some(Arc::new(connection))),
         }))
+    }
+
+    /// Resolves when the server's tools have changed since `seen`
+    /// (a count this returns; `0` at start): a kernel built over
+    /// [`McpServer::tools`] before then offers the old list.
+    pub async fn changed(&self, seen: u64) -> u64 {
+        let mut changes = self.listed.changes.subscribe();
+        let changed = changes.wait_for(|n| *n != seen).await.map(|n| *n);
+        match changed {
+            Ok(n) => n,
+            // The sender lives as long as `self`.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// How many times its tools have changed.
+    pub fn changes(&self) -> u64 {
+        *self.listed.changes.borrow()
     }
 
     /// The server's name.
@@ -137,7 +231,12 @@ impl McpServer {
     /// server's descriptions and schemas.
     pub fn tools(&self) -> Vec<ToolSpec> {
         let prefix = self.prefix();
-        self.tools
+        let tools = self
+            .listed
+            .tools
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        tools
             .iter()
             .map(|tool| {
                 let description = tool.description.as_deref().unwrap_or_default();
@@ -150,7 +249,12 @@ impl McpServer {
     /// The server's name of the kernel's tool `name`.
     pub fn tool_of(&self, name: &str) -> Option<String> {
         let tool = name.strip_prefix(&self.prefix())?;
-        self.tools
+        let tools = self
+            .listed
+            .tools
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        tools
             .iter()
             .any(|t| t.name == tool)
             .then(|| tool.to_owned())
@@ -210,11 +314,16 @@ impl McpServer {
         }
         tracing::warn!(server = %self.config.name, "the MCP server is gone; starting it again");
         let connection = Arc::new(
-            connect(&self.config)
+            connect(&self.config, &self.listed)
                 .await
                 .map_err(|e| self.error(ErrorKind::Transient, e.message))?,
         );
         *held = Some(connection.clone());
+        drop(held);
+        // Started again, it may offer other tools.
+        if let Err(e) = self.listed.list(connection.session.peer()).await {
+            tracing::warn!(server = %self.config.name, "started again, and listing its tools: {e}");
+        }
         Ok(connection)
     }
 
@@ -242,23 +351,24 @@ fn timeout(config: &McpConfig) -> Duration {
 
 /// Starts a session with the server (spawning it, for a command), within
 /// the bound.
-async fn connect(config: &McpConfig) -> Result<Connection, McpError> {
+async fn connect(config: &McpConfig, listed: &Arc<Listed>) -> Result<Connection, McpError> {
     let fail = |message: String| McpError {
         name: config.name.clone(),
         message,
     };
+    let listener = Listener(listed.clone());
     let (session, process) = match (&config.command, &config.url) {
         (Some(command), None) => {
             let (transport, process) = spawn(config, command).map_err(fail)?;
             (
-                tokio::time::timeout(timeout(config), ().serve(transport)).await,
+                tokio::time::timeout(timeout(config), listener.clone().serve(transport)).await,
                 Some(process),
             )
         }
         (None, Some(url)) => {
             let transport = http(config, url).map_err(fail)?;
             (
-                tokio::time::timeout(timeout(config), ().serve(transport)).await,
+                tokio::time::timeout(timeout(config), listener.clone().serve(transport)).await,
                 None,
             )
         }

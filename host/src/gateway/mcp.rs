@@ -1,0 +1,332 @@
+//! `POST /mcp`: the gateway as an MCP server (streamable HTTP, through the
+//! official SDK's server side). It federates the `[[mcp]]` servers' tools
+//! into one list, shows each client key the tools it may call, and runs
+//! every `tools/call` through the endpoint's tool chain before it reaches
+//! the server, so a policy, an approval, a redaction or a rate limit on a
+//! tool is a filter.
+//!
+//! Every HTTP request is checked before the protocol sees it: its `Host`
+//! (against DNS rebinding), its key (as for `/v1`: `401` without one),
+//! and, for a request that opens a session, the cap on open sessions. A
+//! call then takes a place among the requests served at once, runs within
+//! the request deadline (cancelled with its reason at the deadline or when
+//! the client cancels it or goes away) and its result's text is shown the
+//! client through the token transforms, as every answer of the gateway.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::ErrorData;
+use rmcp::handler::server::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::Value;
+
+use super::GatewayState;
+use super::answer::bounded;
+use super::handlers::caller;
+use crate::config::ClientKey;
+use crate::context::Context;
+use crate::kernel::Kernel;
+use crate::onion::{Cancel, InvokeOptions};
+use crate::types::{ChainError, ErrorKind, Origin};
+
+/// The gateway's MCP endpoint: the kernel whose tool chain every
+/// `tools/call` runs through (its tools are the MCP servers'), and the
+/// `Host` headers it answers.
+#[derive(Clone)]
+pub struct McpEndpoint {
+    /// The filters and the servers' tools.
+    pub kernel: Kernel,
+    /// The `Host`s it answers (`name` or `name:port`; `"*"`: any).
+    pub allowed_hosts: Vec<String>,
+    /// Sessions open at once; a client that would open another gets `503`.
+    pub max_sessions: usize,
+}
+
+/// How long a session may sit unused before it is closed.
+const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Who asks, put on the request before the protocol reads it: its key and
+/// the endpoint being served when it came.
+#[derive(Clone)]
+struct Caller {
+    key: Option<ClientKey>,
+    endpoint: McpEndpoint,
+    context: Context,
+}
+
+/// The `/mcp` service: the SDK's streamable-HTTP server over [`Tools`],
+/// its sessions in memory, behind [`admit`].
+pub(super) fn service(
+    shared: Arc<GatewayState>,
+) -> (
+    StreamableHttpService<Tools, LocalSessionManager>,
+    Arc<LocalSessionManager>,
+) {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_IDLE);
+    sessions.session_config.init_timeout = Some(shared.config.read_timeout);
+    let sessions = Arc::new(sessions);
+    // `admit` checks the Host against the endpoint being served (it can
+    // change on a reload); the body is bounded as every request's.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_max_request_body_bytes(shared.config.max_body_bytes)
+        .with_sse_keep_alive(None);
+    let tools = move || {
+        Ok(Tools {
+            shared: shared.clone(),
+        })
+    };
+    (
+        StreamableHttpService::new(tools, sessions.clone(), config),
+        sessions,
+    )
+}
+
+/// The checks before the protocol: an endpoint served, the `Host`, the
+/// key, the cap on sessions. What passes goes on with its [`Caller`].
+pub(super) async fn admit(
+    State((shared, sessions)): State<(Arc<GatewayState>, Arc<LocalSessionManager>)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let served = shared.served();
+    let Some(endpoint) = served.mcp.clone() else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "this gateway serves no MCP endpoint (add an [mcp_gateway] table)",
+        );
+    };
+    if !host_allowed(request.headers(), &endpoint.allowed_hosts) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "the Host is not one this endpoint answers (its allowed_hosts)",
+        );
+    }
+    let key = match served.authorize(request.headers()) {
+        Ok(key) => key.cloned(),
+        Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.message),
+    };
+    let context = match caller("mcp", key.as_ref(), request.headers()) {
+        Ok(context) => context,
+        Err(error) => return refuse(error.status, &error.message),
+    };
+    let opens = !request.headers().contains_key("mcp-session-id");
+    if opens && sessions.sessions.read().await.len() >= endpoint.max_sessions {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many MCP sessions are open; close one (DELETE /mcp) or retry later",
+        );
+    }
+    request.extensions_mut().insert(Caller {
+        key,
+        endpoint,
+        context,
+    });
+    next.run(request).await
+}
+
+/// A refusal before the protocol: the status, and a JSON-RPC error saying
+/// why (as the protocol's own errors are written).
+fn refuse(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": -32600, "message": message },
+    });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        let challenge = header::HeaderValue::from_static("Bearer");
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, challenge);
+    }
+    response
+}
+
+/// Whether the request's `Host` (without its port, or with it) is allowed.
+fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    if allowed.iter().any(|host| host == "*") {
+        return true;
+    }
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    allowed
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
+}
+
+/// The MCP server one session speaks to: what a request may see comes
+/// from its [`Caller`], so one session is as good as another.
+#[derive(Clone)]
+pub(super) struct Tools {
+    shared: Arc<GatewayState>,
+}
+
+impl Tools {
+    fn caller(context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("the request was not admitted", None))
+    }
+
+    /// A `tools/call` through the tool chain, bounded and cancellable.
+    async fn run(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<String, ChainError> {
+        let place = self.shared.place().await.map_err(|refused| {
+            ChainError::new(ErrorKind::Overloaded, refused.message).at(Origin::terminal("gateway"))
+        })?;
+        let cancel = Cancel::new();
+        let options = InvokeOptions::from(caller.context.clone()).cancel_on(cancel.clone());
+        let kernel = &caller.endpoint.kernel;
+        let deadline = self.shared.config.request_timeout;
+        let timed_out = ChainError::new(
+            ErrorKind::Timeout,
+            format!("the call did not finish within {} ms", deadline.as_millis()),
+        )
+        .at(Origin::terminal("gateway"));
+        let gone = async {
+            context.ct.cancelled().await;
+            ChainError::new(ErrorKind::Transient, "the client cancelled the call")
+                .at(Origin::terminal("gateway"))
+        };
+        let call = async {
+            let response = kernel.tool(name, arguments, options).await?;
+            kernel
+                .delivered_text(&response.output, caller.context.clone())
+                .await
+        };
+        let output = bounded(call, &cancel, deadline, timed_out, gone).await;
+        drop(place);
+        output
+    }
+}
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("shallot", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "The tools of this gateway's MCP servers; every call runs through its filters.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let caller = Self::caller(&context)?;
+        let tools = caller
+            .endpoint
+            .kernel
+            .tools()
+            .into_iter()
+            .filter(|tool| caller.key.as_ref().is_none_or(|k| k.may_call(&tool.name)))
+            .map(|tool| {
+                let schema = match tool.parameters {
+                    Value::Object(schema) => schema,
+                    _ => serde_json::Map::new(),
+                };
+                Tool::new(tool.name, tool.description, schema)
+            })
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = Self::caller(&context)?;
+        let name = request.name.as_ref();
+        let offered = caller.key.as_ref().is_none_or(|key| key.may_call(name))
+            && caller
+                .endpoint
+                .kernel
+                .tools()
+                .iter()
+                .any(|t| t.name == name);
+        if !offered {
+            self.shared.metrics.mcp_call("", "refused");
+            let message = format!("unknown tool '{}'", crate::escape::terminal_line(name));
+            return Err(ErrorData::invalid_params(message, None));
+        }
+        let arguments = request.arguments.map_or(Value::Null, Value::Object);
+        let arguments = match arguments {
+            Value::Null => Value::Object(serde_json::Map::new()),
+            arguments => arguments,
+        };
+        let result = match self.run(&caller, name, arguments, &context).await {
+            Ok(output) => result(output),
+            Err(error) if error.kind == ErrorKind::Overloaded => {
+                self.shared.metrics.mcp_call(name, "refused");
+                return Err(ErrorData::internal_error(error.message, None));
+            }
+            Err(error) => failed(&error),
+        };
+        let outcome = if result.is_error == Some(true) {
+            "error"
+        } else {
+            "ok"
+        };
+        self.shared.metrics.mcp_call(name, outcome);
+        Ok(result.into())
+    }
+}
+
+/// A tool's output as an MCP result: a JSON string as its text, other JSON
+/// as text and as structured content (an object); an error object (a
+/// filter's refusal, `{"error": {...}}`) marked as an error.
+fn result(output: String) -> CallToolResult {
+    let value: Option<Value> = serde_json::from_str(&output).ok();
+    match value {
+        Some(Value::String(text)) => CallToolResult::success(vec![ContentBlock::text(text)]),
+        Some(value) if value.get("error").is_some_and(Value::is_object) => {
+            CallToolResult::error(vec![ContentBlock::text(output)])
+        }
+        Some(value @ Value::Object(_)) => {
+            let mut result = CallToolResult::success(vec![ContentBlock::text(output)]);
+            result.structured_content = Some(value);
+            result
+        }
+        _ => CallToolResult::success(vec![ContentBlock::text(output)]),
+    }
+}
+
+/// A call the chain failed, as an MCP result marked as an error: what the
+/// model would see as the tool's failure.
+fn failed(error: &ChainError) -> CallToolResult {
+    let text = serde_json::json!({
+        "error": {
+            "type": "tool_error",
+            "kind": error.kind.as_str(),
+            "message": error.message,
+        }
+    });
+    CallToolResult::error(vec![ContentBlock::text(text.to_string())])
+}

@@ -1,0 +1,355 @@
+//! The gateway as an MCP server (`POST /mcp`), driven by the official
+//! Python MCP client (`tests/mcp/client.py`) and by hand-made hostile
+//! requests: the `[[mcp]]` servers' tools federated into one list, trimmed
+//! per key; every `tools/call` through the endpoint's filters (a Rust
+//! `tool-guard` refusing, a Python filter rewriting the arguments, a token
+//! transform redacting the shown result) before the server; a client that
+//! sends garbage, comes from another host, opens too many sessions, calls
+//! a tool it was not given or one that never ends: each a clear error
+//! within its bound, the endpoint serving on.
+//!
+//! Needs the `mcp` package in the polyglot venv and the Python filters:
+//! `scripts/build-polyglot`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shallot::{Gateway, GatewayConfig, Serving};
+use shallot_tests::{guest, load, target_dir};
+
+use crate::gateway::Served;
+
+/// `ops-secret` may list and call every tool; `reader-secret` only
+/// `test_echo`, `test_add` and `test_hang`, and `tool-guard` refuses it
+/// `test_add`.
+const OPS: &str = "32323cfa9ec9d62750daad0836a4cf3d7b60d23723b7852a529667deed01669f";
+const READER: &str = "f03319dee240faa729e0cfa7ab5ffd80a1d64a127e3643f239009abff6382914";
+
+fn python() -> PathBuf {
+    target_dir().join("polyglot/venv/bin/python")
+}
+
+/// A gateway serving `/mcp` over the test server, with the filters and
+/// keys above, and `more` TOML for `[mcp_gateway]`.
+async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
+    let dir = target_dir().join("test-scratch").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
+    let toml = format!(
+        "[[filter]]\nname = \"guard\"\nplugin = {guard:?}\n\
+         config = {{ by = \"key\", deny = {{ reader = [\"test_add\"] }} }}\n\n\
+         [[filter]]\nname = \"pii\"\nplugin = {pii:?}\n\n\
+         [[filter]]\nname = \"redact\"\nplugin = {redact:?}\n\
+         config = {{ pattern = \"SECRET-\\\\d+\", replacement = \"[SECRET]\" }}\n\n\
+         [[key]]\nname = \"ops\"\nsha256 = \"{OPS}\"\n\n\
+         [[key]]\nname = \"reader\"\nsha256 = \"{READER}\"\n\
+         tools = [\"test_echo\", \"test_add\", \"test_ha*\"]\n\n\
+         [[mcp]]\nname = \"test\"\ncommand = {python:?}\nargs = [{server:?}]\n\n\
+         [mcp_gateway]\n{more}\n",
+        guard = guest("tool_guard").display().to_string(),
+        pii = guest("pii_guard_py").display().to_string(),
+        redact = guest("token_redact").display().to_string(),
+        python = python().display().to_string(),
+        server = server.display().to_string(),
+    );
+    std::fs::write(&file, toml).unwrap();
+    let config_file = shallot::Config::read(&file).unwrap();
+    let plugins = load(config_file.filters().unwrap()).await;
+    let serving = Serving::from_config(Some(&config_file), &plugins, None)
+        .await
+        .unwrap();
+    let gateway = Gateway::new(serving.routes, config);
+    gateway.set_keys(serving.keys);
+    gateway.set_mcp(serving.mcp);
+    Served::gateway(gateway).await
+}
+
+/// What the Python client says of `args` against `served`'s `/mcp`.
+async fn client(served: &Served, key: &str, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
+    let url = format!("{}/mcp", served.base);
+    let out = tokio::process::Command::new(python())
+        .arg(script)
+        .args([url.as_str(), key])
+        .args(args)
+        .output()
+        .await
+        .expect("the venv's Python runs (scripts/build-polyglot)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value {
+    let arguments = arguments.to_string();
+    client(served, key, &["call", tool, &arguments]).await
+}
+
+#[tokio::test]
+async fn the_python_mcp_client_sees_its_keys_tools_and_every_call_goes_through_the_filters() {
+    let served = endpoint("mcp-gateway", "", GatewayConfig::default()).await;
+
+    let every = client(&served, "ops-secret", &["list"]).await;
+    for tool in [
+        "test_add",
+        "test_echo",
+        "test_fail",
+        "test_hang",
+        "test_grow",
+    ] {
+        assert!(every.as_array().unwrap().contains(&json!(tool)), "{every}");
+    }
+    let given = client(&served, "reader-secret", &["list"]).await;
+    assert_eq!(given, json!(["test_add", "test_echo", "test_hang"]));
+
+    // Through the chain to the server and back, structured.
+    let added = call(
+        &served,
+        "ops-secret",
+        "test_add",
+        json!({ "a": 2, "b": 40 }),
+    )
+    .await;
+    assert_eq!(added["structured"], json!({ "result": 42 }), "{added}");
+    assert_eq!(added["is_error"], false);
+
+    // tool-guard refuses it for this key: the server never sees it.
+    let refused = call(
+        &served,
+        "reader-secret",
+        "test_add",
+        json!({ "a": 1, "b": 1 }),
+    )
+    .await;
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(
+        refused["text"].as_str().unwrap().contains("not_allowed"),
+        "{refused}"
+    );
+
+    // The Python filter rewrites the arguments: the server echoes what it
+    // got.
+    let echoed = call(
+        &served,
+        "reader-secret",
+        "test_echo",
+        json!({ "text": "mail jane@example.com" }),
+    )
+    .await;
+    assert_eq!(echoed["structured"]["result"], "mail [EMAIL]", "{echoed}");
+
+    // What the client is shown goes through the token transforms.
+    let shown = call(
+        &served,
+        "ops-secret",
+        "test_echo",
+        json!({ "text": "SECRET-42" }),
+    )
+    .await;
+    assert_eq!(shown["text"], r#"{"result":"[SECRET]"}"#, "{shown}");
+    assert_eq!(shown["structured"]["result"], "[SECRET]", "{shown}");
+
+    // A tool the key was not given does not exist for it.
+    let hidden = call(&served, "reader-secret", "test_fail", json!({ "why": "x" })).await;
+    assert_eq!(hidden["error"]["code"], -32602, "{hidden}");
+    assert_eq!(hidden["error"]["message"], "unknown tool 'test_fail'");
+
+    // The server's own failure is the tool's error result.
+    let failed = call(
+        &served,
+        "ops-secret",
+        "test_fail",
+        json!({ "why": "no luck" }),
+    )
+    .await;
+    assert_eq!(failed["is_error"], true, "{failed}");
+    assert!(
+        failed["text"].as_str().unwrap().contains("no luck"),
+        "{failed}"
+    );
+
+    // Arguments the server's schema refuses are refused before they leave.
+    let wrong = call(&served, "ops-secret", "test_add", json!({ "a": "two" })).await;
+    assert_eq!(wrong["is_error"], true, "{wrong}");
+    assert!(
+        wrong["text"]
+            .as_str()
+            .unwrap()
+            .contains("do not match its schema"),
+        "{wrong}"
+    );
+
+    // Without a key, or with a wrong one: refused, saying why.
+    let nobody = client(&served, "-", &["list"]).await;
+    assert!(
+        nobody["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no API key"),
+        "{nobody}"
+    );
+    let stranger = client(&served, "guess", &["list"]).await;
+    assert_eq!(stranger["error"]["message"], "the API key is not valid");
+
+    let (_, metrics) = served.get("/metrics").await;
+    assert!(
+        metrics.contains(r#"shallot_gateway_mcp_calls_total{tool="test_add",outcome="ok"} 1"#),
+        "{metrics}"
+    );
+    served.stop().await.unwrap();
+}
+
+/// One raw request to `/mcp`: its status and body.
+async fn raw(
+    served: &Served,
+    headers: &[(&str, &str)],
+    body: impl Into<reqwest::Body>,
+) -> (u16, String, reqwest::header::HeaderMap) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/mcp", served.base))
+        .header("authorization", "Bearer ops-secret")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.body(body).send().await.unwrap();
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    (status, response.text().await.unwrap(), headers)
+}
+
+fn initialize() -> String {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": { "name": "hostile", "version": "0" },
+        },
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
+    let config = GatewayConfig {
+        request_timeout: Duration::from_secs(2),
+        max_body_bytes: 64 << 10,
+        ..GatewayConfig::default()
+    };
+    let served = endpoint("mcp-hostile", "max_sessions = 2", config).await;
+
+    // Not JSON at all.
+    let (status, body, _) = raw(&served, &[], "{garbage").await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    // JSON-RPC with no session, and with a session that does not exist.
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" }).to_string();
+    let (status, body, _) = raw(&served, &[], list.clone()).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body, _) = raw(&served, &[("mcp-session-id", "forged")], list).await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    // From a host the endpoint does not answer (DNS rebinding).
+    let (status, body, _) = raw(&served, &[("host", "evil.example")], initialize()).await;
+    assert_eq!(status, 403, "{body}");
+    // A body over the cap.
+    let (status, _, _) = raw(&served, &[], vec![b' '; 128 << 10]).await;
+    assert_eq!(status, 413);
+
+    // Sessions up to the cap; then the next is refused until one closes.
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (status, body, headers) = raw(&served, &[], initialize()).await;
+        assert_eq!(status, 200, "{body}");
+        sessions.push(headers["mcp-session-id"].to_str().unwrap().to_owned());
+    }
+    let (status, body, _) = raw(&served, &[], initialize()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("too many MCP sessions"), "{body}");
+    for session in &sessions {
+        let closed = reqwest::Client::new()
+            .delete(format!("{}/mcp", served.base))
+            .header("authorization", "Bearer ops-secret")
+            .header("mcp-session-id", session)
+            .send()
+            .await
+            .unwrap();
+        assert!(closed.status().is_success(), "{}", closed.status());
+    }
+
+    // A call that never ends is cut at the request deadline, as a timeout.
+    let hung = call(&served, "ops-secret", "test_hang", json!({})).await;
+    assert_eq!(hung["is_error"], true, "{hung}");
+    assert!(hung["text"].as_str().unwrap().contains("timeout"), "{hung}");
+
+    // And through it all, a well-behaved client is served.
+    let added = call(
+        &served,
+        "reader-secret",
+        "test_echo",
+        json!({ "text": "still here" }),
+    )
+    .await;
+    assert_eq!(added["structured"]["result"], "still here", "{added}");
+    served.stop().await.unwrap();
+}
+
+/// A server that adds a tool says so; the host lists its tools again, and
+/// a kernel built after has it. A flood of such notices with nothing
+/// changed changes nothing.
+#[tokio::test]
+async fn a_server_that_says_its_tools_changed_is_listed_again() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
+    let config = shallot::McpConfig {
+        name: "test".into(),
+        prefix: None,
+        command: Some(python().display().to_string()),
+        url: None,
+        headers: Default::default(),
+        args: vec![script.display().to_string()],
+        env: Default::default(),
+        timeout_ms: 10_000,
+        max_message_kib: 64,
+    };
+    let server = shallot::McpServer::start(config).await.unwrap();
+    assert_eq!(server.changes(), 0);
+    let kernel = shallot::Kernel::builder().mcp(&server).build().unwrap();
+    let churned = kernel
+        .tool(
+            "test_churn",
+            json!({ "times": 500 }),
+            shallot::Context::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(churned.value().unwrap(), json!({ "result": "churned" }));
+    let grown = kernel
+        .tool(
+            "test_grow",
+            json!({ "name": "late" }),
+            shallot::Context::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(grown.value().unwrap(), json!({ "result": "added late" }));
+    // Had the churn counted as a change, this would not wait for the tool.
+    tokio::time::timeout(Duration::from_secs(30), server.changed(0))
+        .await
+        .expect("the new list arrives");
+    assert!(server.tools().iter().any(|t| t.name == "test_late"));
+    assert!(
+        !kernel.tools().iter().any(|t| t.name == "test_late"),
+        "a kernel built before keeps the list it was built with"
+    );
+    let rebuilt = shallot::Kernel::builder().mcp(&server).build().unwrap();
+    let late = rebuilt
+        .tool("test_late", json!({}), shallot::Context::new())
+        .await
+        .unwrap();
+    assert_eq!(late.value().unwrap(), json!({ "result": "I am late" }));
+}
