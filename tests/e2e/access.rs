@@ -3,7 +3,7 @@
 //! whether it was offered or not, as in the seed; the tool loop's
 //! `offered_only` refuses it, and the `tool-guard` plugin refuses calls by
 //! allow and deny lists per tenant (or any context value), offered or
-//! not.
+//! not, and takes what it refuses off the menu.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -149,6 +149,35 @@ async fn tool_guard_refuses_by_tenant_what_it_does_not_allow_offered_or_not() {
         ran.load(Ordering::SeqCst),
         2,
         "search ran twice, delete_all never"
+    );
+
+    // The model is offered only what it may call; with `hide = false`,
+    // the menu is left as it was.
+    let offered = async |config: Value, tenant: &str| -> Vec<String> {
+        let model = calls("search");
+        let plugins = load(vec![spec("tool_guard", "tool-guard", config)]).await;
+        let mut builder = Kernel::builder()
+            .model(model.clone())
+            .plugins(&plugins)
+            .turn_terminal(ToolLoop::new(LoopConfig::default(), NoHistory));
+        for name in ["search", "read_file", "delete_all"] {
+            let spec = ToolSpec::new(name, name, json!({ "type": "object" }));
+            builder = builder.tool(spec, |_: Value, _| async { Ok(json!("ran")) });
+        }
+        turn(&builder.build().unwrap(), tenant).await;
+        let asked = model.requests();
+        asked[0].tools.iter().map(|t| t.name.clone()).collect()
+    };
+    let rules = json!({ "allow": { "acme": ["search", "read_*"], "*": ["search"] }, "deny": { "*": ["delete_*"] } });
+    assert_eq!(
+        offered(rules.clone(), "acme").await,
+        ["read_file", "search"]
+    );
+    assert_eq!(offered(rules, "globex").await, ["search"]);
+    let shown = json!({ "deny": { "*": ["delete_all"] }, "hide": false });
+    assert_eq!(
+        offered(shown, "acme").await,
+        ["delete_all", "read_file", "search"]
     );
 
     for (config, says) in [

@@ -193,7 +193,6 @@ fn max_sessions() -> usize {
     4096
 }
 
-
 impl Config {
     /// The gateway routes (`[[route]]` tables), in order.
     ///

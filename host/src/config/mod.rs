@@ -68,8 +68,8 @@ mod gateway;
 mod keys;
 mod presets;
 
-pub use gateway::{McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
 use gateway::RouteEntry;
+pub use gateway::{McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
 pub use keys::ClientKey;
 use keys::KeyEntry;
 pub use presets::{PRESETS, preset};

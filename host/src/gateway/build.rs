@@ -17,7 +17,7 @@ use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
 use super::Route;
-use super::mcp::McpEndpoint;
+use super::mcp::{McpEndpoint, Menu};
 
 /// Why a configuration's routes could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +119,8 @@ impl Serving {
         let mcp = match config.map(Config::mcp_gateway).transpose()?.flatten() {
             None => None,
             Some(spec) => {
-                let mut builder = with_filters(plugins, spec.filters.as_deref(), "/mcp")?;
+                let mut builder =
+                    with_filters(plugins, spec.filters.as_deref(), "/mcp")?.model(Menu);
                 for server in &servers {
                     builder = builder.mcp(server);
                 }

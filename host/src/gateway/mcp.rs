@@ -5,6 +5,12 @@
 //! the server, so a policy, an approval, a redaction or a rate limit on a
 //! tool is a filter.
 //!
+//! A `tools/list` is the menu a model would be offered: the key's tools go
+//! through the endpoint's chat filters as the tools of a request with no
+//! messages, answered not by a model but by [`Menu`], which says which
+//! tools reached it; a filter that trims a model's menu (`tool-guard`,
+//! one of yours) trims the list the same way.
+//!
 //! Every HTTP request is checked before the protocol sees it: its `Host`
 //! (against DNS rebinding), its key (as for `/v1`: `401` without one),
 //! and, for a request that opens a session, the cap on open sessions. A
@@ -15,10 +21,12 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -28,7 +36,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::GatewayState;
 use super::answer::bounded;
@@ -36,8 +44,11 @@ use super::handlers::caller;
 use crate::config::ClientKey;
 use crate::context::Context;
 use crate::kernel::Kernel;
+use crate::model::{ChatModel, ModelEvent};
 use crate::onion::{Cancel, InvokeOptions};
-use crate::types::{ChainError, ErrorKind, Origin};
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, Message, Origin, ToolSpec,
+};
 
 /// The gateway's MCP endpoint: the kernel whose tool chain every
 /// `tools/call` runs through (its tools are the MCP servers'), and the
@@ -240,12 +251,30 @@ impl ServerHandler for Tools {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let caller = Self::caller(&context)?;
-        let tools = caller
-            .endpoint
-            .kernel
+        let kernel = &caller.endpoint.kernel;
+        let given: Vec<ToolSpec> = kernel
             .tools()
             .into_iter()
             .filter(|tool| caller.key.as_ref().is_none_or(|k| k.may_call(&tool.name)))
+            .collect();
+        let menu = ChatRequest::new(Vec::new()).with_tools(given.clone());
+        let options = InvokeOptions::from(caller.context.clone());
+        let deadline = self.shared.config.request_timeout;
+        let answered = tokio::time::timeout(deadline, kernel.chat(menu, options)).await;
+        let reached = match answered {
+            Ok(Ok(response)) => response.metadata.get(MENU).cloned(),
+            Ok(Err(error)) => return Err(ErrorData::internal_error(error.message, None)),
+            Err(_) => {
+                let message = format!("the menu took over {} ms", deadline.as_millis());
+                return Err(ErrorData::internal_error(message, None));
+            }
+        };
+        let reached: Vec<String> = reached
+            .and_then(|names| serde_json::from_value(names).ok())
+            .unwrap_or_default();
+        let tools = given
+            .into_iter()
+            .filter(|tool| reached.contains(&tool.name))
             .map(|tool| {
                 let schema = match tool.parameters {
                     Value::Object(schema) => schema,
@@ -296,6 +325,42 @@ impl ServerHandler for Tools {
         };
         self.shared.metrics.mcp_call(name, outcome);
         Ok(result.into())
+    }
+}
+
+/// The metadata key [`Menu`] answers with the names of the tools that
+/// reached it.
+const MENU: &str = "mcp_menu";
+
+/// The endpoint's "model": it answers a `tools/list`'s menu with the names
+/// of the tools that reached it through the chat filters (under
+/// `mcp_menu` in the metadata), and nothing else. Of those, only tools the
+/// key was given are listed: a filter can take tools off, never add one.
+pub(super) struct Menu;
+
+#[async_trait]
+impl ChatModel for Menu {
+    fn name(&self) -> &str {
+        "mcp-menu"
+    }
+
+    async fn chat(&self, request: &ChatRequest, _: &Context) -> Result<ChatResponse, ChainError> {
+        let names: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+        let mut response = ChatResponse::new(Message::assistant(""), FinishReason::Complete);
+        response.metadata.insert(MENU.to_owned(), json!(names));
+        Ok(response)
+    }
+
+    async fn stream(
+        &self,
+        _: &ChatRequest,
+        _: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        Err(ChainError::new(
+            ErrorKind::InvalidRequest,
+            "the MCP endpoint answers menus, not streams",
+        )
+        .at(Origin::terminal("gateway")))
     }
 }
 

@@ -8,7 +8,9 @@
 //! reaches the tool: the model gets a result saying so
 //! (`{"error":{"type":"not_allowed","message":...,"tool":...}}`), whether
 //! or not the tool was on its menu: this is the enforcing side of a
-//! trimmed menu (`tool-search` only hides).
+//! trimmed menu (`tool-search` only hides). It also takes those tools off
+//! the menu (around-chat: a model, and a `/mcp` client's `tools/list`, is
+//! not offered what it may not call), unless `hide` is false.
 //!
 //! It also judges a round's calls as one batch (each call sees its round,
 //! `tool-request.batch`): `per_round` refuses the calls past the first N of
@@ -18,15 +20,16 @@
 //!
 //! Config: `{"by": "tenant", "allow": {"acme": ["search", "read_*"], "*":
 //! ["search"]}, "deny": {"*": ["delete_*"]}, "per_round": 4, "distinct":
-//! true, "all_or_nothing": false}` (patterns: `*` matches any run of
-//! characters).
+//! true, "all_or_nothing": false, "hide": true}` (patterns: `*` matches any
+//! run of characters).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::json;
 use shallot_guest::{
-    Filter, FilterError, Next, ToolCall, ToolRequest, ToolResponse, context, glob, log,
+    ChatRequest, ChatResponse, Filter, FilterError, Next, ToolCall, ToolRequest, ToolResponse,
+    context, glob, log,
 };
 
 #[derive(Deserialize)]
@@ -43,10 +46,16 @@ struct ToolGuard {
     distinct: bool,
     #[serde(default)]
     all_or_nothing: bool,
+    #[serde(default = "yes")]
+    hide: bool,
 }
 
 fn tenant() -> String {
     "tenant".to_owned()
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The rules of every value.
@@ -151,6 +160,22 @@ impl Filter for ToolGuard {
             return Err("per_round is at least 1".to_owned());
         }
         Ok(())
+    }
+
+    fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
+        if self.hide {
+            let who = context::get_text(&self.by);
+            let tools = request.tools();
+            let offered: Vec<_> = tools
+                .iter()
+                .filter(|tool| self.refusal(who.as_deref(), &tool.name).is_none())
+                .cloned()
+                .collect();
+            if offered.len() < tools.len() {
+                request.set_tools(&offered).map_err(FilterError::invalid)?;
+            }
+        }
+        next.chat(request)
     }
 
     fn around_tool(&self, request: &ToolRequest, next: Next) -> Result<ToolResponse, FilterError> {
