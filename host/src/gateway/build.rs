@@ -17,7 +17,7 @@ use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
 use super::Route;
-use super::mcp::{McpEndpoint, Menu};
+use super::mcp::McpEndpoint;
 
 /// Why a configuration's routes could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -119,15 +119,14 @@ impl Serving {
         let mcp = match config.map(Config::mcp_gateway).transpose()?.flatten() {
             None => None,
             Some(spec) => {
-                let mut builder =
-                    with_filters(plugins, spec.filters.as_deref(), "/mcp")?.model(Menu);
+                let mut builder = with_filters(plugins, spec.filters.as_deref(), "/mcp")?;
                 for server in &servers {
                     builder = builder.mcp(server);
                 }
                 Some(McpEndpoint {
-                    kernel: builder.build()?,
                     allowed_hosts: spec.allowed_hosts,
                     max_sessions: spec.max_sessions,
+                    ..McpEndpoint::new(builder)?
                 })
             }
         };

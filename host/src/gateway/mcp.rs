@@ -43,7 +43,7 @@ use super::answer::bounded;
 use super::handlers::caller;
 use crate::config::ClientKey;
 use crate::context::Context;
-use crate::kernel::Kernel;
+use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::model::{ChatModel, ModelEvent};
 use crate::onion::{Cancel, InvokeOptions};
 use crate::types::{
@@ -55,7 +55,8 @@ use crate::types::{
 /// `Host` headers it answers.
 #[derive(Clone)]
 pub struct McpEndpoint {
-    /// The filters and the servers' tools.
+    /// The filters and the servers' tools; its model answers menus
+    /// (`tools/list`), see [`McpEndpoint::new`].
     pub kernel: Kernel,
     /// The `Host`s it answers (`name` or `name:port`; `"*"`: any).
     pub allowed_hosts: Vec<String>,
@@ -65,6 +66,21 @@ pub struct McpEndpoint {
 
 /// How long a session may sit unused before it is closed.
 const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl McpEndpoint {
+    /// An endpoint serving the tools of `builder` (its filters and the
+    /// servers added with [`KernelBuilder::mcp`]), to loopback `Host`s, at
+    /// most 4096 sessions at once. Its model is the endpoint's menu: a
+    /// `tools/list` runs the chat filters and is answered with the tools
+    /// that reached it (any model given to `builder` is replaced).
+    pub fn new(builder: KernelBuilder) -> Result<Self, BuildError> {
+        Ok(McpEndpoint {
+            kernel: builder.model(Menu).build()?,
+            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+            max_sessions: 4096,
+        })
+    }
+}
 
 /// Who asks, put on the request before the protocol reads it: its key and
 /// the endpoint being served when it came.
@@ -336,7 +352,7 @@ const MENU: &str = "mcp_menu";
 /// of the tools that reached it through the chat filters (under
 /// `mcp_menu` in the metadata), and nothing else. Of those, only tools the
 /// key was given are listed: a filter can take tools off, never add one.
-pub(super) struct Menu;
+struct Menu;
 
 #[async_trait]
 impl ChatModel for Menu {
