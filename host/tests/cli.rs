@@ -1624,16 +1624,7 @@ fn serve_streams_a_cached_answer() {
 /// in the answer.
 #[test]
 fn chat_calls_an_mcp_servers_tool_through_the_filters() {
-    let python = target_dir().join("polyglot/venv/bin/python");
-    let has_mcp = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_mcp,
-        "{} has no mcp package: run scripts/build-polyglot",
-        python.display()
-    );
+    let python = mcp_python();
     let dir = target_dir().join("shallot-test-scratch").join("chat-mcp");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -9,49 +9,18 @@
 //!
 //! Needs the `mcp` package in the polyglot venv: `scripts/build-polyglot`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use shallot::types::{Message, TurnRequest, TurnResult};
 use shallot::{Context, ErrorKind, Kernel, McpConfig, McpServer};
 use shallot_tests::{
-    Reply, ScriptedModel, granted, lines, load, spec, target_dir, trace_file, trace_grant,
+    McpHttpServer, Reply, ScriptedModel, granted, lines, load, mcp_test_server, spec, target_dir,
+    trace_file, trace_grant,
 };
 
-/// The venv's Python, which has the `mcp` package.
-fn python() -> PathBuf {
-    let python = target_dir().join("polyglot/venv/bin/python");
-    let has_mcp = std::process::Command::new(&python)
-        .args(["-c", "import mcp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_mcp,
-        "{} has no mcp package: run scripts/build-polyglot",
-        python.display()
-    );
-    python
-}
-
-/// The test server, as `[[mcp]]` names it.
-fn test_server(timeout_ms: u64) -> McpConfig {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
-    McpConfig {
-        name: "test".into(),
-        prefix: None,
-        command: Some(python().to_string_lossy().into_owned()),
-        url: None,
-        headers: Default::default(),
-        args: vec![script.to_string_lossy().into_owned()],
-        env: Default::default(),
-        timeout_ms,
-        max_message_kib: 64,
-    }
-}
-
 async fn started(timeout_ms: u64) -> Arc<McpServer> {
-    McpServer::start(test_server(timeout_ms))
+    McpServer::start(mcp_test_server(timeout_ms))
         .await
         .expect("the test server starts")
 }
@@ -221,7 +190,7 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
 async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_so() {
     let missing = McpConfig {
         command: Some("/nonexistent/mcp-server".into()),
-        ..test_server(1_000)
+        ..mcp_test_server(1_000)
     };
     let error = McpServer::start(missing).await.err().expect("refused");
     assert!(
@@ -236,7 +205,7 @@ async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_
             "-c".into(),
             "echo '{not json'; echo '[1,2'; sleep 60".into(),
         ],
-        ..test_server(500)
+        ..mcp_test_server(500)
     };
     let error = McpServer::start(garbage).await.err().expect("refused");
     assert!(
@@ -253,7 +222,7 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
     let dir = target_dir().join("test-scratch").join("mcp-routes");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("shallot.toml");
-    let server = test_server(10_000);
+    let server = mcp_test_server(10_000);
     let toml = format!(
         "[[route]]\nmodel = \"agent\"\nmode = \"agent\"\nupstream = \"embedded\"\n\n\
          [[route]]\nmodel = \"proxy\"\nupstream = \"embedded\"\n\n\
@@ -296,61 +265,15 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
     served.stop().await.unwrap();
 }
 
-/// The test server over streamable HTTP on a free loopback port, once it
-/// listens (at most 30 s, then the test fails); killed when dropped.
-struct HttpServer {
-    process: std::process::Child,
-    url: String,
-}
-
-impl HttpServer {
-    async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
-        let process = std::process::Command::new(python())
-            .arg(script)
-            .args(["--http", &port.to_string()])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the HTTP server never listened"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        HttpServer {
-            process,
-            url: format!("http://127.0.0.1:{port}/mcp"),
-        }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
 #[tokio::test]
 async fn a_server_over_streamable_http_gets_its_headers_and_is_reached_again_after_it_fails() {
-    let http = HttpServer::start().await;
+    let http = McpHttpServer::start().await;
     let config = McpConfig {
         command: None,
         url: Some(http.url.clone()),
         headers: [("X-Tenant-Token".to_owned(), "t-42".to_owned())].into(),
         args: Vec::new(),
-        ..test_server(1_500)
+        ..mcp_test_server(1_500)
     };
     let server = McpServer::start(config).await.expect("it starts over HTTP");
     let kernel = Kernel::builder().mcp(&server).build().unwrap();
@@ -404,7 +327,7 @@ async fn a_server_over_streamable_http_gets_its_headers_and_is_reached_again_aft
         url: Some("http://127.0.0.1:9/mcp".into()),
         ..McpConfig {
             headers: Default::default(),
-            ..test_server(1_000)
+            ..mcp_test_server(1_000)
         }
     };
     let nobody = McpConfig {

@@ -11,12 +11,11 @@
 //! Needs the `mcp` package in the polyglot venv and the Python filters:
 //! `scripts/build-polyglot`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use shallot::{Gateway, GatewayConfig, Serving};
-use shallot_tests::{guest, load, target_dir};
+use shallot_tests::{guest, load, mcp_python, mcp_script, mcp_test_server, target_dir};
 
 use crate::gateway::Served;
 
@@ -26,17 +25,13 @@ use crate::gateway::Served;
 const OPS: &str = "32323cfa9ec9d62750daad0836a4cf3d7b60d23723b7852a529667deed01669f";
 const READER: &str = "f03319dee240faa729e0cfa7ab5ffd80a1d64a127e3643f239009abff6382914";
 
-fn python() -> PathBuf {
-    target_dir().join("polyglot/venv/bin/python")
-}
-
 /// A gateway serving `/mcp` over the test server, with the filters and
 /// keys above, and `more` TOML for `[mcp_gateway]`.
 async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
     let dir = target_dir().join("test-scratch").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("shallot.toml");
-    let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
+    let server = mcp_script("server.py");
     let toml = format!(
         "[[filter]]\nname = \"guard\"\nplugin = {guard:?}\n\
          config = {{ by = \"key\", deny = {{ reader = [\"test_add\"] }} }}\n\n\
@@ -51,7 +46,7 @@ async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
         guard = guest("tool_guard").display().to_string(),
         pii = guest("pii_guard_py").display().to_string(),
         redact = guest("token_redact").display().to_string(),
-        python = python().display().to_string(),
+        python = mcp_python().display().to_string(),
         server = server.display().to_string(),
     );
     std::fs::write(&file, toml).unwrap();
@@ -68,10 +63,9 @@ async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
 
 /// What the Python client says of `args` against `served`'s `/mcp`.
 async fn client(served: &Served, key: &str, args: &[&str]) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
     let url = format!("{}/mcp", served.base);
-    let out = tokio::process::Command::new(python())
-        .arg(script)
+    let out = tokio::process::Command::new(mcp_python())
+        .arg(mcp_script("client.py"))
         .args([url.as_str(), key])
         .args(args)
         .output()
@@ -305,18 +299,7 @@ async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
 /// changed changes nothing.
 #[tokio::test]
 async fn a_server_that_says_its_tools_changed_is_listed_again() {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py");
-    let config = shallot::McpConfig {
-        name: "test".into(),
-        prefix: None,
-        command: Some(python().display().to_string()),
-        url: None,
-        headers: Default::default(),
-        args: vec![script.display().to_string()],
-        env: Default::default(),
-        timeout_ms: 10_000,
-        max_message_kib: 64,
-    };
+    let config = mcp_test_server(10_000);
     let server = shallot::McpServer::start(config).await.unwrap();
     assert_eq!(server.changes(), 0);
     let kernel = shallot::Kernel::builder().mcp(&server).build().unwrap();

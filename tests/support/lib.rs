@@ -6,6 +6,7 @@
 //! badly (`web`).
 
 mod anthropic;
+mod mcp;
 mod model;
 mod provider;
 mod redis;
@@ -22,6 +23,7 @@ use shallot::{ChainError, Context, Engine, EngineConfig, FilterSet, Isolation};
 use shallot::{FilterSpec, Grants};
 
 pub use anthropic::AnthropicServer;
+pub use mcp::{McpHttpServer, mcp_python, mcp_script, mcp_test_server};
 pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};
 pub use redis::RedisServer;
