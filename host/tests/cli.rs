@@ -1741,3 +1741,96 @@ fn serve_offers_an_mcp_servers_new_tools_after_it_says_they_changed() {
     assert_eq!(swapped(&gateway.address), 1, "the churn rebuilt nothing");
     gateway.terminate();
 }
+
+/// The reference MCP server (`@modelcontextprotocol/server-everything`,
+/// pinned in tests/mcp/package-lock.json, installed by
+/// `scripts/build-polyglot`).
+fn everything() -> PathBuf {
+    let server = target_dir()
+        .join("polyglot/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        server.is_file(),
+        "{} is missing: run scripts/build-polyglot",
+        server.display()
+    );
+    server
+}
+
+/// `shallot chat` on an agent turn reaches a third party's MCP server, the
+/// MCP project's reference server on its TypeScript SDK, over stdio and
+/// over streamable HTTP: the model's call goes through `trace` (its line
+/// has the arguments and the result) and the server's answer comes back.
+#[test]
+fn chat_reaches_the_reference_mcp_server_over_stdio_and_http() {
+    let dir = target_dir()
+        .join("shallot-test-scratch")
+        .join("chat-everything");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut http = Command::new("node")
+        .arg(everything())
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    // It says so on stderr once it listens; the rest is drained.
+    let mut said = BufReader::new(http.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on port") {
+        line.clear();
+        assert!(said.read_line(&mut line).unwrap() > 0, "it never listened");
+    }
+    std::thread::spawn(move || said.lines().for_each(drop));
+    let plugins = guest("trace").parent().unwrap().display().to_string();
+    let ways = [
+        (
+            "stdio",
+            format!(
+                "command = \"node\"\nargs = [{:?}, \"stdio\"]",
+                everything().display().to_string()
+            ),
+        ),
+        ("http", format!("url = \"http://127.0.0.1:{port}/mcp\"")),
+    ];
+    for (way, server) in ways {
+        let config = dir.join(format!("{way}.toml"));
+        let trace = dir.join(format!("{way}.jsonl"));
+        let toml = format!(
+            "plugin_dir = {plugins:?}\n\n[[filter]]\nplugin = \"trace.wasm\"\n\
+             grants = {{ trace = {trace:?} }}\nconfig = {{ arguments = true, results = true }}\n\n\
+             [[mcp]]\nname = \"everything\"\n{server}\n",
+            trace = trace.display().to_string(),
+        );
+        std::fs::write(&config, toml).unwrap();
+        let out = shallot(&[
+            "chat",
+            "--config",
+            config.to_str().unwrap(),
+            r#"call everything_get-sum {"a": 2, "b": 40}"#,
+        ]);
+        assert!(out.status.success(), "{way}: {}", text(&out.stderr));
+        let answer = text(&out.stdout);
+        assert!(
+            answer.contains("The sum of 2 and 40 is 42"),
+            "{way}: {answer}"
+        );
+        let trace = std::fs::read_to_string(&trace).unwrap();
+        let tool: serde_json::Value = trace
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .find(|event| event["event"] == "tool")
+            .unwrap_or_else(|| panic!("{way}: no tool line: {trace}"));
+        assert_eq!(tool["tool"], "everything_get-sum", "{way}");
+        assert_eq!(tool["arguments"], serde_json::json!({ "a": 2, "b": 40 }));
+        assert_eq!(tool["output"], "The sum of 2 and 40 is 42.", "{way}");
+    }
+    let _ = http.kill();
+    let _ = http.wait();
+}
