@@ -175,6 +175,12 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
         r#"{"result":"done"}"#
     );
 
+    // Lines that are not JSON-RPC on its stdout, mid-session: skipped,
+    // the call answered, the session kept.
+    let garbled = call("test_garble", json!({ "lines": 100 })).await.unwrap();
+    assert_eq!(garbled.output, r#"{"result":"garbled"}"#);
+    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
+
     // Calls of one batch share the session.
     let (a, b) = tokio::join!(echo(), call("test_add", json!({ "a": 1, "b": 1 })));
     assert_eq!(

@@ -1,6 +1,6 @@
 """An MCP server on the official Python SDK (`mcp`, pinned in
 tests/gateway/requirements.txt), for shallot's MCP tests: tools that work,
-tools that fail, hang, flood or kill the server, and tools that change
+tools that fail, hang, flood, write garbage or kill the server, and tools that change
 the list of tools (or say so when nothing changed). Over stdio; with
 `--http PORT`, over streamable HTTP on 127.0.0.1:PORT at /mcp."""
 
@@ -64,6 +64,15 @@ def shout(times: int) -> str:
 def header(name: str, ctx: Context) -> str:
     """The value of the HTTP request's header `name` (empty over stdio)."""
     return (ctx.headers or {}).get(name.lower(), "")
+
+
+@server.tool()
+def garble(lines: int) -> str:
+    """Writes `lines` lines that are not JSON-RPC to stdout, then answers."""
+    for _ in range(lines):
+        sys.stdout.write('{"jsonrpc": "2.0", "id": "nobody asked"} and then not JSON\n')
+    sys.stdout.flush()
+    return "garbled"
 
 
 @server.tool()
