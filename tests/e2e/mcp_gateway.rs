@@ -192,6 +192,16 @@ async fn the_python_mcp_client_sees_its_keys_tools_and_every_call_goes_through_t
     let stranger = client(&served, "guess", &["list"]).await;
     assert_eq!(stranger["error"]["message"], "the API key is not valid");
 
+    let (_, ready) = served.get("/readyz").await;
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["mcp"]["filters"], json!(["guard", "pii", "redact"]));
+    assert!(
+        ready["mcp"]["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("test_echo")),
+        "{ready}"
+    );
     let (_, metrics) = served.get("/metrics").await;
     assert!(
         metrics.contains(r#"shallot_gateway_mcp_calls_total{tool="test_add",outcome="ok"} 1"#),

@@ -97,12 +97,22 @@ pub(super) async fn ready(State(gateway): State<Arc<GatewayState>>) -> Response 
         })
         .collect();
     let reloads = gateway.reloads();
-    axum::Json(json!({
+    let mut ready = json!({
         "ready": true,
         "routes": routes,
         "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
-    }))
-    .into_response()
+    });
+    if let Some(endpoint) = &served.mcp {
+        let tools: Vec<String> = endpoint
+            .kernel
+            .tools()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        let filters: Vec<&str> = endpoint.kernel.filters().map(|(name, _)| name).collect();
+        ready["mcp"] = json!({ "tools": tools, "filters": filters });
+    }
+    axum::Json(ready).into_response()
 }
 
 pub(super) async fn exposition(State(gateway): State<Arc<GatewayState>>) -> Response {
