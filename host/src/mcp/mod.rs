@@ -20,7 +20,7 @@ mod result;
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
@@ -111,6 +111,11 @@ struct Listed {
 }
 
 impl Listed {
+    /// The tools as last listed.
+    fn held(&self) -> RwLockReadGuard<'_, Vec<Tool>> {
+        self.tools.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The tools, listed over `peer` within the bound.
     async fn fetch(&self, peer: &Peer<RoleClient>) -> Result<Vec<Tool>, String> {
         match tokio::time::timeout(self.timeout, peer.list_all_tools()).await {
@@ -231,11 +236,7 @@ impl McpServer {
     /// server's descriptions and schemas.
     pub fn tools(&self) -> Vec<ToolSpec> {
         let prefix = self.prefix();
-        let tools = self
-            .listed
-            .tools
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let tools = self.listed.held();
         tools
             .iter()
             .map(|tool| {
@@ -249,11 +250,7 @@ impl McpServer {
     /// The server's name of the kernel's tool `name`.
     pub fn tool_of(&self, name: &str) -> Option<String> {
         let tool = name.strip_prefix(&self.prefix())?;
-        let tools = self
-            .listed
-            .tools
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let tools = self.listed.held();
         tools
             .iter()
             .any(|t| t.name == tool)
