@@ -185,8 +185,11 @@ pub struct McpGatewaySpec {
     pub max_sessions: usize,
 }
 
+/// The names of loopback, the `Host`s an MCP endpoint answers by default.
+pub const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
 fn loopback() -> Vec<String> {
-    ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec()
+    LOOPBACK.map(String::from).to_vec()
 }
 
 fn max_sessions() -> usize {

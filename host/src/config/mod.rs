@@ -69,7 +69,7 @@ mod keys;
 mod presets;
 
 use gateway::RouteEntry;
-pub use gateway::{McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
+pub use gateway::{LOOPBACK, McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
 pub use keys::ClientKey;
 use keys::KeyEntry;
 pub use presets::{PRESETS, preset};

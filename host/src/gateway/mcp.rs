@@ -13,7 +13,7 @@
 //!
 //! Every HTTP request is checked before the protocol sees it: its `Host`
 //! (against DNS rebinding), its key (as for `/v1`: `401` without one),
-//! and, for a request that opens a session, the cap on open sessions. A
+//! and, for a request that carries no session, the cap on open sessions. A
 //! call then takes a place among the requests served at once, runs within
 //! the request deadline (cancelled with its reason at the deadline or when
 //! the client cancels it or goes away) and its result's text is shown the
@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 use super::GatewayState;
 use super::answer::bounded;
 use super::handlers::caller;
-use crate::config::ClientKey;
+use crate::config::{ClientKey, LOOPBACK};
 use crate::context::Context;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::model::{ChatModel, ModelEvent};
@@ -76,7 +76,7 @@ impl McpEndpoint {
     pub fn new(builder: KernelBuilder) -> Result<Self, BuildError> {
         Ok(McpEndpoint {
             kernel: builder.model(Menu).build()?,
-            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+            allowed_hosts: LOOPBACK.map(String::from).to_vec(),
             max_sessions: 4096,
         })
     }
@@ -107,8 +107,7 @@ pub(super) fn service(
     // change on a reload); the body is bounded as every request's.
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
-        .with_max_request_body_bytes(shared.config.max_body_bytes)
-        .with_sse_keep_alive(None);
+        .with_max_request_body_bytes(shared.config.max_body_bytes);
     let tools = move || {
         Ok(Tools {
             shared: shared.clone(),
@@ -148,8 +147,8 @@ pub(super) async fn admit(
         Ok(context) => context,
         Err(error) => return refuse(error.status, &error.message),
     };
-    let opens = !request.headers().contains_key("mcp-session-id");
-    if opens && sessions.sessions.read().await.len() >= endpoint.max_sessions {
+    let sessionless = !request.headers().contains_key("mcp-session-id");
+    if sessionless && sessions.sessions.read().await.len() >= endpoint.max_sessions {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many MCP sessions are open; close one (DELETE /mcp) or retry later",

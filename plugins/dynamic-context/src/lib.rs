@@ -70,6 +70,10 @@ fn offset(text: &str) -> Option<UtcOffset> {
         return None;
     }
     let (hours, minutes): (i8, i8) = (hours.parse().ok()?, minutes.parse().ok()?);
+    // RFC 3339's hours end at 23 (the `time` crate's offsets reach 25).
+    if hours > 23 || minutes > 59 {
+        return None;
+    }
     UtcOffset::from_hms(sign * hours, sign * minutes, 0).ok()
 }
 
@@ -167,7 +171,9 @@ mod tests {
         assert_eq!(offset("Z"), Some(UtcOffset::UTC));
         assert_eq!(offset("+08:00"), UtcOffset::from_hms(8, 0, 0).ok());
         assert_eq!(offset("-05:30"), UtcOffset::from_hms(-5, -30, 0).ok());
-        for bad in ["8", "+8:00", "+08", "08:00", "+25:00", ""] {
+        for bad in [
+            "8", "+8:00", "+08", "08:00", "+24:00", "+25:00", "+05:60", "",
+        ] {
             assert_eq!(offset(bad), None, "{bad}");
         }
     }
