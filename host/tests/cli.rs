@@ -1693,10 +1693,39 @@ fn mcp_client(address: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The Python client listening for `/mcp`'s changes at `address`
+/// (`client.py watch`), and the lines it prints as they come.
+fn mcp_watch(address: &str) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/client.py");
+    let mut child = Command::new(mcp_python())
+        .arg(script)
+        .args([&format!("http://{address}/mcp"), "-", "watch"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, heard) = std::sync::mpsc::channel();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    (child, heard)
+}
+
+/// The next thing a watching client says, as JSON.
+fn heard(lines: &std::sync::mpsc::Receiver<String>) -> serde_json::Value {
+    let line = lines
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the watching client says something within a minute");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
 /// `shallot serve` serves `/mcp` over an `[[mcp]]` server; when the server
 /// says its tools changed, the gateway is rebuilt over the same server
-/// (not started again: the tool it added is there), and a flood of such
-/// notices with nothing changed rebuilds nothing.
+/// (not started again: the tool it added is there) and a client listening
+/// is told, and a flood of such notices with nothing changed rebuilds
+/// nothing. The shutdown ends the listen gracefully.
 #[test]
 fn serve_offers_an_mcp_servers_new_tools_after_it_says_they_changed() {
     let dir = target_dir().join("shallot-test-scratch").join("serve-mcp");
@@ -1721,6 +1750,9 @@ fn serve_offers_an_mcp_servers_new_tools_after_it_says_they_changed() {
         gateway.said()
     );
 
+    let (mut watching, lines) = mcp_watch(&gateway.address);
+    assert_eq!(heard(&lines).as_array().unwrap(), listed);
+
     let churned = mcp_client(
         &gateway.address,
         &["call", "test_churn", r#"{"times": 300}"#],
@@ -1743,8 +1775,15 @@ fn serve_offers_an_mcp_servers_new_tools_after_it_says_they_changed() {
     );
     let late = mcp_client(&gateway.address, &["call", "test_late", "{}"]);
     assert_eq!(late["structured"]["result"], "I am late", "{late}");
+    let told = heard(&lines);
+    assert!(
+        told.as_array().unwrap().contains(&"test_late".into()),
+        "{told}"
+    );
     assert_eq!(swapped(&gateway.address), 1, "the churn rebuilt nothing");
     gateway.terminate();
+    assert_eq!(heard(&lines), serde_json::json!({ "ended": "closed" }));
+    assert!(watching.wait().unwrap().success());
 }
 
 /// The reference MCP server (`@modelcontextprotocol/server-everything`,

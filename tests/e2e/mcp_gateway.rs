@@ -11,11 +11,15 @@
 //! Needs the `mcp` package in the polyglot venv and the Python filters:
 //! `scripts/build-polyglot`.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shallot::{Gateway, GatewayConfig, Serving};
+use shallot::types::ToolSpec;
+use shallot::{Gateway, GatewayConfig, Kernel, McpEndpoint, Serving};
 use shallot_tests::{guest, load, mcp_python, mcp_script, mcp_test_server, target_dir};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
 
 use crate::gateway::Served;
 
@@ -26,8 +30,9 @@ const OPS: &str = "32323cfa9ec9d62750daad0836a4cf3d7b60d23723b7852a529667deed016
 const READER: &str = "f03319dee240faa729e0cfa7ab5ffd80a1d64a127e3643f239009abff6382914";
 
 /// A gateway serving `/mcp` over the test server, with the filters and
-/// keys above, and `more` TOML for `[mcp_gateway]`.
-async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
+/// keys above, and `more` TOML for `[mcp_gateway]`; and the gateway, to
+/// swap what it serves.
+async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> (Served, Gateway) {
     let dir = target_dir().join("test-scratch").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("shallot.toml");
@@ -58,7 +63,7 @@ async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> Served {
     let gateway = Gateway::new(serving.routes, config);
     gateway.set_keys(serving.keys);
     gateway.set_mcp(serving.mcp);
-    Served::gateway(gateway).await
+    (Served::gateway(gateway.clone()).await, gateway)
 }
 
 /// What the Python client says of `args` against `served`'s `/mcp`.
@@ -87,7 +92,7 @@ async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value
 
 #[tokio::test]
 async fn the_python_mcp_client_sees_its_keys_tools_and_every_call_goes_through_the_filters() {
-    let served = endpoint("mcp-gateway", "", GatewayConfig::default()).await;
+    let (served, _) = endpoint("mcp-gateway", "", GatewayConfig::default()).await;
 
     let every = client(&served, "ops-secret", &["list"]).await;
     for tool in [
@@ -210,6 +215,83 @@ async fn the_python_mcp_client_sees_its_keys_tools_and_every_call_goes_through_t
     served.stop().await.unwrap();
 }
 
+/// The Python client watching `served`'s tools (`watch` or
+/// `watch-legacy`), and its lines as they come.
+async fn watching(served: &Served, mode: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = tokio::process::Command::new(mcp_python())
+        .arg(mcp_script("client.py"))
+        .args([&format!("{}/mcp", served.base), "ops-secret", mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the venv's Python runs (scripts/build-polyglot)");
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// The next line a watching client prints.
+async fn next(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the client says something within a minute")
+        .unwrap()
+        .expect("the client is still running");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// The gateway tells its clients when its tools change: one listening with
+/// `subscriptions/listen` (the newest protocol) and a session of the
+/// initialize handshake each list again and get the new tools. A shutdown
+/// ends the listen gracefully at once, and the session's stream too,
+/// rather than holding them to the end of a drain longer than the test.
+#[tokio::test]
+async fn clients_are_told_when_the_tools_change_and_a_shutdown_ends_their_streams() {
+    let config = GatewayConfig {
+        drain_timeout: Duration::from_secs(600),
+        ..GatewayConfig::default()
+    };
+    let (served, gateway) = endpoint("mcp-told", "", config).await;
+    let (_listener, mut listened) = watching(&served, "watch").await;
+    let (mut session, mut told) = watching(&served, "watch-legacy").await;
+    let before = next(&mut listened).await;
+    assert!(before.as_array().unwrap().contains(&json!("test_echo")));
+    assert_eq!(next(&mut told).await, before);
+
+    let clock = ToolSpec::new("clock", "What time it is", json!({ "type": "object" }));
+    let builder = Kernel::builder().tool(clock, |_, _| async { Ok(json!("noon")) });
+    let clock = McpEndpoint::new(builder).unwrap();
+    gateway.set_mcp(Some(clock.clone()));
+    assert_eq!(next(&mut listened).await, json!(["clock"]));
+    // The session hears on its own stream, which its client opens after
+    // the handshake: until it has, a notice is lost, so it is told again.
+    let mut heard = None;
+    for _ in 0..30 {
+        match tokio::time::timeout(Duration::from_secs(1), told.next_line()).await {
+            Ok(line) => {
+                heard = line.unwrap();
+                break;
+            }
+            Err(_) => gateway.set_mcp(Some(clock.clone())),
+        }
+    }
+    assert_eq!(heard.as_deref(), Some(r#"["clock"]"#));
+
+    let stopped = tokio::spawn(served.stop());
+    loop {
+        let line = next(&mut listened).await;
+        if line != json!(["clock"]) {
+            assert_eq!(line, json!({ "ended": "closed" }));
+            break;
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(60), stopped)
+        .await
+        .expect("the gateway stops without waiting out the drain")
+        .unwrap()
+        .unwrap();
+    session.kill().await.unwrap();
+}
+
 /// One raw request to `/mcp`: its status and body.
 async fn raw(
     served: &Served,
@@ -248,7 +330,7 @@ async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
         max_body_bytes: 64 << 10,
         ..GatewayConfig::default()
     };
-    let served = endpoint("mcp-hostile", "max_sessions = 2", config).await;
+    let (served, _) = endpoint("mcp-hostile", "max_sessions = 2", config).await;
 
     // Not JSON at all.
     let (status, body, _) = raw(&served, &[], "{garbage").await;

@@ -3,6 +3,8 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
 
     client.py URL KEY list                 # the tools' names, one JSON list
     client.py URL KEY call TOOL ARGUMENTS  # the result, one JSON object
+    client.py URL KEY watch                # the names, then again at each change
+    client.py URL KEY watch-legacy         # the same over the initialize handshake
 
 KEY is sent as `Authorization: Bearer KEY` (`-` sends none). A result is
 printed as {"is_error", "text", "structured"}; an MCP error (one the
@@ -10,6 +12,15 @@ gateway answered a refused connection with, too) as {"error": {"code",
 "message"}}. The SDK
 connects as it does by default (`mode="auto"`: the newest protocol,
 falling back to the initialize handshake).
+
+`watch` listens for `notifications/tools/list_changed` (the newest
+protocol's `subscriptions/listen`), prints the names when the listen is
+acknowledged and again after each change, one JSON list a line, and when
+the gateway ends the listen {"ended": "closed"} (its graceful close) or
+{"ended": "lost"}. `watch-legacy` connects with the initialize handshake
+(`mode="legacy"`, as clients of the 2025 protocols do), where the
+notifications come on the session's stream, and prints the names after
+each until it is killed.
 """
 
 import asyncio
@@ -17,8 +28,9 @@ import json
 import sys
 
 import httpx2
-from mcp import Client
+from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
 
 
@@ -38,14 +50,50 @@ def said(error):
     return {"error": {"code": error.error.code, "message": error.error.message}}
 
 
+async def names(client):
+    return sorted(tool.name for tool in (await client.list_tools()).tools)
+
+
+def show(line):
+    print(json.dumps(line), flush=True)
+
+
+async def watch(client):
+    async with client.listen(tools_list_changed=True) as changes:
+        show(await names(client))
+        try:
+            async for _ in changes:
+                show(await names(client))
+        except SubscriptionLost:
+            return {"ended": "lost"}
+    return {"ended": "closed"}
+
+
+async def watch_legacy(transport):
+    changed = asyncio.Queue()
+
+    async def told(message):
+        if isinstance(message, types.ToolListChangedNotification):
+            await changed.put(message)
+
+    async with Client(transport, mode="legacy", message_handler=told) as client:
+        show(await names(client))
+        while True:
+            await changed.get()
+            show(await names(client))
+
+
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
     async with httpx2.AsyncClient(headers=headers) as http:
         transport = streamable_http_client(url, http_client=http)
+        if command == "watch-legacy":
+            return await watch_legacy(transport)
         async with Client(transport) as client:
             if command == "list":
-                listed = await client.list_tools()
-                return sorted(tool.name for tool in listed.tools)
+                return await names(client)
+            if command == "watch":
+                return await watch(client)
             tool, arguments = rest
             try:
                 result = await client.call_tool(tool, json.loads(arguments))

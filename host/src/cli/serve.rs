@@ -36,7 +36,8 @@ use super::{ModelArgs, Source};
 /// (`Authorization: Bearer` or `x-api-key`; `401` otherwise); a key with `models` sees and uses only those. With an `[mcp_gateway]` table,
 /// `POST /mcp` is an MCP server (streamable HTTP) over the `[[mcp]]` servers' tools: each key lists and calls
 /// the tools its `tools` patterns allow and the filters leave on the menu, every call through the filters; a
-/// server that says its tools changed has the set rebuilt over it. SIGTERM or Ctrl-C stops accepting and lets the requests in
+/// server that says its tools changed has the set rebuilt over it, and `/mcp`'s clients are told
+/// (`notifications/tools/list_changed`) at each reload. SIGTERM or Ctrl-C stops accepting and lets the requests in
 /// flight finish. Built with the `otel` feature, spans go to the
 /// OpenTelemetry collector at OTEL_EXPORTER_OTLP_ENDPOINT when it is set.
 #[derive(Args)]

@@ -154,6 +154,9 @@ struct GatewayState {
     cut: tokio::sync::watch::Sender<bool>,
     /// Set when the drain starts: no request takes a place from then on.
     draining: tokio::sync::watch::Sender<bool>,
+    /// Bumped each time the MCP endpoint is replaced: `/mcp`'s clients
+    /// are told its tools may have changed.
+    menus: tokio::sync::watch::Sender<u64>,
 }
 
 /// One model a gateway serves: the name clients ask for, the kernel (the
@@ -212,6 +215,7 @@ impl Gateway {
                 metrics: Metrics::new(),
                 cut: tokio::sync::watch::Sender::new(false),
                 draining: tokio::sync::watch::Sender::new(false),
+                menus: tokio::sync::watch::Sender::new(0),
                 config,
             }),
         }
@@ -242,22 +246,28 @@ impl Gateway {
 
     /// Serves what a configuration describes ([`Serving::from_config`]) from
     /// now on: its routes, its keys and its MCP endpoint, in one step.
+    /// `/mcp`'s clients are told its tools changed, as by
+    /// [`set_mcp`](Gateway::set_mcp).
     pub fn swap_serving(&self, served: Serving) {
         self.replace(|table| {
             table.routes = served.routes.into();
             table.keys = served.keys.into();
             table.mcp = served.mcp;
         });
+        self.shared.menus.send_modify(|menus| *menus += 1);
     }
 
     /// Serves `endpoint` at `POST /mcp` from now on (`None`: no endpoint,
-    /// `404`).
+    /// `404`). Its clients are told `notifications/tools/list_changed`
+    /// (those listening with `subscriptions/listen`, and the sessions of
+    /// the initialize handshake), so they list their tools again.
     pub fn set_mcp(&self, endpoint: Option<McpEndpoint>) {
         self.shared
             .served
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .mcp = endpoint;
+        self.shared.menus.send_modify(|menus| *menus += 1);
     }
 
     fn replace(&self, change: impl FnOnce(&mut RouteTable)) {

@@ -18,8 +18,17 @@
 //! the request deadline (cancelled with its reason at the deadline or when
 //! the client cancels it or goes away) and its result's text is shown the
 //! client through the token transforms, as every answer of the gateway.
+//!
+//! When the endpoint is replaced (a reload, a server's tools changing),
+//! its clients are told `notifications/tools/list_changed`: those
+//! listening with `subscriptions/listen` (the 2026-07-28 protocol) on
+//! their listen, the sessions of the initialize handshake on their
+//! session. A shutdown ends a listen at once, gracefully.
+
+mod told;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::extract::{Request, State};
@@ -31,13 +40,15 @@ use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 
+use self::told::Handshaken;
 use super::GatewayState;
 use super::answer::bounded;
 use super::handlers::caller;
@@ -65,7 +76,7 @@ pub struct McpEndpoint {
 }
 
 /// How long a session may sit unused before it is closed.
-const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+const SESSION_IDLE: Duration = Duration::from_secs(300);
 
 impl McpEndpoint {
     /// An endpoint serving the tools of `builder` (its filters and the
@@ -92,7 +103,7 @@ struct Caller {
 }
 
 /// The `/mcp` service: the SDK's streamable-HTTP server over [`Tools`],
-/// its sessions in memory, behind [`admit`].
+/// its sessions in memory, behind [`admit`]; beside it, [`told::tell`].
 pub(super) fn service(
     shared: Arc<GatewayState>,
 ) -> (
@@ -108,9 +119,17 @@ pub(super) fn service(
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_max_request_body_bytes(shared.config.max_body_bytes);
+    let handshaken = Arc::new(Handshaken::default());
+    tokio::spawn(told::tell(
+        shared.menus.subscribe(),
+        shared.draining.subscribe(),
+        Arc::downgrade(&handshaken),
+        Arc::downgrade(&sessions),
+    ));
     let tools = move || {
         Ok(Tools {
             shared: shared.clone(),
+            handshaken: handshaken.clone(),
         })
     };
     (
@@ -202,6 +221,7 @@ fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
 #[derive(Clone)]
 pub(super) struct Tools {
     shared: Arc<GatewayState>,
+    handshaken: Arc<Handshaken>,
 }
 
 impl Tools {
@@ -253,11 +273,30 @@ impl Tools {
 
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("shallot", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "The tools of this gateway's MCP servers; every call runs through its filters.",
             )
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.handshaken.add(context.peer);
+    }
+
+    fn accepted_subscription_filter(&self, _: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    /// A `subscriptions/listen`: see [`told::listen`].
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let menus = self.shared.menus.subscribe();
+        told::listen(context, menus, self.shared.draining.subscribe()).await;
+        Ok(())
     }
 
     async fn list_tools(
