@@ -271,6 +271,46 @@ async fn an_agent_route_of_the_gateway_calls_the_servers_tools_for_a_plain_clien
     served.stop().await.unwrap();
 }
 
+/// A server's tool that would take the name of one the kernel has (a
+/// built-in's, another server's) is refused when the routes are built,
+/// naming the tool and the server, instead of one hiding the other.
+#[tokio::test]
+async fn a_servers_tool_named_as_one_the_kernel_has_is_refused_naming_both() {
+    let dir = target_dir().join("test-scratch").join("mcp-clash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let server = mcp_test_server(10_000);
+    let table = |name: &str, prefix: &str| {
+        format!(
+            "[[mcp]]\nname = {name:?}\nprefix = {prefix:?}\ncommand = {:?}\nargs = [{:?}]\n\n",
+            server.command.as_deref().unwrap(),
+            server.args[0],
+        )
+    };
+    let plugins = load(Vec::new()).await;
+    let cases = [
+        (
+            table("bare", ""),
+            "the tool 'echo' of the MCP server 'bare'",
+        ),
+        (
+            table("one", "t_") + &table("two", "t_"),
+            "of the MCP server 'two' has the name of a tool the kernel already has",
+        ),
+    ];
+    for (tables, said) in cases {
+        let toml = format!("[[route]]\nmodel = \"agent\"\nmode = \"agent\"\n\n{tables}");
+        std::fs::write(&file, toml).unwrap();
+        let config = shallot::Config::read(&file).unwrap();
+        let error = shallot::Serving::from_config(Some(&config), &plugins, None)
+            .await
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains(said), "{error}");
+        assert!(error.to_string().contains("another `prefix`"), "{error}");
+    }
+}
+
 #[tokio::test]
 async fn a_server_over_streamable_http_gets_its_headers_and_is_reached_again_after_it_fails() {
     let http = McpHttpServer::start().await;

@@ -54,6 +54,17 @@ pub enum BuildError {
         /// The schema compiler's words.
         message: String,
     },
+    /// An MCP server's tool has the name of a tool registered before it
+    /// (a native one or another server's): one would hide the other.
+    #[error(
+        "the tool '{tool}' of the MCP server '{server}' has the name of a tool the kernel already has; give the server another `prefix`"
+    )]
+    ToolClash {
+        /// The tool's name in the kernel.
+        tool: String,
+        /// The server whose tool it is.
+        server: String,
+    },
 }
 
 /// Builds a [`Kernel`].
@@ -69,6 +80,8 @@ pub struct KernelBuilder {
     approver: Option<Arc<dyn Approver>>,
     side_models: HashMap<String, Arc<dyn ChatModel>>,
     reducers: Reducers,
+    /// The first MCP tool registered over another tool: `(tool, server)`.
+    clash: Option<(String, String)>,
 }
 
 impl KernelBuilder {
@@ -177,12 +190,17 @@ impl KernelBuilder {
 
     /// Registers the tools of a started MCP server (`server.tools()`,
     /// prefixed): each call goes through the tool chain, then to the
-    /// server.
+    /// server. A tool whose name the kernel already has (a native tool's,
+    /// another server's) makes [`KernelBuilder::build`] fail with
+    /// [`BuildError::ToolClash`]; register native tools first.
     pub fn mcp(mut self, server: &Arc<McpServer>) -> Self {
         for spec in server.tools() {
             let Some(tool) = server.tool_of(&spec.name) else {
                 continue;
             };
+            if self.clash.is_none() && self.tools.spec(&spec.name).is_some() {
+                self.clash = Some((spec.name.clone(), server.name().to_owned()));
+            }
             let server = server.clone();
             self.tools.register(spec, move |arguments, _| {
                 let (server, tool) = (server.clone(), tool.clone());
@@ -222,6 +240,9 @@ impl KernelBuilder {
             }
         }
         self.check_instances()?;
+        if let Some((tool, server)) = self.clash {
+            return Err(BuildError::ToolClash { tool, server });
+        }
         if let Some((tool, message)) = self.tools.schema_error() {
             return Err(BuildError::ToolSchema { tool, message });
         }
