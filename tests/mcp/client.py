@@ -27,8 +27,8 @@ import asyncio
 import json
 import sys
 
-import httpx2
 from mcp import Client, types
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
@@ -85,7 +85,10 @@ async def watch_legacy(transport):
 
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
-    async with httpx2.AsyncClient(headers=headers) as http:
+    # The SDK's own client (30 s to connect, 300 s between reads of a
+    # stream), not httpx's defaults: their 5 s read timeout cut a listen
+    # whose stream was quiet longer than that on a busy machine.
+    async with create_mcp_http_client(headers=headers) as http:
         transport = streamable_http_client(url, http_client=http)
         if command == "watch-legacy":
             return await watch_legacy(transport)
