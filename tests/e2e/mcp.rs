@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use shallot::types::{Message, TurnRequest, TurnResult};
-use shallot::{Context, ErrorKind, Kernel, McpConfig, McpServer};
+use shallot::{ChainError, Context, ErrorKind, Kernel, McpConfig, McpServer};
 use shallot_tests::{
     McpHttpServer, Reply, ScriptedModel, granted, lines, load, mcp_test_server, spec, target_dir,
     trace_file, trace_grant,
@@ -115,14 +115,23 @@ async fn a_servers_tools_join_the_kernel_with_its_schemas_and_a_turn_calls_one_t
     assert_eq!(error.kind, ErrorKind::InvalidRequest, "{error}");
 }
 
+/// A kernel over `server`'s tools, and nothing else.
+fn kernel_of(server: &Arc<McpServer>) -> Kernel {
+    Kernel::builder().mcp(server).build().unwrap()
+}
+
+/// The kernel's tool `tool` called with `arguments`: its output.
+async fn call(kernel: &Kernel, tool: &str, arguments: Value) -> Result<String, ChainError> {
+    Ok(kernel.tool(tool, arguments, Context::new()).await?.output)
+}
+
+/// Calls that fail, hang, die or answer past the message bound: each a
+/// typed error (the hang at the call's bound, 3 s here), and the server
+/// answers the next call, started again where it had to be.
 #[tokio::test]
 async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again() {
-    let server = started(1_500).await;
-    let kernel = Kernel::builder().mcp(&server).build().unwrap();
-    let call = |tool: &'static str, arguments: Value| {
-        let kernel = kernel.clone();
-        async move { kernel.tool(tool, arguments, Context::new()).await }
-    };
+    let kernel = kernel_of(&started(3_000).await);
+    let call = |tool, arguments| call(&kernel, tool, arguments);
     let echo = || call("test_echo", json!({ "text": "still here" }));
 
     let error = call("test_fail", json!({ "why": "no such cargo" }))
@@ -133,13 +142,13 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
         error.message.contains("no such cargo"),
         "the tool's own words: {error}"
     );
-    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
+    assert_eq!(echo().await.unwrap(), r#"{"result":"still here"}"#);
 
     let error = call("test_hang", json!({})).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
-    assert!(error.message.contains("1500 ms"), "{error}");
+    assert!(error.message.contains("3000 ms"), "{error}");
     assert_eq!(
-        echo().await.unwrap().output,
+        echo().await.unwrap(),
         r#"{"result":"still here"}"#,
         "started again"
     );
@@ -147,7 +156,7 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
     let error = call("test_die", json!({})).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Transient, "{error}");
     assert_eq!(
-        echo().await.unwrap().output,
+        echo().await.unwrap(),
         r#"{"result":"still here"}"#,
         "started again"
     );
@@ -155,11 +164,18 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
     // Over `max_message_kib` (64): dropped, and the call ends at its bound.
     let error = call("test_huge", json!({ "kib": 200 })).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Timeout, "{error}");
-    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
-    let whole = call("test_huge", json!({ "kib": 16 }))
-        .await
-        .unwrap()
-        .output;
+    assert_eq!(echo().await.unwrap(), r#"{"result":"still here"}"#);
+}
+
+/// A server that answers as much as the bound allows, floods its stderr
+/// or writes garbage between its messages keeps its session, and calls
+/// of one batch share it.
+#[tokio::test]
+async fn a_server_that_answers_big_floods_its_stderr_or_garbles_keeps_its_session() {
+    let kernel = kernel_of(&started(60_000).await);
+    let call = |tool, arguments| call(&kernel, tool, arguments);
+    let echo = || call("test_echo", json!({ "text": "still here" }));
+    let whole = call("test_huge", json!({ "kib": 16 })).await.unwrap();
     assert_eq!(
         whole.len(),
         r#"{"result":""}"#.len() + 16 * 1024,
@@ -168,23 +184,20 @@ async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again
 
     // Two megabytes of stderr without a newline, read a piece at a time.
     assert_eq!(
-        call("test_shout", json!({ "times": 2048 }))
-            .await
-            .unwrap()
-            .output,
+        call("test_shout", json!({ "times": 2048 })).await.unwrap(),
         r#"{"result":"done"}"#
     );
 
     // Lines that are not JSON-RPC on its stdout, mid-session: skipped,
     // the call answered, the session kept.
     let garbled = call("test_garble", json!({ "lines": 100 })).await.unwrap();
-    assert_eq!(garbled.output, r#"{"result":"garbled"}"#);
-    assert_eq!(echo().await.unwrap().output, r#"{"result":"still here"}"#);
+    assert_eq!(garbled, r#"{"result":"garbled"}"#);
+    assert_eq!(echo().await.unwrap(), r#"{"result":"still here"}"#);
 
     // Calls of one batch share the session.
     let (a, b) = tokio::join!(echo(), call("test_add", json!({ "a": 1, "b": 1 })));
     assert_eq!(
-        (a.unwrap().output, b.unwrap().output),
+        (a.unwrap(), b.unwrap()),
         (
             r#"{"result":"still here"}"#.to_owned(),
             r#"{"result":2}"#.to_owned()
@@ -211,7 +224,8 @@ async fn a_server_that_is_not_there_or_does_not_speak_mcp_fails_to_start_saying_
             "-c".into(),
             "echo '{not json'; echo '[1,2'; sleep 60".into(),
         ],
-        ..mcp_test_server(500)
+        start_timeout_ms: Some(500),
+        ..mcp_test_server(60_000)
     };
     let error = McpServer::start(garbage).await.err().expect("refused");
     assert!(
@@ -319,7 +333,7 @@ async fn a_server_over_streamable_http_gets_its_headers_and_is_reached_again_aft
         url: Some(http.url.clone()),
         headers: [("X-Tenant-Token".to_owned(), "t-42".to_owned())].into(),
         args: Vec::new(),
-        ..mcp_test_server(1_500)
+        ..mcp_test_server(3_000)
     };
     let server = McpServer::start(config).await.expect("it starts over HTTP");
     let kernel = Kernel::builder().mcp(&server).build().unwrap();

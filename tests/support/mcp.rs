@@ -43,6 +43,7 @@ pub fn mcp_test_server(timeout_ms: u64) -> McpConfig {
         args: vec![mcp_script("server.py").display().to_string()],
         env: Default::default(),
         timeout_ms,
+        start_timeout_ms: None,
         max_message_kib: 64,
     }
 }

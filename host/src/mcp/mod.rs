@@ -64,9 +64,15 @@ pub struct McpConfig {
     /// of the host's is passed on).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// The bound on starting it, and on each call (default 30 s).
+    /// The bound on each call (default 30 s).
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
+    /// The bound on starting it: the process (or the connection), the
+    /// handshake and the first listing of its tools (default the larger
+    /// of `timeout_ms` and 30 s: a server started by `npx` or `uvx` may
+    /// fetch and compile itself first, which its calls never do).
+    #[serde(default)]
+    pub start_timeout_ms: Option<u64>,
     /// The largest message it may send, in KiB (default 4096); a longer
     /// one is dropped (the call it answers ends at its deadline).
     #[serde(default = "default_message_kib")]
@@ -116,21 +122,18 @@ impl Listed {
         self.tools.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The tools, listed over `peer` within the bound.
-    async fn fetch(&self, peer: &Peer<RoleClient>) -> Result<Vec<Tool>, String> {
-        match tokio::time::timeout(self.timeout, peer.list_all_tools()).await {
+    /// The tools, listed over `peer` within `bound`.
+    async fn fetch(&self, peer: &Peer<RoleClient>, bound: Duration) -> Result<Vec<Tool>, String> {
+        match tokio::time::timeout(bound, peer.list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
             Ok(Err(e)) => Err(format!("tools/list failed: {e}")),
-            Err(_) => Err(format!(
-                "tools/list took over {} ms",
-                self.timeout.as_millis()
-            )),
+            Err(_) => Err(format!("tools/list took over {} ms", bound.as_millis())),
         }
     }
 
     /// Lists the tools over `peer`, and says so if they changed.
     async fn list(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
-        let tools = self.fetch(peer).await?;
+        let tools = self.fetch(peer, self.timeout).await?;
         let mut held = self.tools.write().unwrap_or_else(PoisonError::into_inner);
         if *held != tools {
             *held = tools;
@@ -198,7 +201,7 @@ impl McpServer {
             .await
             .map_err(|e| fail(e.message))?;
         let tools = listed
-            .fetch(connection.session.peer())
+            .fetch(connection.session.peer(), start_bound(&config))
             .await
             .map_err(fail)?;
         *listed.tools.write().unwrap_or_else(PoisonError::into_inner) = tools;
@@ -346,6 +349,17 @@ fn timeout(config: &McpConfig) -> Duration {
     Duration::from_millis(config.timeout_ms)
 }
 
+/// The bound on starting the server, in ms.
+fn start_ms(config: &McpConfig) -> u64 {
+    config
+        .start_timeout_ms
+        .unwrap_or(config.timeout_ms.max(default_timeout()))
+}
+
+fn start_bound(config: &McpConfig) -> Duration {
+    Duration::from_millis(start_ms(config))
+}
+
 /// Starts a session with the server (spawning it, for a command), within
 /// the bound.
 async fn connect(config: &McpConfig, listed: &Arc<Listed>) -> Result<Connection, McpError> {
@@ -354,18 +368,19 @@ async fn connect(config: &McpConfig, listed: &Arc<Listed>) -> Result<Connection,
         message,
     };
     let listener = Listener(listed.clone());
+    let bound = start_bound(config);
     let (session, process) = match (&config.command, &config.url) {
         (Some(command), None) => {
             let (transport, process) = spawn(config, command).map_err(fail)?;
             (
-                tokio::time::timeout(timeout(config), listener.clone().serve(transport)).await,
+                tokio::time::timeout(bound, listener.clone().serve(transport)).await,
                 Some(process),
             )
         }
         (None, Some(url)) => {
             let transport = http(config, url).map_err(fail)?;
             (
-                tokio::time::timeout(timeout(config), listener.clone().serve(transport)).await,
+                tokio::time::timeout(bound, listener.clone().serve(transport)).await,
                 None,
             )
         }
@@ -379,7 +394,7 @@ async fn connect(config: &McpConfig, listed: &Arc<Listed>) -> Result<Connection,
         Ok(Err(e)) => Err(fail(format!("the session did not start: {e}"))),
         Err(_) => Err(fail(format!(
             "did not start within {} ms",
-            config.timeout_ms
+            start_ms(config)
         ))),
     }
 }
@@ -399,7 +414,7 @@ fn http(
     }
     let client = reqwest::Client::builder()
         .tls_backend_preconfigured((*crate::tls::client_config()).clone())
-        .connect_timeout(timeout(config))
+        .connect_timeout(start_bound(config))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let bound = config.max_message_kib << 10;
