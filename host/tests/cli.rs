@@ -848,7 +848,7 @@ fn serve_exports_a_span_per_request_and_per_filter_call_to_an_otlp_collector() {
     // Everything exported by the time it stopped (the last batch is flushed
     // on the way out).
     let mut spans = Vec::new();
-    while let Ok((path, kind, body)) = exports.recv_timeout(std::time::Duration::from_secs(10)) {
+    while let Ok((path, kind, body)) = exports.recv_timeout(std::time::Duration::from_secs(60)) {
         assert_eq!(path, "/v1/traces");
         assert_eq!(kind, "application/json");
         for resource in body["resourceSpans"].as_array().unwrap() {

@@ -622,20 +622,26 @@ async fn the_model_gets_the_tool_schema_errors_back() {
 
 /// A kernel with `slow` (300 ms, the spec's own timeout if any) over a
 /// loop with `config`; what the turn's one call of it gave.
-async fn slow_call(config: LoopConfig, own: Option<Duration>) -> Result<String, ChainError> {
+/// A turn that calls the tool `slow`, which takes `takes`, under
+/// `config` and the tool's `own` timeout: its output or error.
+async fn slow_call(
+    config: LoopConfig,
+    own: Option<Duration>,
+    takes: Duration,
+) -> Result<String, ChainError> {
     let model = ScriptedModel::replies(vec![
         Reply::call("slow", json!({})),
         Reply::Text("done".into()),
     ]);
-    let mut spec = ToolSpec::new("slow", "takes 300 ms", json!({}));
+    let mut spec = ToolSpec::new("slow", "takes its time", json!({}));
     if let Some(own) = own {
         spec = spec.timeout(own);
     }
     let kernel = Kernel::builder()
         .model(model)
         .turn_terminal(ToolLoop::new(config, MemoryHistory::default()))
-        .tool(spec, |_, _| async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        .tool(spec, move |_, _| async move {
+            tokio::time::sleep(takes).await;
             Ok(json!("slow-done"))
         })
         .build()
@@ -651,25 +657,29 @@ async fn slow_call(config: LoopConfig, own: Option<Duration>) -> Result<String, 
 // PEER-CASES N40, N41, N42, N43
 /// N40–N43: the loop's default tool timeout bounds a tool that sets none;
 /// a tool's own (even `Duration::MAX`, never) wins; with none anywhere a
-/// slow tool finishes; a batch deadline cuts a batch that hangs.
+/// slow tool finishes; a batch deadline cuts a batch that hangs. (What a
+/// deadline cuts never finishes: a stalled machine could wake both the
+/// deadline and a tool that ends soon after it, and the tool would win.)
 #[tokio::test]
 async fn the_loops_tool_and_batch_timeouts_bound_slow_calls() {
+    let hangs = Duration::from_secs(3600);
+    let slow = Duration::from_millis(300);
     let bounded = LoopConfig {
         tool_timeout: Some(Duration::from_millis(100)),
         ..LoopConfig::default()
     };
-    let error = slow_call(bounded, None).await.unwrap_err();
+    let error = slow_call(bounded, None, hangs).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Timeout, "N40: {error}");
     assert!(error.message.contains("100 ms"), "{error}");
-    let never = slow_call(bounded, Some(Duration::MAX)).await;
+    let never = slow_call(bounded, Some(Duration::MAX), slow).await;
     assert_eq!(never.unwrap(), r#""slow-done""#, "N41");
-    let unbounded = slow_call(LoopConfig::default(), None).await;
+    let unbounded = slow_call(LoopConfig::default(), None, slow).await;
     assert_eq!(unbounded.unwrap(), r#""slow-done""#, "N42");
     let cut = LoopConfig {
         batch_timeout: Some(Duration::from_millis(100)),
         ..LoopConfig::default()
     };
-    let error = slow_call(cut, None).await.unwrap_err();
+    let error = slow_call(cut, None, hangs).await.unwrap_err();
     assert_eq!(error.kind, ErrorKind::Timeout, "N43: {error}");
     assert!(error.message.contains("batch"), "{error}");
 }

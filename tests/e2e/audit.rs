@@ -30,10 +30,11 @@ async fn tracing(path: &std::path::Path, config: Value) -> shallot::FilterSet {
     .await
 }
 
-/// The trace lines of `path` once one is a `turn` line (at most 10 s, then
-/// the test fails): what a cancelled request leaves, seen from outside.
+/// The trace lines of `path` once one is a `turn` line (at most a minute,
+/// then the test fails): what a cancelled request leaves, seen from
+/// outside.
 async fn turn_line(path: &std::path::Path) -> (Vec<Value>, Value) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let events = lines(path);
         if let Some(turn) = events.iter().find(|e| e["event"] == "turn").cloned() {
@@ -232,8 +233,10 @@ fn ask_agent() -> Value {
 async fn a_gateway_turn_past_its_deadline_is_answered_504_after_its_cancelled_line() {
     let path = trace_file("cancel-deadline");
     let kernel = stuck(&path, Arc::new(Notify::new())).await;
+    // Time enough for the turn to reach its filters on a busy machine; the
+    // turn itself never ends.
     let config = GatewayConfig {
-        request_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_secs(2),
         ..GatewayConfig::default()
     };
     let served = agent_gateway(kernel, config).await;
@@ -253,7 +256,7 @@ async fn a_gateway_turn_past_its_deadline_is_answered_504_after_its_cancelled_li
         (&turn["outcome"], &turn["reason"]),
         (
             &json!("cancelled"),
-            &json!("the request did not finish within 300 ms")
+            &json!("the request did not finish within 2000 ms")
         )
     );
     served.stop().await.unwrap();

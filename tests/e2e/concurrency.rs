@@ -61,6 +61,9 @@ fn small_engine(slots: u32) -> Engine {
         instance_slots: slots,
         idle_instances: 0,
         cache_dir: Some(target_dir().join("shallot-test-cache")),
+        // The last of hundreds waits for all before it: however long a
+        // busy machine takes, it waits rather than fails.
+        queue_timeout: Duration::from_secs(600),
         ..EngineConfig::default()
     };
     Engine::new(config).unwrap()

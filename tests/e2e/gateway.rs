@@ -102,10 +102,10 @@ impl Served {
     }
 
     /// Waits until `/metrics` has the line `line`: what the gateway does
-    /// with a request, seen from outside (at most 10 s, then the test
+    /// with a request, seen from outside (at most a minute, then the test
     /// fails).
     async fn metric_reads(&self, line: &str) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let (_, metrics) = self.get("/metrics").await;
             if metrics.lines().any(|l| l == line) {
@@ -445,11 +445,18 @@ async fn moderation_blocks_a_flagged_question_and_withholds_a_flagged_answer_in_
 /// `invalid-request`); `/metrics` stays small and says only the truth.
 #[tokio::test]
 async fn a_filter_that_floods_its_metrics_cannot_blow_up_or_forge_the_exposition() {
-    let bad = spec(
+    let mut bad = spec(
         "misbehave",
         "flood",
         json!({ "on": "chat", "do": "metrics-flood" }),
     );
+    // A thousand host calls: time enough that the flood, not the clock,
+    // decides what happens.
+    bad.1.limits = shallot::Limits {
+        cpu_ms: 10_000,
+        wall_ms: 20_000,
+        ..shallot::Limits::default()
+    };
     let served = Served::start(
         kernel(vec![bad], ScriptedModel::answer("fine")).await,
         config(),
@@ -724,7 +731,6 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
                 ErrorKind::Auth,
                 "Incorrect API key provided: sk-abc...wxyz",
             )),
-            "slowly" => Reply::Slow(Duration::from_secs(30), "late".into()),
             _ => Reply::Text("fine".into()),
         }
     });
@@ -742,7 +748,6 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
     ];
     let config = GatewayConfig {
         max_body_bytes: 4096,
-        request_timeout: Duration::from_millis(300),
         ..config()
     };
     let served = Served::start(kernel(filters, model).await, config).await;
@@ -840,9 +845,27 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
     let (status, body) = served.get("/v1/chat/completions").await;
     assert_eq!(status, 405, "{body}");
     assert!(body.contains("method_not_allowed"), "{body}");
+    served.stop().await.unwrap();
+}
+
+/// A request past the gateway's deadline is answered `504`, whole or
+/// streamed (before its first token), and the next request is served.
+#[tokio::test]
+async fn a_request_past_its_deadline_is_answered_504_and_the_next_is_served() {
+    let model = ScriptedModel::new(|_, request: &ChatRequest| {
+        match request.messages.last().unwrap().text().as_str() {
+            "slowly" => Reply::Slow(Duration::from_secs(3600), "late".into()),
+            _ => Reply::Text("fine".into()),
+        }
+    });
+    let config = GatewayConfig {
+        request_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let served = Served::start(kernel(vec![], model).await, config).await;
     let (status, body) = served.complete(ask("slowly")).await;
     assert_eq!(
-        (status, error(&body)["code"].clone()),
+        (status, body["error"]["code"].clone()),
         (504, json!("timeout")),
         "{body}"
     );
@@ -851,7 +874,6 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
         status, 504,
         "a stream that fails before its first token gets a status: {events:?}"
     );
-
     let (status, body) = served.complete(ask("still fine")).await;
     assert_eq!(
         (status, body["choices"][0]["message"]["content"].clone()),
@@ -898,12 +920,32 @@ async fn a_stream_that_fails_after_it_started_ends_with_an_error_event() {
     served.stop().await.unwrap();
 }
 
+/// Two requests at once to `served`, whose model holds each answer until
+/// `gate` opens: the one that finishes first (refused, while the other
+/// holds the place) as (status, Retry-After); then, the gate opened, the
+/// other's status.
+async fn one_refused_while_one_holds(
+    served: &Served,
+    gate: &tokio::sync::Semaphore,
+) -> ((u16, Option<String>), u16) {
+    let body = ask("hi").to_string();
+    let a = std::pin::pin!(served.post(body.clone()));
+    let b = std::pin::pin!(served.post(body));
+    let (refused, other) = match futures::future::select(a, b).await {
+        futures::future::Either::Left((refused, other))
+        | futures::future::Either::Right((refused, other)) => (refused, other),
+    };
+    gate.add_permits(1);
+    let (served_status, _, _) = other.await;
+    ((refused.0, refused.1), served_status)
+}
+
 #[tokio::test]
 async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
-    let slow = || {
-        ScriptedModel::new(|_, _: &ChatRequest| {
-            Reply::Slow(Duration::from_millis(800), "done".into())
-        })
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = || {
+        let gate = gate.clone();
+        ScriptedModel::new(move |_, _: &ChatRequest| Reply::Gated(gate.clone(), "done".into()))
     };
     // One place, no queue: of two requests at once one is served, one refused.
     let config = GatewayConfig {
@@ -911,13 +953,11 @@ async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
         max_queued: 0,
         ..config()
     };
-    let served = Served::start(kernel(vec![], slow()).await, config).await;
-    let body = ask("hi").to_string();
-    let (a, b) = tokio::join!(served.post(body.clone()), served.post(body.clone()));
-    let mut statuses = [(a.0, a.1.clone()), (b.0, b.1.clone())];
-    statuses.sort();
-    assert_eq!(statuses[0], (200, None));
-    assert_eq!(statuses[1], (429, Some("1".to_owned())), "{a:?} {b:?}");
+    let served = Served::start(kernel(vec![], held()).await, config).await;
+    assert_eq!(
+        one_refused_while_one_holds(&served, &gate).await,
+        ((429, Some("1".to_owned())), 200)
+    );
     served.stop().await.unwrap();
 
     // One place, one in the queue for 50 ms.
@@ -927,20 +967,19 @@ async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
         queue_timeout: Duration::from_millis(50),
         ..self::config()
     };
-    let served = Served::start(kernel(vec![], slow()).await, config).await;
-    let (a, b) = tokio::join!(served.post(body.clone()), served.post(body.clone()));
-    let mut statuses = [(a.0, a.1.clone()), (b.0, b.1.clone())];
-    statuses.sort();
-    assert_eq!(statuses[0], (200, None));
-    assert_eq!(statuses[1], (503, Some("1".to_owned())), "{a:?} {b:?}");
+    let served = Served::start(kernel(vec![], held()).await, config).await;
+    assert_eq!(
+        one_refused_while_one_holds(&served, &gate).await,
+        ((503, Some("1".to_owned())), 200)
+    );
     served.stop().await.unwrap();
 }
 
 /// Reads from `stream` until the gateway closes it; what it sent. Fails
-/// the test if it is still open after 10 s.
+/// the test if it is still open after a minute.
 async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
     let mut read = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut read)).await;
+    let closed = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut read)).await;
     assert!(closed.is_ok(), "the connection is still open");
     String::from_utf8_lossy(&read).into_owned()
 }
@@ -1549,7 +1588,7 @@ async fn place_comes_back(served: &Served, within: Duration, what: &str) {
 
 #[tokio::test]
 async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
-    let (served, model) = one_place(|| Reply::Slow(Duration::from_secs(30), "late".into())).await;
+    let (served, model) = one_place(|| Reply::Slow(Duration::from_secs(3600), "late".into())).await;
     for stream in [false, true] {
         let mut slow = ask("long");
         slow["stream"] = json!(stream);
@@ -1559,7 +1598,7 @@ async fn a_client_that_goes_away_gives_its_place_back_and_stops_its_chat() {
         gone.abort();
         // The place comes back once the server sees the connection close.
         let what = format!("the place never came back (stream: {stream})");
-        place_comes_back(&served, Duration::from_secs(10), &what).await;
+        place_comes_back(&served, Duration::from_secs(60), &what).await;
     }
     served.stop().await.unwrap();
 }
@@ -1584,10 +1623,10 @@ async fn a_client_that_reads_gets_a_long_answer_whole_even_in_large_batches() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffered() {
     // A long answer, paced: 1,900 tokens of 8 KiB (15 MiB, under the
-    // model's cap) over some 30 s.
+    // model's cap) over some 76 s.
     let token = "x".repeat(8 << 10);
     let (served, _) =
-        one_place(move || Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(16))).await;
+        one_place(move || Reply::Paced(vec![token.clone(); 1900], Duration::from_millis(40))).await;
 
     // A client with a small receive window asks for it and reads nothing.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -1606,13 +1645,13 @@ async fn a_client_that_does_not_read_its_stream_has_its_chat_stopped_not_buffere
     // Its place comes back long before the answer would have ended: the
     // chat is stopped once more than MAX_UNSENT_BYTES wait for the client.
     let what = "a stream nobody reads kept its chat running";
-    place_comes_back(&served, Duration::from_secs(20), what).await;
+    place_comes_back(&served, Duration::from_secs(60), what).await;
 
     // Reading at last, the client gets what waited, then the error and the end.
     let mut said = Vec::new();
     let mut buffer = vec![0; 64 << 10];
     while !String::from_utf8_lossy(&said[said.len().saturating_sub(64)..]).contains("[DONE]") {
-        let read = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut buffer))
+        let read = tokio::time::timeout(Duration::from_secs(60), stalled.read(&mut buffer))
             .await
             .expect("the stream ends")
             .unwrap();
@@ -1812,9 +1851,12 @@ async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_c
 
 #[tokio::test]
 async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at_once() {
-    let model = ScriptedModel::new(|_, _: &ChatRequest| {
-        Reply::Slow(Duration::from_millis(600), "served".into())
-    });
+    // The first request holds the one place until the second has been
+    // refused.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let model =
+        ScriptedModel::new(move |_, _: &ChatRequest| Reply::Gated(held.clone(), "served".into()));
     let config = GatewayConfig {
         max_concurrent: 1,
         max_queued: 4,
@@ -1843,8 +1885,10 @@ async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at
     served
         .metric_reads("shallot_gateway_requests_waiting 1")
         .await;
-    served.stop().await.unwrap();
+    let stopped = tokio::spawn(served.stop());
     let (status, retry, body) = queued.await.unwrap();
+    gate.add_permits(1);
+    stopped.await.unwrap().unwrap();
     assert_eq!(
         (status, body["error"]["code"].clone()),
         (503, json!("shutting_down")),

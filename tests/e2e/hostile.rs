@@ -189,10 +189,7 @@ async fn a_filter_that_traps_loses_its_context_writes() {
 /// past its host memory cap, one such pair at a time.)
 #[tokio::test]
 async fn a_value_a_fault_puts_back_is_charged_to_its_writer_again() {
-    let limits = Limits {
-        host_mib: 1,
-        ..Limits::default()
-    };
+    let limits = host_capped(1);
     let (path, mut spec) = spec(
         "misbehave",
         "bad",
@@ -235,10 +232,7 @@ async fn fctx_writes_of_a_concurrent_batch_are_each_charged() {
         "bad",
         json!({ "on": "tool", "do": "hoard-fctx" }),
     );
-    spec.limits = Limits {
-        host_mib: 1,
-        ..Limits::default()
-    };
+    spec.limits = host_capped(1);
     let plugins = load(vec![(path, spec)]).await;
     let model = ScriptedModel::replies(vec![
         Reply::Calls((0..4).map(|i| ("echo".into(), json!({ "i": i }))).collect()),
@@ -284,7 +278,7 @@ async fn next_is_bounded_per_hook_call() {
 
 #[tokio::test]
 async fn a_log_flood_does_not_stop_the_request() {
-    let plugins = load(vec![hostile("chat", "flood-log", Limits::default())]).await;
+    let plugins = load(vec![hostile("chat", "flood-log", generous())]).await;
     let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
     let response = kernel.chat(ask("boom"), Context::new()).await.unwrap();
     assert_eq!(response.text(), "fine");
@@ -419,7 +413,7 @@ async fn stderr_is_captured_per_call_and_never_reaches_another_invoke() {
 /// Limits with a short own wall-clock bound, so sleeping tests end fast.
 fn drowsy() -> Limits {
     Limits {
-        wall_ms: 200,
+        wall_ms: 500,
         ..Limits::default()
     }
 }
@@ -454,7 +448,7 @@ async fn sleeps_in(on: &str, call: &str) {
         &error,
         ErrorKind::Timeout,
         call,
-        "wall-clock bound of 200 ms",
+        "wall-clock bound of 500 ms",
     );
 }
 
@@ -957,7 +951,9 @@ async fn a_batch_cut_at_its_deadline_gives_back_its_calls_fctx_charges() {
     let model =
         ScriptedModel::replies(vec![calls("hang"), calls("echo"), Reply::tokens(&["done"])]);
     let config = LoopConfig {
-        batch_timeout: Some(Duration::from_millis(300)),
+        // Long enough for the second batch's ordinary calls on a busy
+        // machine; the first never ends.
+        batch_timeout: Some(Duration::from_secs(3)),
         ..LoopConfig::default()
     };
     let kernel = Kernel::builder()
@@ -968,7 +964,7 @@ async fn a_batch_cut_at_its_deadline_gives_back_its_calls_fctx_charges() {
             Ok(args)
         })
         .tool(ToolSpec::new("hang", "", json!({})), |_, _| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
             Ok(json!("woke"))
         })
         .build()
@@ -1516,7 +1512,6 @@ async fn http_reaches_only_the_listed_origins_and_no_private_address_through_a_n
 async fn http_to_a_hostile_service_is_bounded_in_time_bytes_and_requests() {
     let service = WebService::start().await;
     let mut grant = shallot_tests::http_grant(&[&service.origin()]);
-    grant.timeout_ms = 400;
     grant.receive_bytes = 1 << 20;
     grant.send_bytes = 64 << 10;
     grant.requests = 4;
@@ -1525,11 +1520,16 @@ async fn http_to_a_hostile_service_is_bounded_in_time_bytes_and_requests() {
         ..Limits::default()
     };
     let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), limits);
-    let lines = fetch(json!({ "url": service.url("/silent") }))
+    // A short time bound for the services that never answer, or trickle
+    // (the others answer within the default five seconds).
+    let mut hasty = grant.clone();
+    hasty.timeout_ms = 400;
+    let fetch_hastily = |config| shallot_tests::fetch(config, Some(hasty.clone()), limits);
+    let lines = fetch_hastily(json!({ "url": service.url("/silent") }))
         .await
         .unwrap();
     assert_eq!(lines, ["error ConnectionReadTimeout"]);
-    let lines = fetch(json!({ "url": service.url("/trickle?bytes=1000") }))
+    let lines = fetch_hastily(json!({ "url": service.url("/trickle?bytes=1000") }))
         .await
         .unwrap();
     assert_eq!(

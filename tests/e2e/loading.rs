@@ -161,7 +161,7 @@ name = "inner"
 plugin = "probe.wasm"
 config = {{ tag = "inner" }}
 isolation = "warm"
-limits = {{ memory_mib = 16, cpu_ms = 50 }}
+limits = {{ memory_mib = 16, cpu_ms = 5000 }}
 grants = {{ clock = true }}
 "#
         ),
@@ -172,7 +172,10 @@ grants = {{ clock = true }}
         .unwrap();
     let inner = &set.filters()[1];
     assert_eq!(inner.isolation(), shallot::Isolation::Warm);
-    assert_eq!(inner.limits().memory_mib, 16);
+    assert_eq!(
+        (inner.limits().memory_mib, inner.limits().cpu_ms),
+        (16, 5000)
+    );
     assert!(inner.grants().clock);
     let kernel = Kernel::builder()
         .plugins(&set)

@@ -441,8 +441,10 @@ async fn an_unreadable_chunk_ends_the_stream_with_an_error() {
 async fn the_timeout_also_bounds_silence_inside_a_stream() {
     let provider =
         FakeProvider::start(vec![Canned::Stall(streamed(&["Hel", "lo"])[..3].to_vec())]).await;
+    // Two seconds: the head and first chunks arrive well within them on a
+    // busy machine (else the stream never started, and is retried).
     let kernel = Kernel::builder()
-        .model(client(&provider, 300, 2))
+        .model(client(&provider, 2_000, 2))
         .build()
         .unwrap();
     let sink = Collector::default();

@@ -13,7 +13,7 @@ use shallot_tests::{Reply, ScriptedModel, ask, load, spec};
 use crate::loading::refused;
 
 /// A kernel with the `timeout` filter at `timeout_ms` over a `slow` tool
-/// (sleeps 500 ms), a `quick` one and a `broken` one.
+/// (which never finishes), a `quick` one and a `broken` one.
 async fn timed(timeout_ms: u32) -> Kernel {
     let plugins = load(vec![spec(
         "timeout",
@@ -25,7 +25,7 @@ async fn timed(timeout_ms: u32) -> Kernel {
     Kernel::builder()
         .plugins(&plugins)
         .tool(tool("slow"), |_: Value, _| async {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
             Ok(json!("slow"))
         })
         .tool(tool("quick"), |_: Value, _| async { Ok(json!("quick")) })

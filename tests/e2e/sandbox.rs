@@ -195,12 +195,12 @@ async fn a_configure_that_loops_fails_the_load_not_the_host() {
 async fn a_hook_past_its_wall_clock_bound_times_out() {
     let (path, mut bounded) = spec("probe", "bounded", json!({ "tag": "b" }));
     bounded.limits = Limits {
-        timeout_ms: 100,
+        timeout_ms: 2_000,
         ..Limits::default()
     };
     let plugins = load(vec![(path, bounded)]).await;
     let slow = ScriptedModel::replies(vec![
-        Reply::Slow(std::time::Duration::from_secs(5), "late".into()),
+        Reply::Slow(std::time::Duration::from_secs(3600), "late".into()),
         Reply::Text("fine".into()),
     ]);
     let kernel = Kernel::builder()

@@ -128,7 +128,7 @@ async fn an_upstream_that_keeps_failing_rests_and_is_tried_again_after_its_coold
     let down = Arc::new(AtomicBool::new(true));
     let a = member("a", down.clone(), ErrorKind::Timeout);
     let b = member("b", Arc::default(), ErrorKind::Transient);
-    let pool = resting(2, Duration::from_millis(50))
+    let pool = resting(2, Duration::from_secs(3600))
         .upstream("a", 1, a.clone())
         .upstream("b", 1, b.clone());
     let context = Context::new();
@@ -140,8 +140,16 @@ async fn an_upstream_that_keeps_failing_rests_and_is_tried_again_after_its_coold
     assert!(!health.healthy && health.resting.is_some(), "{health:?}");
     assert_eq!(health.cooldowns, 1);
 
+    // The same with a short cooldown: past it a is tried again, and one
+    // success makes it healthy.
+    let a = member("a", down.clone(), ErrorKind::Timeout);
+    let pool = resting(2, Duration::from_millis(50))
+        .upstream("a", 1, a.clone())
+        .upstream("b", 1, b.clone());
+    while a.calls() < 2 {
+        assert_eq!(answer(&pool).await, "b");
+    }
     down.store(false, Ordering::SeqCst);
-    // Past its cooldown a is tried again; one success makes it healthy.
     while a.calls() == 2 {
         pool.chat(&ask("hi"), &context).await.unwrap();
         tokio::task::yield_now().await;

@@ -103,8 +103,12 @@ pub fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
+            // Tests share it, two at a time on a machine that may be busy
+            // with other work: an invoke waits for a place as long as it
+            // must (the tests of the queue's bound make their own engines).
             let config = EngineConfig {
                 cache_dir: Some(target_dir().join("shallot-test-cache")),
+                queue_timeout: std::time::Duration::from_secs(600),
                 ..EngineConfig::default()
             };
             Engine::new(config).expect("the engine starts")

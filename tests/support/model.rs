@@ -26,6 +26,10 @@ pub enum Reply {
     BreakAfter(Vec<String>, ChainError),
     /// Answers with the text after a pause.
     Slow(Duration, String),
+    /// Answers with the text once the test lets it through the gate (a
+    /// permit for each answer), for a request that must still be in
+    /// progress when the test does something.
+    Gated(Arc<tokio::sync::Semaphore>, String),
     /// Streams these tokens with a pause before each, so each arrives as
     /// its own batch, as from a real model.
     Paced(Vec<String>, Duration),
@@ -200,6 +204,10 @@ impl ChatModel for ScriptedModel {
                 tokio::time::sleep(pause).await;
                 Ok(response(text))
             }
+            (_, Reply::Gated(gate, text)) => {
+                gate.acquire().await.expect("the gate stays").forget();
+                Ok(response(text))
+            }
         }
     }
 
@@ -258,6 +266,11 @@ impl ChatModel for ScriptedModel {
             }
             Reply::Slow(pause, text) => stream::once(async move {
                 tokio::time::sleep(pause).await;
+                Ok(ModelEvent::Done(response(text)))
+            })
+            .boxed(),
+            Reply::Gated(gate, text) => stream::once(async move {
+                gate.acquire().await.expect("the gate stays").forget();
                 Ok(ModelEvent::Done(response(text)))
             })
             .boxed(),
