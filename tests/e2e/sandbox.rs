@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 use shallot::types::{FinishReason, ToolSpec};
-use shallot::{ChainError, Context, ErrorKind, Kernel, Limits};
+use shallot::{Call, ChainError, Context, ErrorKind, Kernel, Limits};
 use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec, strings};
 
 /// A misbehave filter that strikes only when the text contains "boom".
@@ -83,6 +83,63 @@ async fn an_endless_loop_in_a_hook_runs_out_of_cpu_budget() {
 #[tokio::test]
 async fn a_memory_bomb_hits_the_memory_cap() {
     chat_fault("oom", "exceeded its memory cap of 64 MiB").await;
+}
+
+/// A kernel whose one filter burns `rounds` rounds of CPU in every chat
+/// under a CPU budget of `cpu_ms`, and its filters (for their stats).
+async fn spinning(rounds: u64, cpu_ms: u32) -> (Kernel, shallot::FilterSet) {
+    let (path, mut spin) = spec(
+        "misbehave",
+        "spin",
+        json!({ "on": "chat", "do": "spin", "rounds": rounds }),
+    );
+    spin.limits = Limits {
+        cpu_ms,
+        wall_ms: 60_000,
+        ..Limits::default()
+    };
+    let plugins = load(vec![(path, spin)]).await;
+    (kernel(&plugins), plugins)
+}
+
+/// The CPU a chat that burns `rounds` is charged, in milliseconds.
+async fn charged(rounds: u64) -> f64 {
+    let (kernel, plugins) = spinning(rounds, 60_000).await;
+    kernel.chat(ask("spin"), Context::new()).await.unwrap();
+    let stats = plugins.filters()[0].stats();
+    let chat = stats.calls.iter().find(|c| c.call == Call::AroundChat);
+    chat.expect("one chat").own_seconds * 1e3
+}
+
+/// A filter is charged the CPU it ran, not the time its core spent on
+/// other work: with every core kept busy by other threads (a third of a
+/// core left for each of the test's), a filter that runs about 60% of its
+/// CPU budget passes and one that runs 150% of it fails, as on an idle
+/// machine; a memory bomb still fails on its memory cap, not on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_is_charged_the_cpu_it_ran_not_the_time_the_host_was_busy() {
+    // Rounds that cost about 40 ms of CPU on this machine, measured idle.
+    let probe = 4_000_000;
+    let rounds = (probe as f64 * 40.0 / charged(probe).await) as u64;
+    let cost = charged(rounds).await;
+    let near = (cost / 0.6).ceil() as u32;
+    let over = (cost / 1.5).floor() as u32;
+    for busy in [false, true] {
+        let _busy = busy.then(shallot_tests::BusyCores::start);
+        let (kernel, _) = spinning(rounds, near).await;
+        for _ in 0..3 {
+            let answer = kernel.chat(ask("spin"), Context::new()).await;
+            assert!(
+                answer.is_ok(),
+                "{cost:.1} ms under a budget of {near} ms (busy: {busy}): {answer:?}"
+            );
+        }
+        let (kernel, _) = spinning(rounds, over).await;
+        let error = kernel.chat(ask("spin"), Context::new()).await.unwrap_err();
+        let says = format!("exceeded its CPU budget of {over} ms");
+        assert!(error.to_string().contains(&says), "busy: {busy}: {error}");
+        chat_fault("oom", "exceeded its memory cap of 64 MiB").await;
+    }
 }
 
 #[tokio::test]

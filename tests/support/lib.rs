@@ -6,6 +6,7 @@
 //! badly (`web`).
 
 mod anthropic;
+mod busy;
 mod mcp;
 mod model;
 mod provider;
@@ -23,6 +24,7 @@ use shallot::{ChainError, Context, Engine, EngineConfig, FilterSet, Isolation};
 use shallot::{FilterSpec, Grants};
 
 pub use anthropic::AnthropicServer;
+pub use busy::BusyCores;
 pub use mcp::{McpHttpServer, mcp_python, mcp_script, mcp_test_server};
 pub use model::{Reply, ScriptedModel};
 pub use provider::{Canned, FakeProvider};

@@ -17,9 +17,11 @@ pub struct Limits {
     /// hands it, its FCtx and its writes to the shared context. Going past
     /// it faults.
     pub host_mib: u32,
-    /// CPU budget per call, in milliseconds: the time the filter's own code
+    /// CPU budget per call, in milliseconds: the CPU the filter's own code
     /// (and the host functions it calls) runs, not counting inner layers or
-    /// time it is suspended. Checked every epoch tick (10 ms by default).
+    /// time it is suspended. Counted on the running thread's own CPU clock,
+    /// so time its core spends on other work (a busy host) is not the
+    /// filter's. Checked every epoch tick (10 ms by default).
     pub cpu_ms: u32,
     /// Wall-clock bound per call, in milliseconds, on the filter's own
     /// time: everything outside `next`, including time it sleeps or waits.

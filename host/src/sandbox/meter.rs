@@ -1,8 +1,15 @@
 //! The meter: a call's own CPU and wall time, stopped while the guest is
 //! inside `next` (or a host service's wait), checked every epoch tick.
-//! Its wall time also stops while a request the guest sent is in flight
-//! ([`Meter::wait`]), whatever the guest blocks on meanwhile.
+//!
+//! Its CPU time is what the guest ran: the polling thread's own CPU clock
+//! (`CLOCK_THREAD_CPUTIME_ID`) over each stretch the guest runs (a
+//! stretch lies within one poll, so on one thread), not the time between
+//! its ends, so a filter is not charged for the time the operating system
+//! gave its core to other work, however busy the host. Its wall time also
+//! stops while a request the guest sent is in flight ([`Meter::wait`]),
+//! whatever the guest blocks on meanwhile.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,15 +19,51 @@ use std::time::{Duration, Instant};
 use super::fault::{CpuExceeded, WallExceeded};
 use super::limits::Limits;
 
+/// How long a reading of a thread's CPU clock stands: a later reading
+/// within this much wall time is the earlier one plus the wall time since
+/// (the thread counted as running all of it). Reading the clock is a
+/// system call (~0.2 µs), and a layer has four ends of stretches, most
+/// within a microsecond of another; so the clock is read at most once in
+/// this much of a thread's time, and a filter is charged at most this
+/// much of another's time per reading (a preemption lasts longer: a
+/// reading after one is fresh).
+const FRESH: Duration = Duration::from_micros(20);
+
+thread_local! {
+    /// This thread's last reading of its CPU clock, and when it was taken.
+    static READ: Cell<Option<(Instant, Duration)>> = const { Cell::new(None) };
+}
+
+/// The CPU time the calling thread has run, at `now`: read afresh, or
+/// within [`FRESH`] of the last reading.
+fn thread_cpu(now: Instant) -> Duration {
+    READ.with(|read| {
+        if let Some((at, cpu)) = read.get()
+            && let Some(since) = now.checked_duration_since(at)
+            && since < FRESH
+        {
+            return cpu + since;
+        }
+        let clock = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        let cpu = Duration::new(
+            u64::try_from(clock.tv_sec).unwrap_or(0),
+            u32::try_from(clock.tv_nsec).unwrap_or(0),
+        );
+        read.set(Some((now, cpu)));
+        cpu
+    })
+}
+
 /// The clocks of the call in progress.
 #[derive(Debug)]
 struct Clock {
-    /// Own running time of the finished segments.
+    /// Own CPU time of the finished segments.
     cpu: Duration,
     /// Own wall time of the finished segments outside `next`.
     wall: Duration,
-    /// Start of the segment the guest is running now (polled, not in next).
-    running: Option<Instant>,
+    /// The polling thread's CPU clock when the segment the guest is
+    /// running now (polled, not in next) started.
+    running: Option<Duration>,
     /// Start of the segment of own wall time; `None` while in `next` or
     /// while a wait is open.
     outside: Option<Instant>,
@@ -42,8 +85,13 @@ struct Clock {
 }
 
 impl Clock {
+    /// Own CPU time so far; `now` is read on the thread running the
+    /// segment, if one runs.
     fn cpu_at(&self, now: Instant) -> Duration {
-        self.cpu + self.running.map_or(Duration::ZERO, |since| now - since)
+        match self.running {
+            Some(since) => self.cpu + thread_cpu(now).saturating_sub(since),
+            None => self.cpu,
+        }
     }
 
     fn wall_left(&self, now: Instant) -> Option<Duration> {
@@ -53,7 +101,7 @@ impl Clock {
 
     fn pause(&mut self, now: Instant) {
         if let Some(since) = self.running.take() {
-            self.cpu += now - since;
+            self.cpu += thread_cpu(now).saturating_sub(since);
         }
     }
 
@@ -164,7 +212,7 @@ impl Meter {
         let mut clock = self.lock();
         clock.in_next = false;
         clock.start_wall(now);
-        clock.running = Some(now);
+        clock.running = Some(thread_cpu(now));
     }
 
     /// Opens a wait: the call's wall time stops until the [`Wait`] is
@@ -206,7 +254,7 @@ impl Meter {
             clock.outside = Some(outside + (now - yielded));
         }
         if !clock.in_next {
-            clock.running = Some(now);
+            clock.running = Some(thread_cpu(now));
         }
     }
 }

@@ -19,9 +19,10 @@
 //!
 //! How a call is timed: `Metered` wraps the future of every call into a
 //! guest. While that future is being polled and the guest is not inside
-//! `next` (the inner layers), the guest's own CPU clock runs; the host
-//! brackets every `next` with `Meter::enter_next` and
-//! `Meter::leave_next`. The epoch callback checks the clock every tick,
+//! `next` (the inner layers), the guest's own CPU clock runs: the CPU the
+//! polling thread runs, not the time that passes (a busy host's cores
+//! taken by other work are not the filter's time); the host brackets
+//! every `next` with `Meter::enter_next` and `Meter::leave_next`. The epoch callback checks the clock every tick,
 //! so the CPU budget holds to within one tick however a filter interleaves
 //! its own work with `next`, and time the host spends in calls the filter
 //! makes counts as the filter's. The wall clock runs whenever the guest is

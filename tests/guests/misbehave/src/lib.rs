@@ -60,11 +60,15 @@ struct Misbehave {
     /// deletes keys spelled as another namespace's, and fails if it finds
     /// one), model-flood (model side calls until refused), metrics-flood
     /// (a thousand series of one counter, label values that forge
-    /// exposition lines, then new metrics until refused).
+    /// exposition lines, then new metrics until refused), spin (burns
+    /// `rounds` rounds of CPU, then passes through).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
     when: Option<String>,
+    /// How many rounds `spin` burns.
+    #[serde(default)]
+    rounds: u64,
 }
 
 /// Text that forges lines and terminal commands for a reader that splits
@@ -96,6 +100,10 @@ impl Misbehave {
             "loop" => loop {
                 work(1_000_000);
             },
+            "spin" => {
+                work(self.rounds);
+                Ok(())
+            }
             "oom" => {
                 // Grow memory without touching it, so the cap trips long
                 // before the CPU budget could, however loaded the machine.
