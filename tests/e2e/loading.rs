@@ -128,14 +128,32 @@ async fn a_plugins_directory_layers_in_file_name_order_with_sidecar_configs() {
         .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, ["10-first.wasm", "20-second.wasm"]);
-    // Both are the probe plugin: directory mode names filters after the plugin, so they clash.
-    let error = FilterSet::from_dir(&engine(), &dir, &mut |_| {})
+    // Both are the probe plugin, which calls itself `probe`: each is named
+    // after its file, not after what the plugin says.
+    let set = FilterSet::from_dir(&engine(), &dir, &mut |_| {})
+        .await
+        .unwrap();
+    let names: Vec<&str> = set.filters().iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["10-first", "20-second"]);
+    assert!(set.filters().iter().all(|f| f.declared_name() == "probe"));
+}
+
+/// A plugin used twice without names would be two filters of one name
+/// (its file's): refused, saying how to fix it.
+#[tokio::test]
+async fn a_plugin_used_twice_without_names_is_refused_saying_how_to_fix_it() {
+    let dir = scratch("twice");
+    let config = dir.join("shallot.toml");
+    let plugins = guest("probe").parent().unwrap().to_path_buf();
+    let table = "[[filter]]\nplugin = \"probe.wasm\"\nconfig = { tag = \"t\" }\n";
+    std::fs::write(&config, format!("plugin_dir = {plugins:?}\n{table}{table}")).unwrap();
+    let error = FilterSet::from_config(&engine(), &config, &mut |_| {})
         .await
         .err()
         .unwrap();
     assert!(matches!(error, LoadError::DuplicateName { .. }), "{error}");
     assert!(
-        error.to_string().contains("shallot.toml"),
+        error.to_string().contains("'probe'") && error.to_string().contains("shallot.toml"),
         "the message says how to fix it: {error}"
     );
 }

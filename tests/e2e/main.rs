@@ -19,6 +19,7 @@ mod gateway;
 mod granted;
 mod guards;
 mod hostile;
+mod identity;
 mod loading;
 mod logging;
 mod mcp;

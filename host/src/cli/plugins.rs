@@ -252,7 +252,15 @@ async fn check(
         "ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter",
         file.display()
     );
-    println!("  name     {}", filter.name());
+    if filter.declared_name() == filter.name() {
+        println!("  name     {}", filter.name());
+    } else {
+        println!(
+            "  name     {} (its file's; it calls itself {:?}, which names nothing)",
+            filter.name(),
+            shallot::terminal_text(filter.declared_name())
+        );
+    }
     println!("  version  {}", filter.version());
     println!(
         "  hooks    {}",

@@ -14,7 +14,7 @@
 //! isolation = "warm"            # trusted: reuse instances across invokes
 //!
 //! [[filter]]
-//! name = "guard"                # default: the plugin's own name
+//! name = "guard"                # default: its file's name
 //! plugin = "safeguard.wasm"
 //! config = { words = ["bomb"] }
 //! limits = { memory_mib = 32, cpu_ms = 50, timeout_ms = 10000 }

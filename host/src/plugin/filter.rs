@@ -120,6 +120,12 @@ impl WasmFilter {
         &self.description.hooks
     }
 
+    /// The name the plugin gives itself: shown, never trusted (the
+    /// filter's [`name`](Self::name) is the operator's or its file's).
+    pub fn declared_name(&self) -> &str {
+        &self.description.name
+    }
+
     /// The plugin's own version.
     pub fn version(&self) -> &str {
         &self.description.version

@@ -298,7 +298,10 @@ fn check_contract(engine: &Engine, path: &Path, component: &Component) -> Result
 /// How an operator configured one filter.
 #[derive(Debug, Clone, Default)]
 pub struct FilterSpec {
-    /// The filter's name; `None` takes the plugin's own.
+    /// The filter's name; `None` takes its plugin file's (`rate_limit.wasm`
+    /// is `rate-limit`), never the name the plugin gives itself: a name
+    /// keys what isolates a filter (its `kv` namespace, its metrics, the
+    /// lines it is blamed for), so the operator or the host gives it.
     pub name: Option<String>,
     /// The configuration handed to the plugin's `configure`.
     pub config: Option<serde_json::Value>,
@@ -337,11 +340,17 @@ pub async fn configure_filter(
             path: path.clone(),
             message,
         })?;
-    let provisional = spec.name.clone().unwrap_or_else(|| file_stem(&path));
-    let mut template = InstanceTemplate {
+    let name: Arc<str> = spec.name.unwrap_or_else(|| name_of_file(&path)).into();
+    if name.is_empty() {
+        return Err(LoadError::Config {
+            path,
+            message: "the filter has no name; set `name`".to_owned(),
+        });
+    }
+    let template = InstanceTemplate {
         pre: plugin.pre.clone(),
         identity: Arc::new(Identity {
-            name: provisional.into(),
+            name: name.clone(),
             plugin: plugin.path.clone(),
             stats: Stats::default(),
         }),
@@ -352,18 +361,6 @@ pub async fn configure_filter(
         declares: plugin.declares,
     };
     let description = describe(engine, &template, &path, &spec.source).await?;
-    let name: Arc<str> = spec.name.unwrap_or_else(|| description.name.clone()).into();
-    if name.is_empty() {
-        return Err(LoadError::Config {
-            path,
-            message: "the filter has no name; set `name`".to_owned(),
-        });
-    }
-    template.identity = Arc::new(Identity {
-        name: name.clone(),
-        plugin: plugin.path.clone(),
-        stats: Stats::default(),
-    });
     Ok(Arc::new(WasmFilter::new(
         name,
         plugin,
@@ -399,9 +396,12 @@ async fn describe(
     instance.describe().await.map_err(failed)
 }
 
-fn file_stem(path: &Path) -> String {
+/// The name a plugin file gives its filter: its stem, `_` read as `-`
+/// (`token_redact.wasm` is `token-redact`, as the built-ins call
+/// themselves).
+fn name_of_file(path: &Path) -> String {
     path.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| s.to_string_lossy().replace('_', "-"))
         .unwrap_or_default()
 }
 
