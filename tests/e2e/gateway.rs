@@ -431,7 +431,7 @@ async fn moderation_blocks_a_flagged_question_and_withholds_a_flagged_answer_in_
     let (_, events) = served.stream(ask("news?")).await;
     assert_eq!(streamed_text(&events), "All quiet here.");
     let (_, metrics) = served.get("/metrics").await;
-    let flagged = r#"shallot_gateway_plugin_moderation_checks_total{filter="moderation",outcome="flagged",role="user"} 2"#;
+    let flagged = r#"shallot_gateway_plugin_moderation__checks_total{filter="moderation",outcome="flagged",role="user"} 2"#;
     assert!(
         metrics.contains(flagged),
         "the filter's own metric: {metrics}"
@@ -480,20 +480,73 @@ async fn a_filter_that_floods_its_metrics_cannot_blow_up_or_forge_the_exposition
     );
     let floods: Vec<&str> = metrics
         .lines()
-        .filter(|l| l.starts_with("shallot_gateway_plugin_flood_floods_total"))
+        .filter(|l| l.starts_with("shallot_gateway_plugin_flood__floods_total"))
         .collect();
     assert_eq!(floods.len(), 64, "{floods:?}");
     assert!(
         floods.contains(
-            &r#"shallot_gateway_plugin_flood_floods_total{filter="flood",n="other"} 937"#
+            &r#"shallot_gateway_plugin_flood__floods_total{filter="flood",n="other"} 937"#
         ),
         "{floods:?}"
     );
     let declared = metrics
         .lines()
-        .filter(|l| l.starts_with("# TYPE shallot_gateway_plugin_flood_"))
+        .filter(|l| l.starts_with("# TYPE shallot_gateway_plugin_flood__"))
         .count();
     assert_eq!(declared, 32);
+    served.stop().await.unwrap();
+}
+
+/// Metrics the exposition's reader would refuse: a label named `le` is
+/// refused to the filter (a sample with `le` twice made Prometheus refuse
+/// the whole scrape), and two filters whose names and metrics run
+/// together alike (`hostile` + `audit_blocked`, `hostile-audit` +
+/// `blocked`) keep a family each instead of one being dropped.
+#[tokio::test]
+async fn a_filters_metrics_cannot_break_the_exposition_or_share_another_filters_family() {
+    let counting = |name: &str, metric: &str| {
+        spec(
+            "misbehave",
+            name,
+            json!({ "on": "chat", "do": "count", "metric": metric }),
+        )
+    };
+    let filters = vec![
+        counting("hostile", "audit_blocked"),
+        counting("hostile-audit", "blocked"),
+    ];
+    let served = Served::start(
+        kernel(filters, ScriptedModel::answer("fine")).await,
+        config(),
+    )
+    .await;
+    let (status, body) = served.complete(ask("go")).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, metrics) = served.get("/metrics").await;
+    for line in [
+        r#"shallot_gateway_plugin_hostile__audit_blocked_total{filter="hostile"} 1"#,
+        r#"shallot_gateway_plugin_hostile_audit__blocked_total{filter="hostile-audit"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+    served.stop().await.unwrap();
+
+    let le = spec(
+        "misbehave",
+        "buckets",
+        json!({ "on": "chat", "do": "metric-le" }),
+    );
+    let served = Served::start(
+        kernel(vec![le], ScriptedModel::answer("fine")).await,
+        config(),
+    )
+    .await;
+    let (status, body) = served.complete(ask("go")).await;
+    assert_eq!(status, 400, "{body}");
+    let said = body["error"]["message"].as_str().unwrap();
+    assert!(said.contains("the label `le`"), "{body}");
+    let (_, metrics) = served.get("/metrics").await;
+    assert!(!metrics.contains("plugin_buckets"), "{metrics}");
     served.stop().await.unwrap();
 }
 

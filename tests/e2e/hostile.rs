@@ -1439,6 +1439,30 @@ async fn a_name_for_loopback() -> String {
 /// name that resolves to loopback (unless that origin is listed as
 /// private), nothing through a redirect out of the list. Each refusal is
 /// the filter's own typed error and never leaves the host.
+/// What a request's server reads of its origin is the checked origin: a
+/// URL with a user and password (which reached the server in `Host`) is
+/// refused before it leaves, `Host` is the origin's, and a `Host` the
+/// filter writes is refused to it.
+#[tokio::test]
+async fn an_outgoing_requests_host_is_the_checked_origin_and_carries_no_credentials() {
+    let service = WebService::start().await;
+    let grant = shallot_tests::http_grant(&[&service.origin()]);
+    let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), Limits::default());
+    let with_user = service
+        .url("/host")
+        .replace("http://", "http://admin:hunter2@");
+    let lines = fetch(json!({ "url": with_user })).await.unwrap();
+    assert_eq!(lines, ["error HttpRequestUriInvalid"]);
+    assert_eq!(service.hits(), 0, "nothing left the host");
+    let origin = service.address.to_string();
+    let lines = fetch(json!({ "url": service.url("/host") })).await.unwrap();
+    assert_eq!(lines, [format!("200 {} {origin}", origin.len())]);
+    let forged = json!({ "url": service.url("/host"), "host": "admin:hunter2@intranet" });
+    let lines = fetch(forged).await.unwrap();
+    assert!(lines[0].contains("Forbidden"), "{lines:?}");
+    assert_eq!(service.hits(), 1, "only the plain request reached it");
+}
+
 #[tokio::test]
 async fn http_reaches_only_the_listed_origins_and_no_private_address_through_a_name() {
     let service = WebService::start().await;

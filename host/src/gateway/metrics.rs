@@ -180,21 +180,18 @@ fn escaped(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// A filter's name in a metric family's name: a-z and 0-9, the rest `_`.
+/// A filter's name in a metric family's name: its `-` as `_`. A name is
+/// a-z and 0-9 in runs joined by single `-` (the loader sees to it), so
+/// this has no `__` and no `_` at either end.
 fn family_part(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '_',
-        })
-        .collect()
+    name.replace('-', "_")
 }
 
 /// The metrics each filter declared, each a family
-/// `plugin_<filter>_<metric>` labelled with the filter's name and its own
-/// labels. A family whose name another filter's already took (two names
-/// alike but for their punctuation) is left out.
+/// `plugin_<filter>__<metric>` labelled with the filter's name and its own
+/// labels. Neither part has a `__` (a metric's name has none either), so
+/// no two filters' metrics are one family, however their names begin.
+/// The same filter twice (a set served by several routes) is one.
 fn encode_declared(
     stats: &[FilterStats],
     encoder: &mut DescriptorEncoder,
@@ -202,11 +199,10 @@ fn encode_declared(
     let mut named = std::collections::HashSet::new();
     for filter in stats {
         for metric in &filter.metrics {
-            let name = format!("plugin_{}_{}", family_part(&filter.name), metric.name);
-            if !named.insert(name.clone()) {
-                continue;
+            let name = format!("plugin_{}__{}", family_part(&filter.name), metric.name);
+            if named.insert(name.clone()) {
+                encode_metric(encoder, &name, &filter.name, metric)?;
             }
-            encode_metric(encoder, &name, &filter.name, metric)?;
         }
     }
     Ok(())

@@ -368,6 +368,20 @@ impl HttpOrigin {
         self.host.parse().ok()
     }
 
+    /// Its host and port as a request's `Host` header writes them (the
+    /// port only when it is not the scheme's own).
+    pub fn authority(&self) -> String {
+        let host = match self.address() {
+            Some(IpAddr::V6(_)) => format!("[{}]", self.host),
+            _ => self.host.clone(),
+        };
+        if self.port == if self.tls { 443 } else { 80 } {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+
     /// Whether its host is `localhost`, which names the loopback addresses.
     pub fn is_localhost(&self) -> bool {
         self.host == "localhost"

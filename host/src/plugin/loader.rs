@@ -298,10 +298,11 @@ fn check_contract(engine: &Engine, path: &Path, component: &Component) -> Result
 /// How an operator configured one filter.
 #[derive(Debug, Clone, Default)]
 pub struct FilterSpec {
-    /// The filter's name; `None` takes its plugin file's (`rate_limit.wasm`
-    /// is `rate-limit`), never the name the plugin gives itself: a name
-    /// keys what isolates a filter (its `kv` namespace, its metrics, the
-    /// lines it is blamed for), so the operator or the host gives it.
+    /// The filter's name: 1 to 64 of a-z and 0-9 in runs joined by single
+    /// `-`. `None` takes its plugin file's (`rate_limit.wasm` is
+    /// `rate-limit`), never the name the plugin gives itself: a name keys
+    /// what isolates a filter (its `kv` namespace, its metric families,
+    /// the lines it is blamed for), so the operator or the host gives it.
     pub name: Option<String>,
     /// The configuration handed to the plugin's `configure`.
     pub config: Option<serde_json::Value>,
@@ -341,11 +342,8 @@ pub async fn configure_filter(
             message,
         })?;
     let name: Arc<str> = spec.name.unwrap_or_else(|| name_of_file(&path)).into();
-    if name.is_empty() {
-        return Err(LoadError::Config {
-            path,
-            message: "the filter has no name; set `name`".to_owned(),
-        });
+    if let Err(message) = check_name(&name) {
+        return Err(LoadError::Config { path, message });
     }
     let template = InstanceTemplate {
         pre: plugin.pre.clone(),
@@ -396,18 +394,76 @@ async fn describe(
     instance.describe().await.map_err(failed)
 }
 
-/// The name a plugin file gives its filter: its stem, `_` read as `-`
-/// (`token_redact.wasm` is `token-redact`, as the built-ins call
-/// themselves).
+/// The longest filter name.
+const NAME_CAP: usize = 64;
+
+/// The name a plugin file gives its filter: its stem in lowercase, each
+/// run of other characters than a-z and 0-9 one `-` (`token_redact.wasm`
+/// is `token-redact`, as the built-ins call themselves).
 fn name_of_file(path: &Path) -> String {
-    path.file_stem()
-        .map(|s| s.to_string_lossy().replace('_', "-"))
-        .unwrap_or_default()
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let lower = stem.to_lowercase();
+    let runs = lower.split(|c: char| !c.is_ascii_lowercase() && !c.is_ascii_digit());
+    runs.filter(|run| !run.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// Checks a filter's name: 1 to [`NAME_CAP`] of a-z and 0-9 in runs
+/// joined by single `-`, so that its metric families are its own (a
+/// name's `-` is `_` in them, and `__` parts it from the metric's).
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_CAP
+        && name.split('-').all(|run| {
+            !run.is_empty()
+                && run
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "the filter's name `{}` must be 1 to {NAME_CAP} of a-z and 0-9 in runs joined by single `-` (set `name`)",
+            crate::escape::printable(name, NAME_CAP)
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::compatible;
+    use super::{check_name, compatible, name_of_file};
+    use std::path::Path;
+
+    #[test]
+    fn a_files_name_is_its_stem_in_lowercase_runs_joined_by_dashes() {
+        for (file, name) in [
+            ("plugins/token_redact.wasm", "token-redact"),
+            ("10-first.wasm", "10-first"),
+            ("My  Filter.v2.wasm", "my-filter-v2"),
+            ("__odd__.wasm", "odd"),
+        ] {
+            assert_eq!(name_of_file(Path::new(file)), name);
+            assert!(check_name(name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_name_is_runs_of_a_z_and_0_9_joined_by_single_dashes() {
+        for bad in [
+            "",
+            "Guard",
+            "a--b",
+            "-a",
+            "a-",
+            "a_b",
+            "a b",
+            &"x".repeat(65),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn only_the_same_minor_is_compatible_before_1_0() {

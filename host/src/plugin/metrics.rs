@@ -97,16 +97,30 @@ struct Declared {
 #[derive(Debug, Default)]
 pub(crate) struct Metrics(Mutex<BTreeMap<String, Declared>>);
 
+/// Label names the exposition gives a meaning of its own: the filter's
+/// name (`filter`), a histogram's bucket (`le`), a summary's quantile.
+/// A label named so would make a sample with one label twice, and a
+/// Prometheus server refuses the whole scrape for it.
+const RESERVED_LABELS: [&str; 3] = ["filter", "le", "quantile"];
+
+/// Endings the exposition gives the samples of a family (a counter's
+/// `_total`, a histogram's `_bucket`, `_sum` and `_count`, OpenMetrics'
+/// `_created` and `_info`): a metric named with one could be taken for a
+/// sample of another.
+const RESERVED_ENDINGS: [&str; 6] = ["_total", "_bucket", "_sum", "_count", "_created", "_info"];
+
 fn check_name(name: &str, what: &str) -> Result<(), String> {
     let mut bytes = name.bytes();
     let ok = bytes.next().is_some_and(|b| b.is_ascii_lowercase())
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && name.len() <= NAME_CAP;
+        && name.len() <= NAME_CAP
+        && !name.contains("__")
+        && !name.ends_with('_');
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "{what} `{}` must be 1 to {NAME_CAP} of a-z, 0-9 and _, starting with a letter",
+            "{what} `{}` must be 1 to {NAME_CAP} of a-z, 0-9 and single _, starting with a letter and not ending with _",
             crate::escape::printable(name, 64)
         ))
     }
@@ -133,6 +147,11 @@ impl Metrics {
     ) -> Result<(), String> {
         let kind = sample.kind();
         check_name(name, "a metric's name")?;
+        if let Some(ending) = RESERVED_ENDINGS.iter().find(|e| name.ends_with(*e)) {
+            return Err(format!(
+                "a metric's name must not end with `{ending}`, which the exposition gives its samples"
+            ));
+        }
         if matches!(sample, Sample::Observe(v) if !v.is_finite()) {
             return Err("a histogram's sample must be a finite number".into());
         }
@@ -148,8 +167,10 @@ impl Metrics {
         }
         for (label, _) in &labels {
             check_name(label, "a label's name")?;
-            if label == "filter" {
-                return Err("the label `filter` is the host's (the filter's name)".into());
+            if RESERVED_LABELS.contains(&label.as_str()) {
+                return Err(format!(
+                    "the label `{label}` is the exposition's (`filter` names the filter, `le` a histogram's bucket, `quantile` a summary's)"
+                ));
             }
         }
         let (names, values): (Vec<String>, Vec<String>) =
@@ -281,14 +302,30 @@ mod tests {
             .record("seconds", vec![], Sample::Observe(0.2))
             .unwrap_err();
         assert!(labels.contains("has the labels [route]"), "{labels}");
-        for bad in ["Hits", "1hits", "hits-total", "", &"h".repeat(49)] {
+        for bad in [
+            "Hits",
+            "1hits",
+            "hits-total",
+            "",
+            &"h".repeat(49),
+            "a__b",
+            "hits_",
+            "hits_total",
+            "wait_bucket",
+            "wait_count",
+            "wait_sum",
+            "build_info",
+        ] {
             assert!(
                 metrics.record(bad, vec![], Sample::Count(1)).is_err(),
                 "{bad}"
             );
         }
-        let filter = vec![("filter".into(), "forged".into())];
-        assert!(metrics.record("hits", filter, Sample::Count(1)).is_err());
+        for reserved in ["filter", "le", "quantile"] {
+            let label = vec![(reserved.into(), "forged".into())];
+            let refused = metrics.record("hits", label, Sample::Count(1)).unwrap_err();
+            assert!(refused.contains(reserved), "{refused}");
+        }
         for n in 1..METRICS_CAP {
             metrics
                 .record(&format!("m{n}"), vec![], Sample::Count(1))

@@ -27,6 +27,8 @@ struct Fetch {
     /// When: `configure` (while the instance is made) or `chat`.
     #[serde(default = "chat")]
     on: String,
+    /// A `Host` header to send (the host's own is the origin's).
+    host: Option<String>,
 }
 
 fn one() -> u32 {
@@ -38,13 +40,24 @@ fn chat() -> String {
 }
 
 /// What one request came to.
-async fn outcome(url: &str, body_bytes: usize, follow: bool) -> (String, Option<String>) {
-    let request = if body_bytes > 0 {
-        Request::post(url)
-            .header("content-length", body_bytes)
-            .body(Body::from("x".repeat(body_bytes)))
+async fn outcome(
+    url: &str,
+    body_bytes: usize,
+    follow: bool,
+    host: Option<&str>,
+) -> (String, Option<String>) {
+    let mut request = if body_bytes > 0 {
+        Request::post(url).header("content-length", body_bytes)
     } else {
-        Request::get(url).body(Body::empty())
+        Request::get(url)
+    };
+    if let Some(host) = host {
+        request = request.header("host", host);
+    }
+    let request = if body_bytes > 0 {
+        request.body(Body::from("x".repeat(body_bytes)))
+    } else {
+        request.body(Body::empty())
     };
     let mut response = match Client::new().send(request.expect("a valid request")).await {
         Ok(response) => response,
@@ -84,10 +97,11 @@ impl Fetch {
         wstd::runtime::block_on(async {
             let mut lines = Vec::new();
             for _ in 0..self.times {
-                let (line, location) = outcome(&self.url, self.body_bytes, self.follow).await;
+                let host = self.host.as_deref();
+                let (line, location) = outcome(&self.url, self.body_bytes, self.follow, host).await;
                 lines.push(line);
                 if let Some(location) = location {
-                    lines.push(outcome(&location, 0, false).await.0);
+                    lines.push(outcome(&location, 0, false, None).await.0);
                 }
             }
             lines

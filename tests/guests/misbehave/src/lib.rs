@@ -61,7 +61,9 @@ struct Misbehave {
     /// one), model-flood (model side calls until refused), metrics-flood
     /// (a thousand series of one counter, label values that forge
     /// exposition lines, then new metrics until refused), spin (burns
-    /// `rounds` rounds of CPU, then passes through).
+    /// `rounds` rounds of CPU, then passes through), count (counts the
+    /// metric `metric` once, then passes through), metric-le (a histogram
+    /// with a label named `le`, which the exposition gives its buckets).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -69,6 +71,8 @@ struct Misbehave {
     /// How many rounds `spin` burns.
     #[serde(default)]
     rounds: u64,
+    /// The metric `count` counts.
+    metric: Option<String>,
 }
 
 /// Text that forges lines and terminal commands for a reader that splits
@@ -285,6 +289,8 @@ impl Misbehave {
                 }
                 Ok(())
             }
+            "count" => metrics::count(self.metric.as_deref().unwrap_or("counted"), &[], 1),
+            "metric-le" => metrics::observe("latency", &[("le", "0.1")], 0.05),
             "model-flood" => loop {
                 let ask = ChatRequest::new(&[Message::user("again")]);
                 ask.set_options(r#"{"max_tokens": 1000000000}"#)

@@ -101,6 +101,12 @@ impl OutgoingHttp {
                 "the request has no host".into(),
             ));
         };
+        // An origin is a scheme, a host and a port: a user and password in
+        // the URL would reach the server in its `Host` header.
+        if authority.as_str().contains('@') {
+            let why = "a URL with a user or password is refused; send credentials in a header";
+            return Err((Error::HttpRequestUriInvalid, why.into()));
+        }
         let origin = HttpOrigin::of(uri.scheme_str() == Some("https"), authority);
         match grant.admits(&origin) {
             Some(private) => Ok((grant, origin, private)),
@@ -198,6 +204,7 @@ async fn send(
     };
     exchange(
         &grant,
+        &origin,
         request,
         sender,
         conn,
@@ -250,9 +257,11 @@ async fn open(
         .map_err(|_| Error::ConnectionTimeout)??)
 }
 
-/// Sends the request over an open connection and bounds its response.
+/// Sends the request over an open connection, its `Host` the checked
+/// origin's whatever the guest wrote, and bounds its response.
 async fn exchange(
     grant: &HttpGrant,
+    origin: &HttpOrigin,
     mut request: http::Request<WasiBody>,
     mut sender: hyper::client::conn::http1::SendRequest<WasiBody>,
     conn: Connection,
@@ -264,6 +273,9 @@ async fn exchange(
         .path_and_query(path)
         .build()
         .map_err(|_| Error::HttpRequestUriInvalid)?;
+    let host = http::HeaderValue::try_from(origin.authority())
+        .map_err(|_| Error::HttpRequestUriInvalid)?;
+    request.headers_mut().insert(http::header::HOST, host);
     let request = request.map(|body| {
         Bounded::new(body, grant.send_bytes, Error::HttpRequestBodySize, None).boxed_unsync()
     });
