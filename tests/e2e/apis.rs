@@ -385,6 +385,83 @@ async fn the_responses_api_answers_and_streams_its_typed_events_and_round_trips_
     served.stop().await.unwrap();
 }
 
+/// The id of a kept response is 128 random bits: on a gateway without
+/// keys nobody continues a neighbour's response from their own id (each
+/// was the last plus one), and an id spelled as another owner's key in a
+/// store a keyed gateway shares (`acme/resp_...`) is no id at all.
+#[tokio::test]
+async fn a_kept_responses_id_is_not_guessed_from_another_nor_spelled_as_another_owners() {
+    let store = open_store(":memory:responses-ids").await.unwrap();
+    let open = Route::proxy(
+        "scripted",
+        kernel(vec![], ScriptedModel::answer("hi")).await,
+    )
+    .with_store(store.clone());
+    let open = Served::gateway(Gateway::new(vec![open], config())).await;
+    let keyed = Route::proxy(
+        "scripted",
+        kernel(vec![], ScriptedModel::answer("hi")).await,
+    )
+    .with_store(store);
+    let keyed = Gateway::new(vec![keyed], config());
+    keyed.set_keys(vec![ClientKey::new(
+        "alice",
+        Some("acme".into()),
+        "sk-alice",
+    )]);
+    let keyed = Served::gateway(keyed).await;
+
+    let ask = |previous: Option<&str>| json!({ "model": "scripted", "input": "hello", "previous_response_id": previous });
+    let kept = |text: &str| -> String {
+        let body: Value = serde_json::from_str(text).unwrap();
+        body["id"].as_str().unwrap().to_owned()
+    };
+    let (_, victims) = post(&open, "/v1/responses", &ask(None), &[]).await;
+    let (_, mine) = post(&open, "/v1/responses", &ask(None), &[]).await;
+    let (victims, mine) = (kept(&victims), kept(&mine));
+    for id in [&victims, &mine] {
+        let bits = id.strip_prefix("resp_").unwrap();
+        assert!(
+            bits.len() == 32 && bits.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+    }
+    let shared = victims
+        .chars()
+        .zip(mine.chars())
+        .take_while(|(a, b)| a == b);
+    assert!(
+        shared.count() < 16,
+        "{victims} and {mine} share their start"
+    );
+    let (status, _) = post(&open, "/v1/responses", &ask(Some(&mine)), &[]).await;
+    assert_eq!(status, 200, "one's own continues");
+    let bits = u128::from_str_radix(mine.strip_prefix("resp_").unwrap(), 16).unwrap();
+    for guess in [bits.wrapping_sub(1), bits.wrapping_add(1)] {
+        let guess = format!("resp_{guess:032x}");
+        let (status, text) = post(&open, "/v1/responses", &ask(Some(&guess)), &[]).await;
+        assert_eq!(status, 400, "{guess}: {text}");
+        assert!(text.contains("previous_response_not_found"), "{text}");
+    }
+
+    let alice = [("authorization", "Bearer sk-alice")];
+    let (_, acmes) = post(&keyed, "/v1/responses", &ask(None), &alice).await;
+    let acmes = kept(&acmes);
+    let (status, _) = post(&keyed, "/v1/responses", &ask(Some(&acmes)), &alice).await;
+    assert_eq!(status, 200, "acme's own continues");
+    for spelled in [
+        format!("acme/{acmes}"),
+        format!("by/4:acme/{acmes}"),
+        format!("../by/4:acme/{acmes}"),
+    ] {
+        let (status, text) = post(&open, "/v1/responses", &ask(Some(&spelled)), &[]).await;
+        assert_eq!(status, 400, "{spelled}: {text}");
+        assert!(text.contains("previous_response_not_found"), "{text}");
+    }
+    open.stop().await.unwrap();
+    keyed.stop().await.unwrap();
+}
+
 /// A route with a store keeps each response, under the key's tenant:
 /// `previous_response_id` continues it (a tool round trip with only the
 /// tool's output sent), another tenant cannot; a route without a store

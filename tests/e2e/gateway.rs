@@ -1802,23 +1802,29 @@ async fn two_replicas_share_a_conversation_through_the_memory_filter_over_redis(
 #[tokio::test]
 async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
     let served = keyed(&["conversation_id"]).await;
-    let seen = |key: &'static str| {
+    let said = |key: &'static str, conversation: &'static str| {
         let url = format!("{}/v1/chat/completions", served.base);
         async move {
             let response = reqwest::Client::new()
                 .post(url)
                 .bearer_auth(key)
-                .header(shallot::CONVERSATION_HEADER, "c-1")
+                .header(shallot::CONVERSATION_HEADER, conversation)
                 .json(&ask("hi"))
                 .send()
                 .await
                 .unwrap();
-            let body: Value = response.json().await.unwrap();
-            body["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_owned()
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
         }
+    };
+    let seen = |key: &'static str| async move {
+        let (_, body) = said(key, "c-1").await;
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
     assert_eq!(seen("sk-billing").await, "\"acme/c-1\"");
     assert_eq!(
@@ -1826,6 +1832,9 @@ async fn behind_keys_a_conversation_belongs_to_the_keys_tenant() {
         "\"ops/c-1\"",
         "a key without a tenant owns its own"
     );
+    // Where the host keeps its own (kept responses), no client names one.
+    let (status, body) = said("sk-ops", "/responses/open/resp_0").await;
+    assert_eq!(status, 400, "{body}");
     served.stop().await.unwrap();
 }
 

@@ -329,8 +329,6 @@ pub(super) async fn read_body(gateway: &GatewayState, request: Request) -> Resul
 /// key's name when it has no tenant), so tenants never share one.
 pub const CONVERSATION_HEADER: &str = "x-shallot-conversation";
 
-/// The conversation a request names, if any: 1 to 256 printable ASCII
-/// characters.
 /// How many gateways the request passed through before this one
 /// (`x-shallot-hops`); refused at [`MAX_HOPS`]: a route's model, or a
 /// filter's side call, that leads back to a gateway.
@@ -358,16 +356,24 @@ fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
     Ok(hops)
 }
 
+/// The conversation a request names, if any: 1 to 256 printable ASCII
+/// characters, not starting with `/` (the host keeps its own there, such
+/// as the Responses API's kept responses).
 pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(CONVERSATION_HEADER) else {
         return Ok(None);
     };
     match value.to_str() {
-        Ok(id) if !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| b.is_ascii_graphic()) => {
+        Ok(id)
+            if !id.is_empty()
+                && id.len() <= 256
+                && !id.starts_with('/')
+                && id.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
             Ok(Some(id))
         }
         _ => Err(ApiError::invalid(format!(
-            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters"
+            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters, not starting with `/`"
         ))),
     }
 }

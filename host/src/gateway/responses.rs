@@ -202,31 +202,48 @@ fn unkept(model: &str) -> ApiError {
     )
 }
 
-/// Where the response `id` is kept: under its owner, apart from the
-/// conversations filters keep (those never start with `/`).
+/// Where the response `id` is kept: under its owner (its length first, so
+/// that no owner and id spell another's), or apart from every owner's on
+/// a gateway without keys; apart from the conversations filters keep
+/// (those never start with `/`).
 fn kept_as(owner: Option<&str>, id: &str) -> String {
     match owner {
-        Some(owner) => format!("/responses/{owner}/{id}"),
-        None => format!("/responses/{id}"),
+        Some(owner) => format!("/responses/by/{}:{owner}/{id}", owner.len()),
+        None => format!("/responses/open/{id}"),
     }
 }
 
-/// The conversation of the kept response `id`, or a `400` naming it.
+/// Whether `id` is one [`unique_id`] made for a response: `resp_` and 32
+/// hex digits. Anything else names no kept response.
+fn well_formed(id: &str) -> bool {
+    id.strip_prefix("resp_")
+        .is_some_and(|bits| bits.len() == 32 && bits.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The conversation of the kept response `id`, or a `400` naming it: the
+/// same for an id that is not kept, not well formed, or another owner's.
 async fn earlier(
     store: &dyn ConversationStore,
     owner: Option<&str>,
     id: &str,
 ) -> Result<Vec<Message>, ApiError> {
-    let history = store
-        .load(&kept_as(owner, id), CONVERSATION_CAP)
-        .await
-        .map_err(|e| ApiError::chain(&e))?;
+    let history = if well_formed(id) {
+        store
+            .load(&kept_as(owner, id), CONVERSATION_CAP)
+            .await
+            .map_err(|e| ApiError::chain(&e))?
+    } else {
+        Vec::new()
+    };
     if history.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             Some("previous_response_not_found"),
-            format!("no response '{id}' is kept here"),
+            format!(
+                "no response '{}' is kept here",
+                crate::escape::printable(id, 80)
+            ),
         ));
     }
     Ok(history)

@@ -128,18 +128,30 @@ impl ChatApi for CompletionRequest {
     }
 }
 
-/// Names one answer (or one of its items): `prefix` and a number unique
-/// among every gateway's, this process's random seed and a count.
+/// Names one answer (or one of its items): `prefix` and 128 random bits
+/// from the operating system, as 32 hex digits. An id that grants access
+/// (a kept response's) must not be guessed from another: no id shows a
+/// seed, a count or a time.
 pub(super) fn unique_id(prefix: &str) -> String {
-    use std::hash::{BuildHasher, Hasher};
-    static SEED: std::sync::LazyLock<u64> =
-        std::sync::LazyLock::new(|| std::hash::RandomState::new().build_hasher().finish());
+    let mut bits = [0u8; 16];
+    if let Err(e) = getrandom::fill(&mut bits) {
+        // Never seen on a system that runs wasmtime; an id that cannot be
+        // random is a keyed hash of a count (std's keys are random too).
+        tracing::error!("the operating system's random source failed: {e}");
+        bits = keyed_bits();
+    }
+    format!("{prefix}{:032x}", u128::from_be_bytes(bits))
+}
+
+/// 128 bits of SipHash under std's random keys over a count: what
+/// [`unique_id`] falls back to.
+fn keyed_bits() -> [u8; 16] {
+    use std::hash::BuildHasher;
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED;
-    format!(
-        "{prefix}{seed:016x}{:08x}",
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let keys = std::hash::RandomState::new();
+    let (high, low) = (keys.hash_one((n, 0u8)), keys.hash_one((n, 1u8)));
+    (u128::from(high) << 64 | u128::from(low)).to_be_bytes()
 }
 
 /// Seconds since the epoch, as `created` says it.

@@ -337,6 +337,13 @@ impl HostState {
             let message = format!("a conversation id must be 1 to {CONVERSATION_ID_CAP} bytes");
             return Err(error(wit::ErrorKind::InvalidRequest, message));
         }
+        if conversation.starts_with('/') {
+            // The host keeps its own there (the gateway's kept responses),
+            // in a store an operator may also grant.
+            let message =
+                "a conversation id must not start with `/`, which the host keeps for its own";
+            return Err(error(wit::ErrorKind::InvalidRequest, message));
+        }
         self.quotas.store_ops += 1;
         if self.quotas.store_ops > STORE_OPS_PER_CALL {
             let message =
