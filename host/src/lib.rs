@@ -101,8 +101,9 @@ pub use kernel::{BuildError, Kernel, KernelBuilder};
 pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, open_kv};
 pub use mcp::{McpConfig, McpError, McpServer};
 pub use model::{
-    AnthropicConfig, AnthropicModel, ChatModel, EmbeddedModel, HOPS_HEADER, ModelEvent,
-    OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth, UpstreamPool,
+    AnthropicConfig, AnthropicModel, BUDGET_HEADER, BUDGET_LEFT_HEADER, ChatModel, EmbeddedModel,
+    HOPS_HEADER, ModelEvent, OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth,
+    UpstreamPool,
 };
 pub use onion::{
     ApprovalRequest, Approver, Cancel, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,

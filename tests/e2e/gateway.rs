@@ -35,6 +35,12 @@ impl Served {
     /// The same, on `address`.
     pub(crate) async fn at(gateway: Gateway, address: &str) -> Self {
         let listener = TcpListener::bind(address).await.unwrap();
+        Self::listening(gateway, listener).await
+    }
+
+    /// The same, on `listener` (bound before the gateway was built, so
+    /// that a route can name the gateway's own address).
+    pub(crate) async fn listening(gateway: Gateway, listener: TcpListener) -> Self {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async {
@@ -74,7 +80,7 @@ impl Served {
         )
     }
 
-    async fn complete(&self, request: Value) -> (u16, Value) {
+    pub(crate) async fn complete(&self, request: Value) -> (u16, Value) {
         let (status, _, body) = self.post(request.to_string()).await;
         let body = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
         (status, body)
@@ -701,19 +707,7 @@ async fn a_route_whose_model_leads_back_to_the_gateway_ends_at_the_hop_limit() {
             .unwrap();
     let kernel = Kernel::builder().model(itself).build().unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        gateway
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let served = Served {
-        base,
-        stop: Some(stop),
-        task,
-    };
+    let served = Served::listening(gateway, listener).await;
     let (status, body) = served.complete(ask("hello")).await;
     assert!(status >= 400, "{status}: {body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();

@@ -1433,12 +1433,6 @@ async fn a_name_for_loopback() -> String {
     name
 }
 
-/// Outgoing HTTP reaches only what the operator listed: nothing without
-/// the grant, nothing at an unlisted origin (not even another port of a
-/// listed host), nothing while the instance is configured, nothing at a
-/// name that resolves to loopback (unless that origin is listed as
-/// private), nothing through a redirect out of the list. Each refusal is
-/// the filter's own typed error and never leaves the host.
 /// What a request's server reads of its origin is the checked origin: a
 /// URL with a user and password (which reached the server in `Host`) is
 /// refused before it leaves, `Host` is the origin's, and a `Host` the
@@ -1449,20 +1443,45 @@ async fn an_outgoing_requests_host_is_the_checked_origin_and_carries_no_credenti
     let grant = shallot_tests::http_grant(&[&service.origin()]);
     let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), Limits::default());
     let with_user = service
-        .url("/host")
+        .url("/header?name=host")
         .replace("http://", "http://admin:hunter2@");
     let lines = fetch(json!({ "url": with_user })).await.unwrap();
     assert_eq!(lines, ["error HttpRequestUriInvalid"]);
     assert_eq!(service.hits(), 0, "nothing left the host");
     let origin = service.address.to_string();
-    let lines = fetch(json!({ "url": service.url("/host") })).await.unwrap();
+    let host = service.url("/header?name=host");
+    let lines = fetch(json!({ "url": host })).await.unwrap();
     assert_eq!(lines, [format!("200 {} {origin}", origin.len())]);
-    let forged = json!({ "url": service.url("/host"), "host": "admin:hunter2@intranet" });
+    let forged = json!({ "url": host, "header": ["host", "admin:hunter2@intranet"] });
     let lines = fetch(forged).await.unwrap();
     assert!(lines[0].contains("Forbidden"), "{lines:?}");
     assert_eq!(service.hits(), 1, "only the plain request reached it");
 }
 
+/// A filter's request says how far its invoke came, as a model call does
+/// (`x-shallot-hops` one more), and no filter writes that or the tree's
+/// loan: a gateway it reaches counts it as one more hop.
+#[tokio::test]
+async fn an_outgoing_request_says_its_hops_and_no_filter_forges_them() {
+    let service = WebService::start().await;
+    let grant = shallot_tests::http_grant(&[&service.origin()]);
+    let fetch = |config| shallot_tests::fetch(config, Some(grant.clone()), Limits::default());
+    let hops = service.url("/header?name=x-shallot-hops");
+    let lines = fetch(json!({ "url": hops })).await.unwrap();
+    assert_eq!(lines, ["200 1 1"]);
+    for header in ["x-shallot-hops", "x-shallot-budget"] {
+        let forged = json!({ "url": hops, "header": [header, "0"] });
+        let lines = fetch(forged).await.unwrap();
+        assert!(lines[0].contains("Forbidden"), "{header}: {lines:?}");
+    }
+}
+
+/// Outgoing HTTP reaches only what the operator listed: nothing without
+/// the grant, nothing at an unlisted origin (not even another port of a
+/// listed host), nothing while the instance is configured, nothing at a
+/// name that resolves to loopback (unless that origin is listed as
+/// private), nothing through a redirect out of the list. Each refusal is
+/// the filter's own typed error and never leaves the host.
 #[tokio::test]
 async fn http_reaches_only_the_listed_origins_and_no_private_address_through_a_name() {
     let service = WebService::start().await;
@@ -1608,14 +1627,17 @@ async fn model_side_calls_are_bounded_in_calls_and_tokens_per_hook_call() {
             4,
             "more than 4 model side calls",
         ),
+        // Each call's prompt ("again") is about 6 tokens, its answer
+        // ("fine") 1: two calls spend 14 of 20, and the third's prompt
+        // does not fit in the 6 left.
         (
             shallot::ModelGrant {
                 calls: 100,
-                tokens: 3,
+                tokens: 20,
                 ..shallot::ModelGrant::of("default")
             },
-            3,
-            "spent its 3 tokens",
+            2,
+            "does not fit in the 6",
         ),
     ] {
         let mut bad = hostile("chat", "model-flood", generous());

@@ -33,6 +33,7 @@ mod sandbox;
 mod schema;
 mod sdk;
 mod soak;
+mod spend;
 mod stream_filters;
 mod system_prompt;
 mod tokens;

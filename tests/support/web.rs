@@ -4,7 +4,7 @@
 //! - `/hello`: `200` and `hello from the service`.
 //! - `/echo`: `200` and the size of the request body it read, in bytes.
 //! - `/redirect?to=<url>`: `302` to `<url>`.
-//! - `/host`: `200` with the request's `Host` header.
+//! - `/header?name=<name>`: `200` with the request's header `name`.
 //! - `/trickle?bytes=<n>`: `200` with `n` bytes, one every 50 ms.
 //! - `/silent`: reads the request and never answers.
 //! - `/flood`: `200` declaring 4 GiB, written as fast as the client reads.
@@ -87,16 +87,17 @@ async fn serve(mut socket: TcpStream, received: Arc<AtomicUsize>) {
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let _ = match path {
         "/hello" => answer(&mut socket, "200 OK", &[], b"hello from the service").await,
-        "/host" => {
-            let host = head
+        "/header" => {
+            let wanted = query.strip_prefix("name=").unwrap_or("host");
+            let value = head
                 .lines()
                 .find_map(|line| {
                     let (name, value) = line.split_once(':')?;
-                    name.eq_ignore_ascii_case("host")
+                    name.eq_ignore_ascii_case(wanted)
                         .then(|| value.trim().to_owned())
                 })
                 .unwrap_or_default();
-            answer(&mut socket, "200 OK", &[], host.as_bytes()).await
+            answer(&mut socket, "200 OK", &[], value.as_bytes()).await
         }
         "/echo" => {
             answer(

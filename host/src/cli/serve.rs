@@ -82,6 +82,12 @@ pub(crate) struct ServeArgs {
     /// send nothing, or a byte at a time).
     #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     read_timeout_ms: u64,
+    /// Requests to models one client request may cause in all (its model
+    /// calls, its filters' side calls, retries and failovers), across every
+    /// gateway it passes through (x-shallot-budget): a loop of side calls
+    /// back into the gateway ends there.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    max_model_requests: u64,
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -99,6 +105,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         max_connections: max_connections(args.max_connections),
         read_timeout: Duration::from_millis(args.read_timeout_ms),
+        max_model_requests: args.max_model_requests,
     };
     // Installed before the address is printed: a supervisor may signal as
     // soon as it reads it.

@@ -15,8 +15,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::GatewayState;
-use super::handlers::{caller, read_body};
+use super::handlers::{caller, read_body, unspent};
 use super::wire::ApiError;
+use crate::context::Context;
 use crate::types::{ChainError, ErrorKind};
 
 pub(super) async fn embeddings(
@@ -28,7 +29,11 @@ pub(super) async fn embeddings(
     let started = Instant::now();
     let mut routed = None;
     let response = match embed(&gateway, &headers, body, &mut routed).await {
-        Ok(answer) => axum::Json(answer).into_response(),
+        Ok((answer, context)) => {
+            let mut response = axum::Json(answer).into_response();
+            unspent(&context, false, response.headers_mut());
+            response
+        }
         Err(error) => error.into_response(),
     };
     let seconds = started.elapsed().as_secs_f64();
@@ -46,7 +51,7 @@ async fn embed(
     headers: &HeaderMap,
     body: Result<Bytes, ApiError>,
     routed: &mut Option<String>,
-) -> Result<Value, ApiError> {
+) -> Result<(Value, Context), ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
     let request: Value = serde_json::from_slice(&body?)
@@ -60,7 +65,7 @@ async fn embed(
     let route = served.route(key, model)?;
     *routed = Some(route.model.clone());
     let _place = gateway.place().await?;
-    let context = caller(&route.model, key, headers)?;
+    let context = caller(&route.model, key, headers, &gateway.config)?;
     let within = gateway.config.request_timeout;
     let answer = tokio::time::timeout(within, route.kernel.embed(&request, &context))
         .await
@@ -74,5 +79,5 @@ async fn embed(
         // Named as the client asked, as a chat completion is.
         answer["model"] = json!(route.model);
     }
-    Ok(answer)
+    Ok((answer, context))
 }

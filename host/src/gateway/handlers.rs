@@ -15,12 +15,12 @@ use super::answer::Responder;
 use super::dialect::Dialect;
 use super::responses::Keep;
 use super::wire::ApiError;
-use super::{GatewayState, Route};
+use super::{GatewayConfig, GatewayState, Route};
 use super::{reported, upstreams};
 use crate::config::{ClientKey, RouteMode};
-use crate::context::Context;
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, HOPS, MAX_HOPS, TENANT, USER};
-use crate::model::HOPS_HEADER;
+use crate::context::{Context, Tree};
+use crate::model::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
 use crate::types::ChatRequest;
 
 impl IntoResponse for ApiError {
@@ -223,7 +223,7 @@ async fn ask<A: ChatApi>(
     *routed = Some(route.model.clone());
     tracing::Span::current().record("model", route.model.as_str());
     let stream = request.stream();
-    let mut context = caller(&route.model, key, headers)?;
+    let mut context = caller(&route.model, key, headers, &gateway.config)?;
     if let Some(user) = request.user() {
         context = context.with(USER, user);
     }
@@ -266,19 +266,23 @@ async fn ask<A: ChatApi>(
     // What the filters reported (limits, the cache), answered or refused.
     let status = response.status();
     reported::headers(&context, status, response.headers_mut());
+    unspent(&context, stream, response.headers_mut());
     Ok(response)
 }
 
 /// Who asks, as every endpoint's context says it: the model asked for, the
-/// gateways the request came through, the client's key and its tenant.
+/// gateways the request came through, the client's key and its tenant;
+/// and the requests to models it may cause ([`tree`]).
 pub(super) fn caller(
     model: &str,
     key: Option<&ClientKey>,
     headers: &HeaderMap,
+    config: &GatewayConfig,
 ) -> Result<Context, ApiError> {
     let mut context = Context::new()
         .with("model", model)
-        .with(HOPS, hops(headers)?);
+        .with(HOPS, hops(headers)?)
+        .with_tree(tree(headers, config)?);
     if let Some(key) = key {
         context = context.with(CLIENT_KEY, key.name.as_str());
         if let Some(tenant) = &key.tenant {
@@ -359,6 +363,34 @@ fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
 /// The conversation a request names, if any: 1 to 256 printable ASCII
 /// characters, not starting with `/` (the host keeps its own there, such
 /// as the Responses API's kept responses).
+/// The requests to models a request may cause: what its client lent it
+/// (`x-shallot-budget`, from a gateway it came through), never more than
+/// this gateway's own bound.
+fn tree(headers: &HeaderMap, config: &GatewayConfig) -> Result<Arc<Tree>, ApiError> {
+    let lent = match headers.get(BUDGET_HEADER) {
+        None => u64::MAX,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| {
+                ApiError::invalid(format!("the {BUDGET_HEADER} header must be a number"))
+            })?,
+    };
+    Ok(Arc::new(Tree::new(lent.min(config.max_model_requests))))
+}
+
+/// What a request's tree did not spend, for the gateway that lent it
+/// (`x-shallot-budget-left`): all it has left once a whole answer is made;
+/// nothing for a stream, which may spend on after its head is sent.
+pub(super) fn unspent(context: &Context, stream: bool, headers: &mut HeaderMap) {
+    let left = match (context.tree(), stream) {
+        (Some(tree), false) => tree.left(),
+        _ => 0,
+    };
+    headers.insert(BUDGET_LEFT_HEADER, left.into());
+}
+
 pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(CONVERSATION_HEADER) else {
         return Ok(None);

@@ -110,6 +110,14 @@ pub struct GatewayConfig {
     /// client that opens connections and sends nothing, or a byte at a
     /// time, holds them no longer than this.
     pub read_timeout: Duration,
+    /// Requests to models that one client request may cause in all
+    /// (default 256): its model calls and its filters' side calls, each
+    /// retry and each upstream of a pool, across every gateway it passes
+    /// through (a gateway lends the next half of what is left, in
+    /// `x-shallot-budget`, and a request that carries less gets less).
+    /// Past it a call fails `limit-exceeded`: a loop of side calls back
+    /// into the gateway ends there however wide it fans out.
+    pub max_model_requests: u64,
 }
 
 impl Default for GatewayConfig {
@@ -123,6 +131,7 @@ impl Default for GatewayConfig {
             drain_timeout: Duration::from_secs(30),
             max_connections: 10_000,
             read_timeout: Duration::from_secs(30),
+            max_model_requests: 256,
         }
     }
 }

@@ -7,7 +7,15 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::body;
+use crate::context::{Context, Cost};
 use crate::types::{ChainError, ErrorKind};
+
+/// The header that lends a model server (a gateway) its share of the
+/// request's tree: the requests to models it may cause in all.
+pub const BUDGET_HEADER: &str = "x-shallot-budget";
+/// The header a gateway answers with what it did not spend of its loan
+/// (`0` for a stream, which may spend on).
+pub const BUDGET_LEFT_HEADER: &str = "x-shallot-budget-left";
 
 /// The HTTP client of a model server's client: connections within 10 s,
 /// reads within `timeout_ms` of silence.
@@ -31,14 +39,24 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Sends the request `post` builds until it succeeds, fails in a way not
 /// worth retrying (anything but a transient failure or a timeout), or has
 /// been retried `max_retries` times; waits as the server's `Retry-After`
-/// says, else backs off (250 ms, doubling), never more than 30 s.
+/// says, else backs off (250 ms, doubling), never more than 30 s. Each
+/// attempt spends from what `context` may (its tree, a side call's
+/// tokens): one that cannot is not sent, and is not worth retrying.
 pub(super) async fn send_retrying(
     max_retries: u32,
+    context: &Context,
     post: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, ChainError> {
     let mut attempt = 0;
     loop {
-        let (error, retry_after) = match post().send().await {
+        let lent = spend(context)?;
+        let mut request = post();
+        if let Some(lent) = lent {
+            request = request.header(BUDGET_HEADER, lent);
+        }
+        let sent = request.send().await;
+        settle(context, lent, &sent);
+        let (error, retry_after) = match sent {
             Ok(response) if response.status().is_success() => return Ok(response),
             Ok(response) => status_error(response).await,
             Err(e) => (transport_error(e), None),
@@ -56,6 +74,61 @@ pub(super) async fn send_retrying(
         );
         tokio::time::sleep(wait).await;
         attempt += 1;
+    }
+}
+
+/// Takes what one attempt may spend: a side call's worst case, and one
+/// request of the tree with the loan a gateway there may spend.
+fn spend(context: &Context) -> Result<Option<u64>, ChainError> {
+    if let Some(tokens) = context.tokens() {
+        tokens
+            .reserve()
+            .map_err(|why| ChainError::new(ErrorKind::LimitExceeded, why))?;
+    }
+    let Some(tree) = context.tree() else {
+        return Ok(None);
+    };
+    match tree.take() {
+        Some(lent) => Ok(Some(lent)),
+        None => {
+            if let Some(tokens) = context.tokens() {
+                tokens.failed(Cost::Nothing);
+            }
+            Err(ChainError::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "this request has made every call to a model it may ({BUDGET_HEADER}): a route's model or a filter's side call leads back to a gateway, or it asks too often"
+                ),
+            ))
+        }
+    }
+}
+
+/// Settles what an attempt spent: the tree takes back what a gateway did
+/// not spend of its loan (all of it from a server that is no gateway or
+/// was never reached; none from one that may still be spending), and a
+/// side call is charged what a failed attempt cost (an answer, once it is
+/// read).
+fn settle(context: &Context, lent: Option<u64>, sent: &Result<reqwest::Response, reqwest::Error>) {
+    if let (Some(tree), Some(lent)) = (context.tree(), lent) {
+        let unspent = match sent {
+            Ok(response) => response
+                .headers()
+                .get(BUDGET_LEFT_HEADER)
+                .and_then(|left| left.to_str().ok()?.parse::<u64>().ok())
+                .map_or(lent, |left| left.min(lent)),
+            Err(e) if e.is_connect() => lent,
+            Err(_) => 0,
+        };
+        tree.give_back(unspent);
+    }
+    if let Some(tokens) = context.tokens() {
+        match sent {
+            Ok(response) if response.status().is_success() => {}
+            Ok(_) => tokens.failed(Cost::Prompt),
+            Err(e) if e.is_connect() => tokens.failed(Cost::Nothing),
+            Err(_) => tokens.failed(Cost::Reserved),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use embedded::EmbeddedModel;
+pub use failure::{BUDGET_HEADER, BUDGET_LEFT_HEADER};
 pub(crate) use openai::wire;
 pub use openai::{HOPS_HEADER, OpenAiConfig, OpenAiModel};
 pub use pool::{PoolConfig, UpstreamHealth, UpstreamPool};
@@ -153,17 +154,17 @@ fn with_invoke_options(mut request: ChatRequest, invoke: &Invoke) -> ChatRequest
 }
 
 /// A side call (the `model` import): the model's own answer, checked
-/// against the response limits, with the invoke's model options (its
-/// route's upstream model) but not its system prompts, and never streamed.
+/// against the response limits; with the options the host built for it
+/// alone (neither the invoke's options nor its system prompts), and never
+/// streamed.
 #[async_trait]
 impl SideModel for ModelTerminal {
     async fn side_chat(
         &self,
         request: ChatRequest,
-        invoke: &Arc<Invoke>,
+        _: &Arc<Invoke>,
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
-        let request = with_invoke_options(request, invoke);
         let response = self.model.chat(&request, context).await?;
         self.check(&response)?;
         Ok(response)

@@ -162,7 +162,7 @@ pub(super) async fn admit(
         Ok(key) => key.cloned(),
         Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.message),
     };
-    let context = match caller("mcp", key.as_ref(), request.headers()) {
+    let context = match caller("mcp", key.as_ref(), request.headers(), &shared.config) {
         Ok(context) => context,
         Err(error) => return refuse(error.status, &error.message),
     };

@@ -99,7 +99,7 @@ impl AnthropicModel {
         let body = wire::body(request, &config.model, config.max_tokens, stream);
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
         let url = format!("{}/messages", config.base_url.trim_end_matches('/'));
-        send_retrying(config.max_retries, || {
+        send_retrying(config.max_retries, context, || {
             let mut post = self
                 .client
                 .post(&url)

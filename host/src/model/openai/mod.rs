@@ -61,6 +61,12 @@ const EMBEDDINGS: &str = "embeddings";
 /// shallot gateway refuses one that has passed through too many.
 pub const HOPS_HEADER: &str = "x-shallot-hops";
 
+/// Fields of a request's body that the client writes, whatever its
+/// options say: the conversation, the tools, whether it streams, and how
+/// many answers (one: only the first is read, the others would be paid
+/// for).
+const FRAMING: [&str; 5] = ["messages", "tools", "stream", "stream_options", "n"];
+
 impl OpenAiConfig {
     /// A config for `base_url` and `model`, with the default timeout and retries.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
@@ -130,8 +136,12 @@ impl OpenAiModel {
             let tools: Vec<Value> = request.tools.iter().map(wire_tool).collect();
             body["tools"] = Value::Array(tools);
         }
+        // Options shape the answer; they never replace what frames the
+        // request, nor ask for more answers than the one read.
         for (key, value) in request.options.iter() {
-            body[key] = value.clone();
+            if !FRAMING.contains(&key.as_str()) {
+                body[key] = value.clone();
+            }
         }
         if stream {
             body["stream"] = json!(true);
@@ -151,7 +161,7 @@ impl OpenAiModel {
     ) -> Result<reqwest::Response, ChainError> {
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
         let url = format!("{}/{path}", self.config.base_url.trim_end_matches('/'));
-        send_retrying(self.config.max_retries, || {
+        send_retrying(self.config.max_retries, context, || {
             let mut post = self.client.post(&url).header(HOPS_HEADER, hops).json(body);
             if whole {
                 post = post.timeout(Duration::from_millis(self.config.timeout_ms));

@@ -241,7 +241,8 @@ impl HostState {
         if fresh_quotas {
             self.quotas = Quotas::default();
         }
-        self.http.enter(Some(call), fresh_quotas);
+        let context = self.scope.as_ref().map(|scope| scope.invoke.context());
+        self.http.enter(Some(call), fresh_quotas, context);
     }
 
     /// Ends a call. A call that faulted loses its writes to the shared
@@ -253,7 +254,7 @@ impl HostState {
         self.journal.clear();
         self.scope = None;
         self.call = None;
-        self.http.enter(None, false);
+        self.http.enter(None, false, None);
     }
 
     /// Puts back what the current call wrote to the shared context.

@@ -1,17 +1,162 @@
 //! The `model` import (`grants.model`): side calls to a model the kernel
-//! names, outside the onion. Bounded per hook call in calls and tokens (a
-//! request's `max_tokens` capped to what is left); the wait is not the
-//! filter's own time, and the invoke's deadline bounds it.
+//! names, outside the onion. Bounded per hook call in calls and tokens,
+//! by what the host sends, never by what the filter asks: a side call is
+//! a request the host builds from the filter's messages, tools and an
+//! allow-list of options ([`SideOptions`]: nothing that multiplies or
+//! hides its cost), its prompt charged before it leaves (estimated, a
+//! token per four bytes), its worst case reserved for each attempt (a
+//! retry, another upstream of a pool) and settled at what it cost. The
+//! wait is not the filter's own time, and the invoke's deadline bounds
+//! it; each attempt is also one request of the invoke's tree.
 
-use serde_json::json;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
 use wasmtime::component::Resource;
 
 use super::HostState;
 use super::granted::{Service, error, not_granted};
+use crate::context::Tokens;
 use crate::plugin::bindings::shallot::filter::model;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
-use crate::types::{ChatRequest, ChatResponse};
+use crate::types::{ChatRequest, ChatResponse, JsonMap};
+
+/// The options a side call may carry: what shapes an answer. Anything
+/// else (`stream`, which fails the call after the model spent its tokens;
+/// `n` past 1, answers paid for and never read; `service_tier`, `model`,
+/// audio, predictions) is refused, naming it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SideOptions {
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<u64>,
+    stop: Option<Stop>,
+    seed: Option<i64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<Value>,
+    #[serde(default = "one")]
+    n: u64,
+    #[serde(default)]
+    stream: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Where the answer stops: a text, or at most four.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Some(Vec<String>),
+}
+
+impl SideOptions {
+    /// The options the host sends, `max_tokens` at most `most`; or why
+    /// they are refused.
+    fn sent(self, most: u64) -> Result<JsonMap, String> {
+        if self.n != 1 {
+            return Err(format!(
+                "a side call answers once: `n` must be 1, not {}",
+                self.n
+            ));
+        }
+        if self.stream {
+            return Err("a side call is never streamed: `stream` must be false".into());
+        }
+        if matches!(&self.stop, Some(Stop::Some(stops)) if stops.len() > 4) {
+            return Err("a side call stops at no more than 4 texts".into());
+        }
+        let mut options = JsonMap::new();
+        options.insert("max_tokens".into(), json!(most));
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(value) = value {
+                options.insert(key.into(), value);
+            }
+        };
+        put("temperature", self.temperature.map(Value::from));
+        put("top_p", self.top_p.map(Value::from));
+        put("top_k", self.top_k.map(Value::from));
+        put(
+            "stop",
+            self.stop.map(|stop| match stop {
+                Stop::One(text) => json!(text),
+                Stop::Some(texts) => json!(texts),
+            }),
+        );
+        put("seed", self.seed.map(Value::from));
+        put("presence_penalty", self.presence_penalty.map(Value::from));
+        put("frequency_penalty", self.frequency_penalty.map(Value::from));
+        put("tool_choice", self.tool_choice);
+        put(
+            "parallel_tool_calls",
+            self.parallel_tool_calls.map(Value::from),
+        );
+        put("response_format", self.response_format);
+        Ok(options)
+    }
+
+    /// The longest answer it asks for (the smaller of `max_tokens` and
+    /// `max_completion_tokens`), if any.
+    fn asked(&self) -> Option<u64> {
+        match (self.max_tokens, self.max_completion_tokens) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// About how many tokens `request` is to a model: a token per four bytes
+/// of what it sends (every message's text and tool calls, every tool's
+/// name, description and schema), and four for each message's framing.
+fn prompt_tokens(request: &ChatRequest) -> u64 {
+    let bytes: usize = request
+        .messages
+        .iter()
+        .map(|message| {
+            let calls: usize = message
+                .tool_calls
+                .iter()
+                .map(|call| call.name.len() + call.arguments.len())
+                .sum();
+            message.text().len() + calls + 16
+        })
+        .sum::<usize>()
+        + request
+            .tools
+            .iter()
+            .map(|tool| {
+                tool.name.len() + tool.description.len() + tool.parameters.to_string().len()
+            })
+            .sum::<usize>();
+    (bytes as u64).div_ceil(4)
+}
+
+/// What an answer cost: what the model says, else estimated as a prompt
+/// is (its text and tool calls, a token per four bytes).
+fn cost(request: &ChatRequest, response: &ChatResponse) -> u64 {
+    let usage = &response.usage;
+    let reported = u64::from(usage.input_tokens) + u64::from(usage.output_tokens);
+    if reported > 0 {
+        return reported;
+    }
+    let message = &response.message;
+    let calls: usize = message
+        .tool_calls
+        .iter()
+        .map(|call| call.name.len() + call.arguments.len())
+        .sum();
+    prompt_tokens(request) + ((message.text().len() + calls) as u64).div_ceil(4)
+}
 
 impl model::Host for HostState {
     async fn complete(
@@ -28,14 +173,7 @@ impl model::Host for HostState {
             let message = format!("more than {} model side calls in one call", grant.calls);
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
-        let left = grant.tokens.saturating_sub(self.quotas.model_tokens);
-        if left == 0 {
-            let message = format!(
-                "this call spent its {} tokens of model side calls",
-                grant.tokens
-            );
-            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
-        }
+        let left = u64::from(grant.tokens.saturating_sub(self.quotas.model_tokens));
         let Some(scope) = &self.scope else {
             return Ok(Err(error(
                 wit::ErrorKind::InvalidRequest,
@@ -50,24 +188,49 @@ impl model::Host for HostState {
             );
             return Ok(Err(error(wit::ErrorKind::InvalidRequest, message)));
         };
-        let mut request = self.table.get(&request)?.clone();
-        let asked = request.options.get("max_tokens").and_then(|m| m.as_u64());
-        let most = asked.map_or(u64::from(left), |asked| asked.min(u64::from(left)));
-        request = request.with_option("max_tokens", json!(most));
+        let asked = self.table.get(&request)?;
+        let options =
+            match serde_json::from_value::<SideOptions>(Value::Object((*asked.options).clone())) {
+                Ok(options) => options,
+                Err(e) => {
+                    let message = format!("a side call's options: {e}");
+                    return Ok(Err(error(wit::ErrorKind::InvalidRequest, message)));
+                }
+            };
+        let prompt = prompt_tokens(asked);
+        if prompt >= left {
+            let message = format!(
+                "a side call's prompt of about {prompt} tokens does not fit in the {left} its grant has left in this call (of {})",
+                grant.tokens
+            );
+            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
+        }
+        let most = options
+            .asked()
+            .map_or(left - prompt, |asked| asked.min(left - prompt));
+        let sent = match options.sent(most) {
+            Ok(sent) => sent,
+            Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
+        };
+        let request = ChatRequest {
+            options: Arc::new(sent),
+            ..asked.clone()
+        };
         self.quotas.model_calls += 1;
+        let tokens = Arc::new(Tokens::new(left, prompt, most));
+        let context = invoke.context().with_tokens(tokens.clone());
         let meter = self.confinement.meter().clone();
         meter.enter_next();
-        let answer = side.side_chat(request, &invoke, invoke.context()).await;
+        let answer = side.side_chat(request.clone(), &invoke, &context).await;
         meter.leave_next();
+        match &answer {
+            Ok(response) => tokens.answered(cost(&request, response)),
+            Err(_) => tokens.abandoned(),
+        }
+        let spent = u32::try_from(tokens.spent()).unwrap_or(u32::MAX);
+        self.quotas.model_tokens = self.quotas.model_tokens.saturating_add(spent.max(1));
         match answer {
-            Ok(response) => {
-                let spent = response
-                    .usage
-                    .input_tokens
-                    .saturating_add(response.usage.output_tokens);
-                self.quotas.model_tokens = self.quotas.model_tokens.saturating_add(spent.max(1));
-                self.hand_over(response)
-            }
+            Ok(response) => self.hand_over(response),
             Err(failure) => Ok(Err(convert::filter_error(&failure))),
         }
     }

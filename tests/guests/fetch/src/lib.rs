@@ -27,8 +27,8 @@ struct Fetch {
     /// When: `configure` (while the instance is made) or `chat`.
     #[serde(default = "chat")]
     on: String,
-    /// A `Host` header to send (the host's own is the origin's).
-    host: Option<String>,
+    /// A header to send, name and value (a `Host` of its own, say).
+    header: Option<(String, String)>,
 }
 
 fn one() -> u32 {
@@ -44,15 +44,15 @@ async fn outcome(
     url: &str,
     body_bytes: usize,
     follow: bool,
-    host: Option<&str>,
+    header: Option<&(String, String)>,
 ) -> (String, Option<String>) {
     let mut request = if body_bytes > 0 {
         Request::post(url).header("content-length", body_bytes)
     } else {
         Request::get(url)
     };
-    if let Some(host) = host {
-        request = request.header("host", host);
+    if let Some((name, value)) = header {
+        request = request.header(name.as_str(), value.as_str());
     }
     let request = if body_bytes > 0 {
         request.body(Body::from("x".repeat(body_bytes)))
@@ -97,8 +97,9 @@ impl Fetch {
         wstd::runtime::block_on(async {
             let mut lines = Vec::new();
             for _ in 0..self.times {
-                let host = self.host.as_deref();
-                let (line, location) = outcome(&self.url, self.body_bytes, self.follow, host).await;
+                let header = self.header.as_ref();
+                let (line, location) =
+                    outcome(&self.url, self.body_bytes, self.follow, header).await;
                 lines.push(line);
                 if let Some(location) = location {
                     lines.push(outcome(&location, 0, false, None).await.0);

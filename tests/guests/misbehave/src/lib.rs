@@ -64,7 +64,10 @@ struct Misbehave {
     /// exposition lines, then new metrics until refused), spin (burns
     /// `rounds` rounds of CPU, then passes through), count (counts the
     /// metric `metric` once, then passes through), metric-le (a histogram
-    /// with a label named `le`, which the exposition gives its buckets).
+    /// with a label named `le`, which the exposition gives its buckets),
+    /// side-call (one side call with `options` and a prompt of
+    /// `prompt_bytes`; its error is the chat's), side-fan (four side calls,
+    /// their errors ignored, then passes through).
     #[serde(rename = "do")]
     action: String,
     /// Only when the last message (or the token) contains this text.
@@ -74,6 +77,10 @@ struct Misbehave {
     rounds: u64,
     /// The metric `count` counts.
     metric: Option<String>,
+    /// The options of `side-call`'s request.
+    options: Option<serde_json::Value>,
+    /// The size of `side-call`'s prompt (default: a word).
+    prompt_bytes: Option<usize>,
 }
 
 /// Text that forges lines and terminal commands for a reader that splits
@@ -293,6 +300,21 @@ impl Misbehave {
             }
             "count" => metrics::count(self.metric.as_deref().unwrap_or("counted"), &[], 1),
             "metric-le" => metrics::observe("latency", &[("le", "0.1")], 0.05),
+            "side-call" => {
+                let prompt = self.prompt_bytes.map_or("hi".to_owned(), |n| "x".repeat(n));
+                let ask = ChatRequest::new(&[Message::user(&prompt)]);
+                if let Some(options) = &self.options {
+                    ask.set_options(&options.to_string())
+                        .map_err(FilterError::invalid)?;
+                }
+                model::complete(&ask).map(drop)
+            }
+            "side-fan" => {
+                for _ in 0..4 {
+                    let _ = model::complete(&ChatRequest::new(&[Message::user("again")]));
+                }
+                Ok(())
+            }
             "model-flood" => loop {
                 let ask = ChatRequest::new(&[Message::user("again")]);
                 ask.set_options(r#"{"max_tokens": 1000000000}"#)

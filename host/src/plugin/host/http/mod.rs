@@ -14,7 +14,11 @@
 //! checked the same way. The request's body, its response's body and its
 //! whole time, to the last byte, are bounded; while it is in flight the
 //! call's wall time is not the filter's own ([`Meter::wait`]), and the
-//! invoke's deadline still bounds it.
+//! invoke's deadline still bounds it. Each request is one of the invoke's
+//! tree, and says so as a model call does (`x-shallot-hops` one more, a
+//! loan of the tree in `x-shallot-budget`; no filter writes those
+//! headers), so a filter's requests back into a gateway end as a loop of
+//! side calls does.
 
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
@@ -37,6 +41,8 @@ use body::{Bounded, drain};
 use reach::reachable;
 
 use super::granted::Service;
+use crate::context::{Context, HOPS, Tree};
+use crate::model::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
 use crate::plugin::{HttpGrant, HttpOrigin};
 use crate::sandbox::{Meter, Wait};
 use crate::types::Call;
@@ -49,6 +55,10 @@ pub(crate) struct OutgoingHttp {
     meter: Meter,
     call: Option<Call>,
     sent: u32,
+    /// The call's invoke: the gateways its request passed through, and
+    /// the requests its tree may still send.
+    hops: u64,
+    tree: Option<Arc<Tree>>,
 }
 
 impl OutgoingHttp {
@@ -59,24 +69,33 @@ impl OutgoingHttp {
             meter,
             call: None,
             sent: 0,
+            hops: 0,
+            tree: None,
         }
     }
 
-    /// A call starts (with `fresh`, its count of requests starts anew, as
-    /// the other per-call quotas do) or ends (`None`).
-    pub(crate) fn enter(&mut self, call: Option<Call>, fresh: bool) {
+    /// A call of the invoke whose context is `context` starts (with
+    /// `fresh`, its count of requests starts anew, as the other per-call
+    /// quotas do) or ends (`None`).
+    pub(crate) fn enter(&mut self, call: Option<Call>, fresh: bool, context: Option<&Context>) {
         self.call = call;
         if fresh {
             self.sent = 0;
         }
+        self.hops = context
+            .and_then(|c| c.get(HOPS))
+            .and_then(|h| h.as_u64())
+            .unwrap_or(0);
+        self.tree = context.and_then(|c| c.tree().cloned());
     }
 
     /// The grant and the origin `request` goes to, and whether the origin
-    /// may resolve to a private address; or why it may not be sent.
+    /// may resolve to a private address; or why it may not be sent. An
+    /// admitted request is one of the tree's, and says so.
     fn admit(
         &mut self,
-        request: &http::Request<WasiBody>,
-    ) -> Result<(Arc<HttpGrant>, HttpOrigin, bool), (Error, String)> {
+        request: &mut http::Request<WasiBody>,
+    ) -> Result<Admitted, (Error, String)> {
         let Some(grant) = self.grant.clone() else {
             let why = "the `http` grant is not given to this filter; the operator grants origins with `grants = { http = [\"https://host\"] }`";
             return Err((Error::HttpRequestDenied, why.into()));
@@ -108,12 +127,61 @@ impl OutgoingHttp {
             return Err((Error::HttpRequestUriInvalid, why.into()));
         }
         let origin = HttpOrigin::of(uri.scheme_str() == Some("https"), authority);
-        match grant.admits(&origin) {
-            Some(private) => Ok((grant, origin, private)),
-            None => {
-                let why = format!("{origin} is not among the granted origins");
-                Err((Error::HttpRequestDenied, why))
-            }
+        let Some(private) = grant.admits(&origin) else {
+            let why = format!("{origin} is not among the granted origins");
+            return Err((Error::HttpRequestDenied, why));
+        };
+        let loan = Loan::take(self.tree.clone()).ok_or_else(|| {
+            let why = "the invoke's tree has made every request it may (x-shallot-budget)";
+            (Error::ConnectionLimitReached, why.to_owned())
+        })?;
+        let headers = request.headers_mut();
+        headers.insert(HOPS_HEADER, (self.hops + 1).into());
+        if let Some(lent) = loan.lent {
+            headers.insert(BUDGET_HEADER, lent.into());
+        }
+        Ok(Admitted {
+            grant,
+            origin,
+            private,
+            loan,
+        })
+    }
+}
+
+/// A request that may go: its grant, its origin and whether that may
+/// resolve to a private address, its share of the tree.
+struct Admitted {
+    grant: Arc<HttpGrant>,
+    origin: HttpOrigin,
+    private: bool,
+    loan: Loan,
+}
+
+/// A request's share of the invoke's tree: the loan a gateway it reaches
+/// may spend, settled when its answer's head comes (or it fails).
+struct Loan {
+    tree: Option<Arc<Tree>>,
+    lent: Option<u64>,
+}
+
+impl Loan {
+    /// One request of `tree` and its loan (none for an unbounded invoke);
+    /// `None` when the tree has sent all it may.
+    fn take(tree: Option<Arc<Tree>>) -> Option<Loan> {
+        let lent = match &tree {
+            Some(tree) => Some(tree.take()?),
+            None => None,
+        };
+        Some(Loan { tree, lent })
+    }
+
+    /// Takes back what was not spent: what a gateway answers it did not
+    /// (all of it from a server that says nothing), none from a request
+    /// that may still be spending.
+    fn settle(&self, unspent: impl FnOnce(u64) -> u64) {
+        if let (Some(tree), Some(lent)) = (&self.tree, self.lent) {
+            tree.give_back(unspent(lent).min(lent));
         }
     }
 }
@@ -124,16 +192,51 @@ type Sent = wasmtime_wasi_http::Result<(
 )>;
 
 impl WasiHttpHooks for OutgoingHttp {
+    /// wasi:http's own, and the host's: a filter writes no `x-shallot-*`
+    /// header (the hops and the tree's loan are the host's to say).
+    fn forbidden_header_filter(&mut self) -> wasmtime_wasi_http::ForbiddenHeaderFilter {
+        Arc::new(|name| {
+            wasmtime_wasi_http::DEFAULT_FORBIDDEN_HEADERS.contains(name)
+                || name.as_str().starts_with("x-shallot-")
+        })
+    }
+
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _sent: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = Sent> + Send> {
-        match self.admit(&request) {
-            Ok((grant, origin, private)) => {
+        let mut request = request;
+        match self.admit(&mut request) {
+            Ok(Admitted {
+                grant,
+                origin,
+                private,
+                loan,
+            }) => {
                 let held = Held::open(self.meter.wait(), grant.timeout_ms);
-                Box::new(send(grant, origin, private, request, options, held))
+                Box::new(async move {
+                    let sent = send(grant, origin, private, request, options, held).await;
+                    loan.settle(|lent| match &sent {
+                        Ok((response, _)) => response
+                            .headers()
+                            .get(BUDGET_LEFT_HEADER)
+                            .and_then(|left| left.to_str().ok()?.parse().ok())
+                            .unwrap_or(lent),
+                        // Never reached the server.
+                        Err(
+                            Error::ConnectionRefused
+                            | Error::Connect(_)
+                            | Error::ConnectionTimeout
+                            | Error::DestinationIpProhibited
+                            | Error::DnsTimeout
+                            | Error::DnsError { .. },
+                        ) => lent,
+                        Err(_) => 0,
+                    });
+                    sent
+                })
             }
             Err((error, why)) => {
                 tracing::warn!(filter = %self.filter, "refused an outgoing request: {why}");

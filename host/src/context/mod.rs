@@ -2,10 +2,14 @@
 //! and writable by every filter and by the terminals (conversation id,
 //! tenant, user id, ...). Distinct from each filter's private FCtx.
 
+mod spend;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
+
+pub(crate) use spend::{Cost, Tokens, Tree};
 
 /// The shared-context key naming the conversation an invoke belongs to,
 /// whose history the tool loop and the `memory` filter load and extend
@@ -75,6 +79,11 @@ pub struct Context {
     values: Arc<Mutex<BTreeMap<String, Value>>>,
     /// For a tool call's view: the shared context and the keys removed.
     view: Option<Arc<View>>,
+    /// The requests to model servers the invoke's tree may still send (the
+    /// gateway's; none: unbounded), shared by every view.
+    tree: Option<Arc<Tree>>,
+    /// A side call's tokens, on the context its side call runs with.
+    tokens: Option<Arc<Tokens>>,
 }
 
 #[derive(Debug)]
@@ -182,7 +191,34 @@ impl Context {
                 shared: self.clone(),
                 removed: Mutex::default(),
             })),
+            tree: self.tree.clone(),
+            tokens: self.tokens.clone(),
         }
+    }
+
+    /// This context, its calls to models bounded by `tree`.
+    pub(crate) fn with_tree(mut self, tree: Arc<Tree>) -> Self {
+        self.tree = Some(tree);
+        self
+    }
+
+    /// What the invoke's tree may still send, if it is bounded.
+    pub(crate) fn tree(&self) -> Option<&Arc<Tree>> {
+        self.tree.as_ref()
+    }
+
+    /// The same context (the same map), for a side call whose attempts
+    /// spend `tokens`.
+    pub(crate) fn with_tokens(&self, tokens: Arc<Tokens>) -> Self {
+        Context {
+            tokens: Some(tokens),
+            ..self.clone()
+        }
+    }
+
+    /// A side call's tokens, on its own context.
+    pub(crate) fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.tokens.as_ref()
     }
 
     /// Folds the writes of a batch's calls into this context: each `(index, written)` is a call's index in its
