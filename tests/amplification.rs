@@ -39,6 +39,42 @@ async fn misbehaving(action: &str, memory_mib: u32) -> Kernel {
 async fn what_a_guest_could_multiply_is_bounded() {
     json_a_guest_hands_the_host_is_bounded_before_it_is_built().await;
     an_answer_that_grows_when_escaped_is_streamed_not_held().await;
+    an_in_process_namespace_holds_about_what_it_is_charged().await;
+}
+
+/// The in-process key store charges an entry what it costs the host, its
+/// slot in the map as well as its key and value, and gives back a
+/// flood's room once its keys are gone: tiny keys written until the
+/// namespace is full held 77 MiB for a cap of 16, and held it after they
+/// were deleted. Each round here fills the namespace with keys of its own
+/// and deletes them; the peak stays near the cap.
+async fn an_in_process_namespace_holds_about_what_it_is_charged() {
+    let store = shallot::open_kv(":memory:amplification").await.unwrap();
+    let cap_mib = (shallot::NAMESPACE_CAP >> 20) as u64;
+    let before = reset_peak();
+    for round in 0..3 {
+        let mut written = Vec::new();
+        loop {
+            let key = format!("r{round}-{}", written.len());
+            match store.set("flood", &key, "", None).await {
+                Ok(_) => written.push(key),
+                Err(e) => {
+                    assert_eq!(e.kind, ErrorKind::LimitExceeded, "{e}");
+                    break;
+                }
+            }
+        }
+        assert!(written.len() > 10_000, "{} keys", written.len());
+        for key in &written {
+            store.delete("flood", key).await.unwrap();
+        }
+    }
+    let (_, peak) = resident_mib();
+    assert!(
+        peak - before < 2 * cap_mib,
+        "three floods of a namespace capped at {cap_mib} MiB grew the peak by {} MiB",
+        peak - before
+    );
 }
 
 /// 40 MiB of JSON holding 20 million values would be more than 600 MiB as

@@ -1336,6 +1336,51 @@ fn kv_grant(store: &str) -> Grants {
     }
 }
 
+/// The CPU the host spends for a filter's call is the call's: writes to a
+/// full in-process namespace of many keys are refused without a walk of
+/// it, and what refusing them costs is charged to the filter's own CPU
+/// (256 refused writes cost the host 580-670 ms, uncharged, each sweeping
+/// the namespace under one lock for every namespace).
+#[tokio::test]
+async fn writes_to_a_full_namespace_cost_little_and_what_they_cost_is_the_filters() {
+    let store = shallot::open_kv(":memory:overfull").await.unwrap();
+    let mut n = 0;
+    // The namespace of the filter `bad`.
+    while store.set("bad", &format!("k{n}"), "", None).await.is_ok() {
+        n += 1;
+    }
+    assert!(n > 10_000, "{n} keys filled it");
+    let mut hog = hostile("chat", "kv-overfull", generous());
+    hog.1.grants.kv = Some(shallot::StoreSpec::from(":memory:overfull").into());
+    let plugins = load(vec![hog]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let thread_cpu = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    };
+    let started = thread_cpu();
+    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    let spent = thread_cpu() - started;
+    assert_contained(
+        &error,
+        ErrorKind::LimitExceeded,
+        "around-chat",
+        "more than 256 key-store operations",
+    );
+    let stats = plugins.filters()[0].stats();
+    let own = stats
+        .calls
+        .iter()
+        .find(|c| c.call == shallot::Call::AroundChat)
+        .unwrap()
+        .own_seconds;
+    assert!(
+        own >= spent.as_secs_f64() / 2.0,
+        "the filter was charged {own:.4} s of the {:.4} s its call cost this thread",
+        spent.as_secs_f64()
+    );
+}
+
 /// Every abuse of `kv` fails the abuser's own call with a typed error, in
 /// every store: floods, chatter and compare-and-set storms past the
 /// per-call bounds, huge keys and values, counter overflow, a time to live

@@ -22,7 +22,8 @@
 mod redis;
 mod sqlite;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,8 +37,14 @@ use crate::types::{ChainError, ErrorKind};
 pub const NAMESPACE_CAP: usize = 16 << 20;
 /// The most an SQLite file of keys holds, in bytes.
 pub const STORE_CAP: usize = 1 << 30;
-/// What an entry costs beside its key and value.
-const ENTRY_BYTES: usize = 64;
+/// What an entry costs the host beside its key and value: its slot in the
+/// map (the key's and value's headers, the version and expiry, the
+/// control byte) with the spare room a map keeps (up to about twice its
+/// entries), and the allocator's overhead of the two texts.
+const ENTRY_BYTES: usize = 256;
+/// What an expiring entry's place in the expiry index costs beside its
+/// key: the instant, the key's header and the tree's spare room.
+const INDEXED_BYTES: usize = 96;
 
 /// A key's value and the version of its last write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,21 +170,21 @@ fn unavailable(kind: &str, shown: &str, error: impl std::fmt::Display) -> ChainE
     )
 }
 
-/// Keys kept in this process.
+/// Keys kept in this process, each namespace under a lock of its own (a
+/// flood in one holds up no other).
 #[derive(Default)]
 struct InProcess {
-    kept: Mutex<Kept>,
-}
-
-#[derive(Default)]
-struct Kept {
-    namespaces: HashMap<String, Namespace>,
-    version: u64,
+    namespaces: Mutex<HashMap<String, Arc<Mutex<Namespace>>>>,
+    version: AtomicU64,
 }
 
 #[derive(Default)]
 struct Namespace {
     entries: HashMap<String, Slot>,
+    /// The keys that expire, by when: swept in that order, so a sweep
+    /// costs what it removes, never a walk of the namespace.
+    expiring: BTreeSet<(Instant, String)>,
+    /// What it holds, as [`size`] charges it.
     bytes: usize,
 }
 
@@ -193,9 +200,17 @@ impl Slot {
     }
 }
 
-fn size(key: &str, value: &str) -> usize {
-    key.len() + value.len() + ENTRY_BYTES
+/// What an entry costs the host: its key and value, and [`ENTRY_BYTES`]
+/// for its slot in the map and their allocations; an entry that expires
+/// has its key again in the expiry index.
+fn size(key: &str, value: &str, expires: Option<Instant>) -> usize {
+    let indexed = expires.map_or(0, |_| key.len() + INDEXED_BYTES);
+    key.len() + value.len() + ENTRY_BYTES + indexed
 }
+
+/// Expired keys a write sweeps on its way, however much room it needs: a
+/// namespace gives back what expired as it is used.
+const SWEEP: usize = 64;
 
 impl Namespace {
     fn live(&self, key: &str, now: Instant) -> Option<&Slot> {
@@ -211,22 +226,28 @@ impl Namespace {
         version: u64,
         expires: Option<Instant>,
     ) -> Result<(), ChainError> {
-        let old = self.entries.get(key).map_or(0, |s| size(key, &s.value));
-        let new = size(key, &value);
+        let now = Instant::now();
+        self.sweep(now, SWEEP);
+        let old = self
+            .entries
+            .get(key)
+            .map_or(0, |s| size(key, &s.value, s.expires));
+        let new = size(key, &value, expires);
         if self.bytes - old + new > NAMESPACE_CAP {
-            let now = Instant::now();
-            let expired: Vec<String> = (self.entries.iter())
-                .filter(|(k, slot)| !slot.live(now) && k.as_str() != key)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for gone in expired {
-                self.remove(&gone);
-            }
+            self.sweep(now, usize::MAX);
+            let old = self
+                .entries
+                .get(key)
+                .map_or(0, |s| size(key, &s.value, s.expires));
             if self.bytes - old + new > NAMESPACE_CAP {
                 return Err(full("in-process", NAMESPACE_CAP));
             }
         }
-        self.bytes = self.bytes - old + new;
+        self.remove(key);
+        if let Some(at) = expires {
+            self.expiring.insert((at, key.to_owned()));
+        }
+        self.bytes += new;
         let slot = Slot {
             value,
             version,
@@ -236,32 +257,54 @@ impl Namespace {
         Ok(())
     }
 
+    /// Removes up to `most` keys that expired by `now`, soonest first.
+    fn sweep(&mut self, now: Instant, most: usize) {
+        for _ in 0..most {
+            let Some((at, key)) = self.expiring.first().cloned() else {
+                return;
+            };
+            if at > now {
+                return;
+            }
+            self.remove(&key);
+        }
+    }
+
     fn remove(&mut self, key: &str) -> Option<Slot> {
         let slot = self.entries.remove(key)?;
-        self.bytes -= size(key, &slot.value);
+        if let Some(at) = slot.expires {
+            self.expiring.remove(&(at, key.to_owned()));
+        }
+        self.bytes -= size(key, &slot.value, slot.expires);
+        // A map keeps its room when emptied: what a flood grew, it gives
+        // back once the keys are gone.
+        if self.entries.capacity() > 4 * self.entries.len().max(64) {
+            self.entries.shrink_to_fit();
+        }
         Some(slot)
     }
 }
 
 impl InProcess {
-    /// Runs `work` on the namespace, with the store's next version.
+    /// Runs `work` on the namespace, under its own lock, with the store's
+    /// next version.
     fn with<T>(
         &self,
         namespace: &str,
-        work: impl FnOnce(&mut Namespace, &mut u64) -> Result<T, ChainError>,
+        work: impl FnOnce(&mut Namespace, &dyn Fn() -> u64) -> Result<T, ChainError>,
     ) -> Result<T, ChainError> {
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        let Kept {
-            namespaces,
-            version,
-        } = &mut *kept;
-        work(namespaces.entry(namespace.to_owned()).or_default(), version)
+        let space = {
+            let mut namespaces = self
+                .namespaces
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            namespaces.entry(namespace.to_owned()).or_default().clone()
+        };
+        let mut space = space.lock().unwrap_or_else(PoisonError::into_inner);
+        work(&mut space, &|| {
+            self.version.fetch_add(1, Ordering::Relaxed) + 1
+        })
     }
-}
-
-fn next(version: &mut u64) -> u64 {
-    *version += 1;
-    *version
 }
 
 #[async_trait]
@@ -284,8 +327,8 @@ impl KvStore for InProcess {
         ttl: Option<Duration>,
     ) -> Result<u64, ChainError> {
         let expires = ttl.map(|ttl| Instant::now() + ttl);
-        self.with(namespace, |space, version| {
-            let version = next(version);
+        self.with(namespace, |space, next| {
+            let version = next();
             space.write(key, value.to_owned(), version, expires)?;
             Ok(version)
         })
@@ -300,12 +343,12 @@ impl KvStore for InProcess {
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, ChainError> {
         let now = Instant::now();
-        self.with(namespace, |space, version| {
+        self.with(namespace, |space, next| {
             let current = space.live(key, now).map_or(0, |slot| slot.version);
             if current != expected {
                 return Ok(None);
             }
-            let version = next(version);
+            let version = next();
             space.write(key, value.to_owned(), version, ttl.map(|ttl| now + ttl))?;
             Ok(Some(version))
         })
@@ -319,13 +362,13 @@ impl KvStore for InProcess {
         ttl: Option<Duration>,
     ) -> Result<Count, ChainError> {
         let now = Instant::now();
-        self.with(namespace, |space, version| {
+        self.with(namespace, |space, next| {
             let (current, expires) = match space.live(key, now) {
                 Some(slot) => (counter(&slot.value)?, slot.expires),
                 None => (0, ttl.map(|ttl| now + ttl)),
             };
             let value = sum(current, delta)?;
-            let version = next(version);
+            let version = next();
             space.write(key, value.to_string(), version, expires)?;
             let ttl = expires.map(|at| at.saturating_duration_since(now));
             Ok(Count { value, ttl })

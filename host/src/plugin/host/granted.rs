@@ -360,8 +360,10 @@ impl HostState {
         self.limits.host_bytes().saturating_sub(self.holding()) / 2
     }
 
-    /// Waits for a store operation, outside the filter's own clock but
-    /// within what is left of the call's store time.
+    /// Waits for a store operation, outside the filter's own wall clock but
+    /// within what is left of the call's store time. The CPU the store
+    /// spends in the call's thread (all of an in-process store's work) is
+    /// the filter's own: a flood of writes pays for itself.
     pub(super) async fn on_store<T>(
         &mut self,
         operation: impl Future<Output = Result<T, ChainError>>,
@@ -379,12 +381,11 @@ impl HostState {
         if left.is_zero() {
             return Err(spent());
         }
-        let meter = self.confinement.meter().clone();
-        meter.enter_next();
+        let waiting = self.confinement.meter().wait();
         let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(left, operation).await;
         self.quotas.store_wait += started.elapsed();
-        meter.leave_next();
+        drop(waiting);
         match result {
             Ok(done) => done.map_err(|e| convert::filter_error(&e)),
             Err(_) => Err(spent()),

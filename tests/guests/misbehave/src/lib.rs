@@ -52,7 +52,8 @@ struct Misbehave {
     /// memory-swell (appends 11 MiB of control characters in one call),
     /// write-then-nap (writes to the context, then sleeps 5 s), kv-flood
     /// (sets 1 MiB values under new keys until refused), kv-chatter
-    /// (gets until refused), kv-huge-key (a 4 KiB key), kv-huge-value (a
+    /// (gets until refused), kv-overfull (writes to a full namespace,
+    /// refused, until its operations run out), kv-huge-key (a 4 KiB key), kv-huge-value (a
     /// 2 MiB value), kv-overflow (adds 1 to a counter at `i64::MAX`),
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
     /// kv-forever (a time to live of ten years), batch-chatter (reads its
@@ -277,6 +278,15 @@ impl Misbehave {
             "kv-overflow" => {
                 kv::set("full", &i64::MAX.to_string(), 0)?;
                 kv::add("full", 1, 0).map(drop)
+            }
+            "kv-overfull" => {
+                for n in 0.. {
+                    match kv::set(&format!("more-{n}"), "x", 0) {
+                        Err(e) if e.message.contains("is full") => continue,
+                        other => other?,
+                    };
+                }
+                Ok(())
             }
             "kv-swap-storm" => {
                 let first = kv::set("contended", "a", 0)?;
