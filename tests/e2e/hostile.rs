@@ -1336,6 +1336,52 @@ fn kv_grant(store: &str) -> Grants {
     }
 }
 
+/// One namespace's fill is not everyone's outage: every store holds each
+/// namespace to its own cap (16 MiB in the process, 64 MiB in an SQLite
+/// file or a Redis server; the SQLite file's 1 GiB was every namespace's
+/// at once), and another namespace writes on; a Redis past its own
+/// `maxmemory` is `limit-exceeded`, not a failure worth retrying.
+#[tokio::test]
+async fn one_namespaces_fill_leaves_every_other_its_room_in_every_store() {
+    let redis = RedisServer::start();
+    let megabyte = "v".repeat(1 << 20);
+    for store in shallot_tests::every_store("namespace-fill", &redis) {
+        let kv = shallot::open_kv(store.as_str()).await.unwrap();
+        let mut written = 0;
+        let refused = loop {
+            match kv.set("hog", &format!("k{written}"), &megabyte, None).await {
+                Ok(_) if written < 100 => written += 1,
+                Ok(_) => panic!("{store}: 100 MiB in one namespace"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{store}: {refused}");
+        assert!(written >= 15, "{store}: refused after {written} MiB");
+        kv.set("innocent", "k", &megabyte, None)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: another namespace was refused: {e}"));
+        for n in 0..written {
+            kv.delete("hog", &format!("k{n}")).await.unwrap();
+        }
+        kv.set("hog", "again", &megabyte, None)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: deleting gave no room back: {e}"));
+    }
+    let small =
+        RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]);
+    let kv = shallot::open_kv(small.url().as_str()).await.unwrap();
+    let mut n = 0;
+    let refused = loop {
+        n += 1;
+        assert!(n < 100, "a Redis of 4 MiB took {n} MiB");
+        if let Err(e) = kv.set("any", &format!("k{n}"), &megabyte, None).await {
+            break e;
+        }
+    };
+    assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{refused}");
+    assert!(refused.message.contains("maxmemory"), "{refused}");
+}
+
 /// The CPU the host spends for a filter's call is the call's: writes to a
 /// full in-process namespace of many keys are refused without a walk of
 /// it, and what refusing them costs is charged to the filter's own CPU

@@ -11,16 +11,28 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// What it is started with beside its port (`--maxmemory`, say).
+    settings: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// The same, started with `settings` too.
+    pub fn start_with(settings: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let mut server = RedisServer { port, child: None };
+        let settings = settings.iter().map(|s| s.to_string()).collect();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            settings,
+        };
         server.resume();
         server
     }
@@ -43,6 +55,7 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.settings)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

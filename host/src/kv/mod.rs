@@ -12,12 +12,15 @@
 //! read. `add` is atomic in every store (a Redis script, an SQLite
 //! transaction, a lock), so several hosts count one counter.
 //!
-//! What a store keeps is bounded: the in-process one holds at most
-//! [`NAMESPACE_CAP`] bytes for each namespace (it is the host's own
-//! memory; expired keys are swept before a write is refused), an SQLite
-//! file at most [`STORE_CAP`]; a Redis server is bounded by its own
-//! `maxmemory`. Past a bound a write is `limit-exceeded`; a store that
-//! does not answer within [`OPERATION_TIMEOUT`] is `transient`.
+//! What a store keeps is bounded for each namespace, so that filters
+//! sharing a store share none of its room: the in-process one holds at
+//! most [`NAMESPACE_CAP`] bytes for each (it is the host's own memory,
+//! charged as it holds it), an SQLite file or a Redis server
+//! [`STORED_NAMESPACE_CAP`]; expired keys are swept before a write is
+//! refused. An SQLite file holds at most [`STORE_CAP`] in all, and a
+//! Redis server is bounded by its own `maxmemory` too. Past a bound a
+//! write is `limit-exceeded`; a store that does not answer within
+//! [`OPERATION_TIMEOUT`] is `transient`.
 
 mod redis;
 mod sqlite;
@@ -37,6 +40,10 @@ use crate::types::{ChainError, ErrorKind};
 pub const NAMESPACE_CAP: usize = 16 << 20;
 /// The most an SQLite file of keys holds, in bytes.
 pub const STORE_CAP: usize = 1 << 30;
+/// The most one namespace holds in an SQLite file or a Redis server, in
+/// bytes (keys, values and [`ENTRY_BYTES`] each): filters that share a
+/// store share none of its room.
+pub const STORED_NAMESPACE_CAP: usize = 64 << 20;
 /// What an entry costs the host beside its key and value: its slot in the
 /// map (the key's and value's headers, the version and expiry, the
 /// control byte) with the spare room a map keeps (up to about twice its

@@ -4,13 +4,26 @@
 //! that compare-and-set and add are atomic for every host sharing the
 //! server. Expiry is Redis's own (`PEXPIRE`). Every operation is bounded:
 //! Redis going away is a `transient` error, never a hang.
+//!
+//! Each namespace holds at most [`STORED_NAMESPACE_CAP`] bytes, counted as
+//! its keys are written (`shallot:kv-bytes`, a field per namespace) with
+//! each key's size (`shallot:kv-sizes:<namespace>`) and, for a key that
+//! expires, its expiry (`shallot:kv-expiring:<namespace>`, scored in
+//! milliseconds): a write gives back the sizes of keys that expired, a
+//! few at a time and all before it is refused, so a namespace is never
+//! full of keys Redis has already forgotten. A Redis past its own
+//! `maxmemory` refuses a write as full too (`limit-exceeded`), not as a
+//! failure worth retrying.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
-use super::{Count, Entry, KvStore, OPERATION_TIMEOUT, stored_key, unavailable};
+use super::{
+    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, stored_key,
+    unavailable,
+};
 use crate::conversation::connect_redis;
 use crate::types::{ChainError, ErrorKind};
 
@@ -21,38 +34,119 @@ pub(super) struct Redis {
 }
 
 const VERSION_KEY: &str = "shallot:kv-version";
+const BYTES_KEY: &str = "shallot:kv-bytes";
 
 fn key(namespace: &str, key: &str) -> String {
     format!("shallot:kv:{}", stored_key(namespace, key))
 }
+
+/// The keys a script names for `name` of `namespace`: the key, the
+/// version counter, the namespaces' bytes, the namespace's sizes and its
+/// expiring keys. The namespace is written length first, as in the key.
+fn keys(namespace: &str, name: &str) -> [String; 5] {
+    let space = format!("{}:{namespace}", namespace.len());
+    [
+        key(namespace, name),
+        VERSION_KEY.to_owned(),
+        BYTES_KEY.to_owned(),
+        format!("shallot:kv-sizes:{space}"),
+        format!("shallot:kv-expiring:{space}"),
+    ]
+}
+
+/// What every script starts with: `now` in ms, and `sweep(most)`, which
+/// gives back the sizes of up to `most` keys of the namespace that have
+/// expired (`KEYS[3]` the bytes, `KEYS[4]` the sizes, `KEYS[5]` the
+/// expiring; `ARGV[4]` the namespace's field); `room(name, size)` is
+/// whether writing `size` bytes under `name` keeps the namespace within
+/// `ARGV[5]`, sweeping it whole before it says no.
+const ACCOUNT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function sweep(most)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, most)
+  for _, name in ipairs(gone) do
+    local size = tonumber(redis.call('HGET', KEYS[4], name) or '0')
+    redis.call('HDEL', KEYS[4], name)
+    redis.call('ZREM', KEYS[5], name)
+    if size > 0 then redis.call('HINCRBY', KEYS[3], ARGV[4], 0 - size) end
+  end
+  return #gone
+end
+local function room(name, size)
+  sweep(64)
+  local old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
+  local held = tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0')
+  if held - old + size <= tonumber(ARGV[5]) then return true end
+  while sweep(1024) > 0 do end
+  old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
+  held = tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0')
+  return held - old + size <= tonumber(ARGV[5])
+end
+local function account(name, size, ttl)
+  local old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
+  redis.call('HSET', KEYS[4], name, size)
+  if size ~= old then redis.call('HINCRBY', KEYS[3], ARGV[4], size - old) end
+  if ttl > 0 then
+    redis.call('ZADD', KEYS[5], now + ttl, name)
+  else
+    redis.call('ZREM', KEYS[5], name)
+  end
+end
+";
 
 fn millis(ttl: Option<Duration>) -> u64 {
     ttl.map_or(0, |ttl| (ttl.as_millis() as u64).max(1))
 }
 
 /// Writes `ARGV[1]` to the hash `KEYS[1]` with a new version from
-/// `KEYS[2]`, to expire after `ARGV[2]` ms (0: never); when `ARGV[3]` is
-/// given, only if the key's version is still it (0: absent).
+/// `KEYS[2]`, to expire after `ARGV[2]` ms (0: never), its size `ARGV[6]`
+/// (`ARGV[7]` the key's name in the namespace); when `ARGV[3]` is not
+/// empty, only if the key's version is still it (0: absent). Answers the
+/// version, `false` for a stale one, or `'full'`.
 const WRITE: &str = r"
-if ARGV[3] and (redis.call('HGET', KEYS[1], 'n') or '0') ~= ARGV[3] then return false end
+if ARGV[3] ~= '' and (redis.call('HGET', KEYS[1], 'n') or '0') ~= ARGV[3] then return false end
+local size = tonumber(ARGV[6])
+if not room(ARGV[7], size) then return 'full' end
 local n = redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', n)
-if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+account(ARGV[7], size, ttl)
 return n
 ";
 
 /// Adds `ARGV[1]` to the counter `KEYS[1]` (Redis's own 64-bit add, which
 /// refuses a non-integer and an overflow before anything is written), a
 /// new version from `KEYS[2]`; a counter this creates expires after
-/// `ARGV[2]` ms (0: never). Answers the count and its time left.
+/// `ARGV[2]` ms (0: never), and counts `ARGV[6]` bytes (`ARGV[7]` its
+/// name). Answers the count and its time left, or `'full'`.
 const ADD: &str = r"
 local created = redis.call('EXISTS', KEYS[1]) == 0
+if created and not room(ARGV[7], tonumber(ARGV[6])) then return 'full' end
 local v = redis.call('HINCRBY', KEYS[1], 'v', ARGV[1])
 redis.call('HSET', KEYS[1], 'n', redis.call('INCR', KEYS[2]))
-if created and tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if created then
+  local ttl = tonumber(ARGV[2])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+  account(ARGV[7], tonumber(ARGV[6]), ttl)
+end
 return {v, redis.call('PTTL', KEYS[1])}
 ";
+
+/// Deletes the key `KEYS[1]` (`ARGV[7]` its name) and gives back its size.
+const DELETE: &str = r"
+local deleted = redis.call('DEL', KEYS[1])
+local size = tonumber(redis.call('HGET', KEYS[4], ARGV[7]) or '0')
+redis.call('HDEL', KEYS[4], ARGV[7])
+redis.call('ZREM', KEYS[5], ARGV[7])
+if size > 0 then redis.call('HINCRBY', KEYS[3], ARGV[4], 0 - size) end
+return deleted
+";
+
+/// What a counter's value is counted as: the longest it can be.
+const COUNTER_BYTES: usize = 20;
 
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
@@ -73,6 +167,10 @@ impl Redis {
                 ErrorKind::InvalidRequest,
                 "the key holds a value that is not a decimal integer, or the add would go past the 64-bit range",
             )),
+            Ok(Err(e)) if e.code() == Some("OOM") => Err(ChainError::new(
+                ErrorKind::LimitExceeded,
+                "the key store (Redis) is full: it is past its maxmemory",
+            )),
             Ok(Err(e)) => Err(unavailable("Redis", &self.shown, e)),
             Err(_) => Err(unavailable(
                 "Redis",
@@ -82,16 +180,67 @@ impl Redis {
         }
     }
 
-    fn write(&self, namespace: &str, name: &str, value: &str, ttl: Option<Duration>) -> redis::Cmd {
-        let mut write = redis::cmd("EVAL");
-        write
-            .arg(WRITE)
-            .arg(2)
-            .arg(key(namespace, name))
-            .arg(VERSION_KEY)
+    /// The script `script` (after [`ACCOUNT`]) on `name` of `namespace`,
+    /// its arguments `value`, `ttl`, `version` (empty: none) and the
+    /// entry's `size`.
+    fn script(
+        script: &str,
+        namespace: &str,
+        name: &str,
+        (value, ttl, version, size): (&str, Option<Duration>, String, usize),
+    ) -> redis::Cmd {
+        let mut command = redis::cmd("EVAL");
+        command.arg(format!("{ACCOUNT}{script}")).arg(5);
+        for key in keys(namespace, name) {
+            command.arg(key);
+        }
+        let space = format!("{}:{namespace}", namespace.len());
+        command
             .arg(value)
-            .arg(millis(ttl));
-        write
+            .arg(millis(ttl))
+            .arg(version)
+            .arg(space)
+            .arg(STORED_NAMESPACE_CAP)
+            .arg(size)
+            .arg(name);
+        command
+    }
+
+    fn write(
+        namespace: &str,
+        name: &str,
+        value: &str,
+        ttl: Option<Duration>,
+        version: Option<u64>,
+    ) -> redis::Cmd {
+        let size = name.len() + value.len() + ENTRY_BYTES;
+        let version = version.map_or_else(String::new, |v| v.to_string());
+        Self::script(WRITE, namespace, name, (value, ttl, version, size))
+    }
+}
+
+/// A script's answer: what it did, or that the namespace is full.
+enum Written<T> {
+    Done(T),
+    Full,
+}
+
+impl<T: redis::FromRedisValue> redis::FromRedisValue for Written<T> {
+    fn from_redis_value(value: &redis::Value) -> redis::RedisResult<Self> {
+        match value {
+            redis::Value::BulkString(said) if said.as_slice() == b"full" => Ok(Written::Full),
+            redis::Value::SimpleString(said) if said == "full" => Ok(Written::Full),
+            other => T::from_redis_value(other).map(Written::Done),
+        }
+    }
+}
+
+impl<T> Written<T> {
+    fn done(self) -> Result<T, ChainError> {
+        match self {
+            Written::Done(done) => Ok(done),
+            Written::Full => Err(full("Redis, this namespace", STORED_NAMESPACE_CAP)),
+        }
     }
 }
 
@@ -118,7 +267,10 @@ impl KvStore for Redis {
         value: &str,
         ttl: Option<Duration>,
     ) -> Result<u64, ChainError> {
-        self.run(self.write(namespace, name, value, ttl)).await
+        let written: Written<u64> = self
+            .run(Self::write(namespace, name, value, ttl, None))
+            .await?;
+        written.done()
     }
 
     async fn swap(
@@ -129,9 +281,9 @@ impl KvStore for Redis {
         version: u64,
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, ChainError> {
-        let mut swap = self.write(namespace, name, value, ttl);
-        swap.arg(version);
-        self.run(swap).await
+        let swap = Self::write(namespace, name, value, ttl, Some(version));
+        let written: Written<Option<u64>> = self.run(swap).await?;
+        written.done()
     }
 
     async fn add(
@@ -141,21 +293,17 @@ impl KvStore for Redis {
         delta: i64,
         ttl: Option<Duration>,
     ) -> Result<Count, ChainError> {
-        let mut add = redis::cmd("EVAL");
-        add.arg(ADD)
-            .arg(2)
-            .arg(key(namespace, name))
-            .arg(VERSION_KEY)
-            .arg(delta)
-            .arg(millis(ttl));
-        let (value, left): (i64, i64) = self.run(add).await?;
+        let size = name.len() + COUNTER_BYTES + ENTRY_BYTES;
+        let delta = delta.to_string();
+        let add = Self::script(ADD, namespace, name, (&delta, ttl, String::new(), size));
+        let written: Written<(i64, i64)> = self.run(add).await?;
+        let (value, left) = written.done()?;
         let ttl = (left > 0).then(|| Duration::from_millis(left as u64));
         Ok(Count { value, ttl })
     }
 
     async fn delete(&self, namespace: &str, name: &str) -> Result<bool, ChainError> {
-        let mut delete = redis::cmd("DEL");
-        delete.arg(key(namespace, name));
+        let delete = Self::script(DELETE, namespace, name, ("", None, String::new(), 0));
         let deleted: u64 = self.run(delete).await?;
         Ok(deleted > 0)
     }

@@ -7,7 +7,10 @@
 //! loses nothing, a power cut at most the last writes, which for counters
 //! and caches is the right trade. The file is capped at [`STORE_CAP`]
 //! (`max_page_count`); a write that would pass it first sweeps the expired
-//! rows. Calls run on the blocking pool, one at a time per file.
+//! rows. Each namespace holds at most [`STORED_NAMESPACE_CAP`] bytes,
+//! counted in the same transaction as its writes (`shallot_kv_bytes`); a
+//! write past it first sweeps the namespace's expired rows. Calls run on
+//! the blocking pool, one at a time per file.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,7 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::{Count, Entry, KvStore, OPERATION_TIMEOUT, STORE_CAP, counter, full, sum, unavailable};
+use super::{
+    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORE_CAP, STORED_NAMESPACE_CAP,
+    counter, full, sum, unavailable,
+};
 use crate::types::ChainError;
 
 pub(super) struct Sqlite {
@@ -68,14 +74,73 @@ fn live(
     .optional()
 }
 
-/// Writes a key with the file's next version.
+/// What a row counts against its namespace's cap.
+fn size(key: &str, value: &str) -> i64 {
+    (key.len() + value.len() + ENTRY_BYTES) as i64
+}
+
+/// What the row of `key` counts now, live or expired (0: none).
+fn counted(db: &Connection, namespace: &str, key: &str) -> rusqlite::Result<i64> {
+    let value: Option<String> = db
+        .prepare_cached("SELECT value FROM shallot_kv WHERE namespace = ?1 AND key = ?2")?
+        .query_row(params![namespace, key], |row| row.get(0))
+        .optional()?;
+    Ok(value.map_or(0, |value| size(key, &value)))
+}
+
+/// What `namespace` holds.
+fn held(db: &Connection, namespace: &str) -> rusqlite::Result<i64> {
+    Ok(db
+        .prepare_cached("SELECT bytes FROM shallot_kv_bytes WHERE namespace = ?1")?
+        .query_row(params![namespace], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Adds `delta` to what `namespace` holds.
+fn hold(db: &Connection, namespace: &str, delta: i64) -> rusqlite::Result<()> {
+    db.prepare_cached(
+        "INSERT INTO shallot_kv_bytes VALUES (?1, ?2)
+         ON CONFLICT (namespace) DO UPDATE SET bytes = bytes + ?2",
+    )?
+    .execute(params![namespace, delta])?;
+    Ok(())
+}
+
+/// Writes a key with the file's next version, within its namespace's cap
+/// (its expired rows swept before a write is refused).
 fn write(
     db: &Connection,
     namespace: &str,
     key: &str,
     value: &str,
     expires: Option<i64>,
-) -> rusqlite::Result<u64> {
+) -> Result<u64, Failed> {
+    let new = size(key, value);
+    let room = |db: &Connection| -> rusqlite::Result<bool> {
+        let old = counted(db, namespace, key)?;
+        Ok(held(db, namespace)? - old + new <= STORED_NAMESPACE_CAP as i64)
+    };
+    if !room(db)? {
+        let swept: i64 = db
+            .prepare_cached(
+                "DELETE FROM shallot_kv WHERE namespace = ?1 AND expires <= ?2
+                 RETURNING length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + ?3",
+            )?
+            .query_map(params![namespace, now(), ENTRY_BYTES as i64], |row| {
+                row.get::<_, i64>(0)
+            })?
+            .sum::<rusqlite::Result<i64>>()?;
+        hold(db, namespace, -swept)?;
+        if !room(db)? {
+            return Err(Failed::Refused(full(
+                "SQLite, this namespace",
+                STORED_NAMESPACE_CAP,
+            )));
+        }
+    }
+    let old = counted(db, namespace, key)?;
+    hold(db, namespace, new - old)?;
     let version: i64 = db.query_row(
         "UPDATE shallot_kv_version SET n = n + 1 WHERE id = 0 RETURNING n",
         [],
@@ -84,6 +149,25 @@ fn write(
     db.prepare_cached("INSERT OR REPLACE INTO shallot_kv VALUES (?1, ?2, ?3, ?4, ?5)")?
         .execute(params![namespace, key, value, version, expires])?;
     Ok(version as u64)
+}
+
+/// Deletes every expired row of the file, giving back each namespace's
+/// room, in one transaction.
+fn sweep_all(db: &mut Connection) -> rusqlite::Result<()> {
+    let transaction = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let swept: Vec<(String, i64)> = transaction
+        .prepare(
+            "DELETE FROM shallot_kv WHERE expires <= ?1
+             RETURNING namespace, length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + ?2",
+        )?
+        .query_map(params![now(), ENTRY_BYTES as i64], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    for (namespace, bytes) in swept {
+        hold(&transaction, &namespace, -bytes)?;
+    }
+    transaction.commit()
 }
 
 impl Sqlite {
@@ -111,8 +195,16 @@ impl Sqlite {
                      id INTEGER PRIMARY KEY CHECK (id = 0),
                      n INTEGER NOT NULL
                  );
-                 INSERT OR IGNORE INTO shallot_kv_version VALUES (0, 0);",
-                STORE_CAP as i64 / page
+                 INSERT OR IGNORE INTO shallot_kv_version VALUES (0, 0);
+                 CREATE TABLE IF NOT EXISTS shallot_kv_bytes (
+                     namespace TEXT PRIMARY KEY,
+                     bytes INTEGER NOT NULL
+                 ) WITHOUT ROWID;
+                 INSERT OR IGNORE INTO shallot_kv_bytes
+                     SELECT namespace, SUM(length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + {})
+                     FROM shallot_kv GROUP BY namespace;",
+                STORE_CAP as i64 / page,
+                ENTRY_BYTES
             ))?;
             Ok(connection)
         })
@@ -144,7 +236,7 @@ impl Sqlite {
             let mut db = connection.lock().unwrap_or_else(PoisonError::into_inner);
             match attempt(&mut db) {
                 Err(Failed::Db(e)) if is_full(&e) => {
-                    db.execute("DELETE FROM shallot_kv WHERE expires <= ?1", [now()])?;
+                    sweep_all(&mut db)?;
                     attempt(&mut db)
                 }
                 done => done,
@@ -182,7 +274,7 @@ impl KvStore for Sqlite {
     ) -> Result<u64, ChainError> {
         let (namespace, key, value) = (namespace.to_owned(), key.to_owned(), value.to_owned());
         self.with(TransactionBehavior::Immediate, move |db, now| {
-            Ok(write(db, &namespace, &key, &value, expiry(ttl, now))?)
+            write(db, &namespace, &key, &value, expiry(ttl, now))
         })
         .await
     }
@@ -231,6 +323,7 @@ impl KvStore for Sqlite {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
         self.with(TransactionBehavior::Immediate, move |db, now| {
             let was = live(db, &namespace, &key, now)?.is_some();
+            hold(db, &namespace, -counted(db, &namespace, &key)?)?;
             db.execute(
                 "DELETE FROM shallot_kv WHERE namespace = ?1 AND key = ?2",
                 params![namespace, key],
