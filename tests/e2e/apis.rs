@@ -385,6 +385,63 @@ async fn the_responses_api_answers_and_streams_its_typed_events_and_round_trips_
     served.stop().await.unwrap();
 }
 
+/// A store that answers loads and fails every write, as a full or a
+/// failing one does.
+struct Unwritable;
+
+#[async_trait::async_trait]
+impl shallot::ConversationStore for Unwritable {
+    async fn load(&self, _: &str, _: usize) -> Result<Vec<shallot::types::Message>, ChainError> {
+        Ok(Vec::new())
+    }
+
+    async fn append(&self, _: &str, _: &[shallot::types::Message]) -> Result<(), ChainError> {
+        Err(ChainError::new(
+            ErrorKind::LimitExceeded,
+            "the store is full",
+        ))
+    }
+
+    async fn clear(&self, _: &str) -> Result<(), ChainError> {
+        Ok(())
+    }
+}
+
+/// An answer the model made is delivered though keeping it failed, whole
+/// or streamed, saying `store: false` (it was a `429`, and the model's
+/// work was thrown away); the failure is counted in `/metrics`.
+#[tokio::test]
+async fn an_answer_whose_keeping_fails_is_delivered_saying_it_was_not_kept() {
+    let route = Route::proxy(
+        "scripted",
+        kernel(vec![], ScriptedModel::answer("made")).await,
+    )
+    .with_store(std::sync::Arc::new(Unwritable));
+    let served = Served::gateway(Gateway::new(vec![route], config())).await;
+    let ask = json!({ "model": "scripted", "input": "hello" });
+    let (status, text) = post(&served, "/v1/responses", &ask, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["store"], false, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "made", "{body}");
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = post(&served, "/v1/responses", &streamed, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("response.failed"), "{text}");
+    let completed = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "response.completed")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(completed["response"]["store"], false, "{completed}");
+    let (_, metrics) = served.get("/metrics").await;
+    let failed = r#"shallot_gateway_responses_kept_total{model="scripted",outcome="failed"} 2"#;
+    assert!(metrics.lines().any(|l| l == failed), "{metrics}");
+    served.stop().await.unwrap();
+}
+
 /// The id of a kept response is 128 random bits: on a gateway without
 /// keys nobody continues a neighbour's response from their own id (each
 /// was the last plus one), and an id spelled as another owner's key in a

@@ -75,10 +75,14 @@ impl Responder {
             let mut response = run(&kernel, mode, chat, options).await?;
             shared.metrics.usage(&model, &response.usage);
             let shown = delivered(&kernel, &context, &mut response).await?;
-            if let Some(keep) = keep {
-                keep.keep(&response, shown.as_deref()).await?;
-            }
-            Ok((response, shown))
+            let kept = match keep {
+                Some(keep) => {
+                    keep.keep(&response, shown.as_deref(), &shared.metrics, &model)
+                        .await
+                }
+                None => true,
+            };
+            Ok((response, shown, kept))
         };
         let (mut sent, answered) = oneshot::channel();
         let working = async move {
@@ -96,7 +100,10 @@ impl Responder {
             () = self.shared.cut() => Err(GatewayState::cut_error()),
         };
         match answer {
-            Ok((response, shown)) => {
+            Ok((response, shown, kept)) => {
+                if !kept {
+                    self.dialect.unkept();
+                }
                 let body = self.dialect.whole(response, shown);
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }

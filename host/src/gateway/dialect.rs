@@ -57,6 +57,10 @@ pub(super) trait Dialect: Send + Sync + 'static {
     fn refuse(&self, error: ApiError) -> Response {
         error.into_response()
     }
+
+    /// The answer was to be kept (the Responses API's `store`) and could
+    /// not be: it is delivered all the same, saying so.
+    fn unkept(&mut self) {}
 }
 
 /// One server-sent event, or a keep-alive comment.

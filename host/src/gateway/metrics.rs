@@ -54,6 +54,13 @@ struct Tokens {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kept {
+    model: String,
+    /// `kept` or `failed`.
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reload {
     /// `swapped` or `failed`.
     outcome: &'static str,
@@ -298,6 +305,7 @@ pub(super) struct Metrics {
     pub connections: Gauge,
     reloads: Family<Reload, Counter>,
     mcp_calls: Family<McpCall, Counter>,
+    kept: Family<Kept, Counter>,
     /// The filters of the set being served, for the per-filter metrics.
     pub served: Arc<ServedFilters>,
     /// The routes being served, for their upstreams' health.
@@ -352,6 +360,12 @@ impl Metrics {
             "tools/call requests of /mcp, by tool and outcome (ok, error, refused)",
             Family::<McpCall, Counter>::default(),
         );
+        let kept = registered(
+            &mut registry,
+            "responses_kept",
+            "Responses API answers to be kept (store), by model and outcome (kept, failed: delivered with store false)",
+            Family::<Kept, Counter>::default(),
+        );
         let served = Arc::new(ServedFilters::default());
         registry.register_collector(Box::new(served.clone()));
         let upstreams = Arc::new(ServedUpstreams::default());
@@ -370,7 +384,15 @@ impl Metrics {
             connections,
             reloads,
             mcp_calls,
+            kept,
         }
+    }
+
+    /// An answer of `model` to be kept, and whether it was.
+    pub fn kept(&self, model: &str, kept: bool) {
+        let outcome = if kept { "kept" } else { "failed" };
+        let model = model.to_owned();
+        self.kept.get_or_create(&Kept { model, outcome }).inc();
     }
 
     /// A `tools/call` of `/mcp` that ended as `outcome`; a tool the key may

@@ -23,12 +23,11 @@ use serde_json::{Value, json};
 use self::events::Responses;
 use super::Route;
 use super::handlers::{ChatApi, Prepared};
+use super::metrics::Metrics;
 use super::wire::{ApiError, unique_id};
 use crate::conversation::{CONVERSATION_CAP, ConversationStore};
 use crate::model::wire::tool_from_wire;
-use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Content, ContentPart, Message, Role, ToolCall,
-};
+use crate::types::{ChatRequest, ChatResponse, Content, ContentPart, Message, Role, ToolCall};
 
 /// A `POST /v1/responses` body. Fields the gateway does not read
 /// (`reasoning`, `text`, `truncation`, ...) are ignored.
@@ -355,17 +354,27 @@ pub(super) struct Keep {
 }
 
 impl Keep {
-    /// Keeps the exchange that `response` answered, its text as `shown`.
+    /// Keeps the exchange that `response` answered, its text as `shown`:
+    /// whether it was kept. An answer the model made is delivered however
+    /// keeping it went; one not kept says `store: false` (and cannot be
+    /// continued), and the failure goes to the log and to `/metrics`.
     pub(super) async fn keep(
         mut self,
         response: &ChatResponse,
         shown: Option<&str>,
-    ) -> Result<(), ChainError> {
+        metrics: &Metrics,
+        model: &str,
+    ) -> bool {
         self.history.push(Message {
             content: shown.map(|text| Content::Text(text.to_owned())),
             tool_calls: response.message.tool_calls.clone(),
             ..Message::new(Role::Assistant, "")
         });
-        self.store.append(&self.conversation, &self.history).await
+        let kept = self.store.append(&self.conversation, &self.history).await;
+        if let Err(error) = &kept {
+            tracing::warn!(model, "an answer was delivered without being kept: {error}");
+        }
+        metrics.kept(model, kept.is_ok());
+        kept.is_ok()
     }
 }

@@ -323,7 +323,8 @@ impl Chunks {
     /// What follows the last token: text a filter answered with (not
     /// streamed), then the dialect's end (tool calls, finish, usage); the
     /// exchange kept first, if asked, so that an answer whose keeping
-    /// failed ends broken rather than as if it could be continued.
+    /// failed says so in its end (`store: false`) rather than as if it
+    /// could be continued.
     pub(super) async fn last(&mut self, response: &mut ChatResponse) {
         if !self.delivered {
             match self.answer.delivered(response).await {
@@ -334,8 +335,9 @@ impl Chunks {
         }
         if let Some(keep) = self.answer.keep.take() {
             let shown = self.shown.take().filter(|text| !text.is_empty());
-            if let Err(error) = keep.keep(response, shown.as_deref()).await {
-                return self.broken(&error);
+            let (metrics, model) = (&self.answer.shared.metrics, &self.answer.model);
+            if !keep.keep(response, shown.as_deref(), metrics, model).await {
+                self.answer.dialect.unkept();
             }
         }
         let metrics = &self.answer.shared.metrics;

@@ -184,6 +184,10 @@ fn wire_usage(usage: &Usage) -> Value {
 }
 
 impl Dialect for Responses {
+    fn unkept(&mut self) {
+        self.echoed["store"] = Value::Bool(false);
+    }
+
     /// `{<response>,"output":[<the message, its text escaped as it is
     /// sent>,<function calls>...]}`.
     fn whole(&mut self, response: ChatResponse, shown: Option<String>) -> Body {
