@@ -88,6 +88,11 @@ pub(crate) struct ServeArgs {
     /// back into the gateway ends there.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     max_model_requests: u64,
+    /// Memory the requests being parsed and answered may hold at once: a
+    /// request takes what parsing its body could build before it is parsed
+    /// (413 if more than all of it; it waits, as for a place, for room).
+    #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_request_mib: u32,
 }
 
 pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -106,6 +111,7 @@ pub(crate) async fn run(engine: &Engine, args: ServeArgs) -> anyhow::Result<Exit
         max_connections: max_connections(args.max_connections),
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         max_model_requests: args.max_model_requests,
+        max_request_memory: (args.max_request_mib as usize) << 20,
     };
     // Installed before the address is printed: a supervisor may signal as
     // soon as it reads it.

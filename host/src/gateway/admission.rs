@@ -1,5 +1,6 @@
 //! A request's place among those served at once, and the bounded queue
-//! for one.
+//! for one; and the memory requests may hold at once, which a request
+//! takes before its body is parsed.
 
 use std::sync::atomic::Ordering;
 
@@ -9,6 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::GatewayState;
 use super::wire::ApiError;
+use crate::types::json_weight;
 
 impl GatewayState {
     /// Waits for a place among the requests served at once: `429` if too
@@ -26,6 +28,7 @@ impl GatewayState {
             ConcurrencyPermit {
                 _permit: permit,
                 in_progress: self.metrics.in_progress.clone(),
+                _memory: None,
             }
         };
         let shutting_down = || {
@@ -79,6 +82,16 @@ impl GatewayState {
 pub(super) struct ConcurrencyPermit {
     _permit: OwnedSemaphorePermit,
     in_progress: Gauge,
+    /// The memory the request holds, given back with its place.
+    _memory: Option<MemoryPermit>,
+}
+
+impl ConcurrencyPermit {
+    /// The place, holding `memory` too until it is given back.
+    pub(super) fn holding(mut self, memory: MemoryPermit) -> Self {
+        self._memory = Some(memory);
+        self
+    }
 }
 
 impl Drop for ConcurrencyPermit {
@@ -109,5 +122,70 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.queued.fetch_sub(1, Ordering::AcqRel);
         self.0.metrics.waiting.dec();
+    }
+}
+
+/// What a request may hold, in KiB of the gateway's memory for requests,
+/// until it is answered (or shrunk to what its chat holds).
+pub(super) struct MemoryPermit(OwnedSemaphorePermit);
+
+impl MemoryPermit {
+    /// Gives back all but `bytes`.
+    pub(super) fn shrink_to(&mut self, bytes: usize) {
+        let keep = u32::try_from(kib(bytes)).unwrap_or(u32::MAX).max(1) as usize;
+        let held = self.0.num_permits();
+        if held > keep {
+            drop(self.0.split(held - keep));
+        }
+    }
+}
+
+/// `bytes` in KiB, rounded up.
+pub(super) fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1024)
+}
+
+impl GatewayState {
+    /// Takes what parsing `body` could build from the memory requests may
+    /// hold at once (its text, and twice what its JSON values would take:
+    /// the tree, and the chat made of it while the tree lives), before any
+    /// of it is built: `413` for a request that needs more than all of
+    /// it, `503` when too little comes free within the queue's timeout.
+    pub(super) async fn memory(&self, body: &[u8]) -> Result<MemoryPermit, ApiError> {
+        let values = std::str::from_utf8(body)
+            .ok()
+            .and_then(|text| json_weight(text).ok())
+            .unwrap_or(0);
+        let bytes = body.len().saturating_add(values.saturating_mul(2));
+        let needed = kib(bytes);
+        let most = kib(self.config.max_request_memory);
+        let Some(needed) = u32::try_from(needed).ok().filter(|_| needed <= most) else {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+                format!(
+                    "this request would take about {} MiB once parsed, more than the {} MiB all requests may take at once",
+                    bytes >> 20,
+                    self.config.max_request_memory >> 20
+                ),
+            ));
+        };
+        let taken = tokio::time::timeout(
+            self.config.queue_timeout,
+            self.memory.clone().acquire_many_owned(needed),
+        )
+        .await;
+        match taken {
+            Ok(Ok(permit)) => Ok(MemoryPermit(permit)),
+            _ => Err(ApiError::busy(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                format!(
+                    "no memory to parse the request within {} ms; try again later",
+                    self.config.queue_timeout.as_millis()
+                ),
+            )),
+        }
     }
 }

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -25,10 +24,9 @@ pub(super) async fn embeddings(
     headers: HeaderMap,
     request: Request,
 ) -> Response {
-    let body = read_body(&gateway, request).await;
     let started = Instant::now();
     let mut routed = None;
-    let response = match embed(&gateway, &headers, body, &mut routed).await {
+    let response = match embed(&gateway, &headers, request, &mut routed).await {
         Ok((answer, context)) => {
             let mut response = axum::Json(answer).into_response();
             unspent(&context, false, response.headers_mut());
@@ -46,15 +44,20 @@ pub(super) async fn embeddings(
     response
 }
 
+/// Admitted as a chat is (its key, its body, its place and memory), then
+/// parsed.
 async fn embed(
     gateway: &Arc<GatewayState>,
     headers: &HeaderMap,
-    body: Result<Bytes, ApiError>,
+    request: Request,
     routed: &mut Option<String>,
 ) -> Result<(Value, Context), ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
-    let request: Value = serde_json::from_slice(&body?)
+    let body = read_body(gateway, request).await?;
+    let place = gateway.place().await?;
+    let _place = place.holding(gateway.memory(&body).await?);
+    let request: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?;
     let Some(model) = request.get("model").and_then(Value::as_str) else {
         return Err(ApiError::invalid("an embeddings request names its `model`"));
@@ -64,7 +67,6 @@ async fn embed(
     }
     let route = served.route(key, model)?;
     *routed = Some(route.model.clone());
-    let _place = gateway.place().await?;
     let context = caller(&route.model, key, headers, &gateway.config)?;
     let within = gateway.config.request_timeout;
     let answer = tokio::time::timeout(within, route.kernel.embed(&request, &context))

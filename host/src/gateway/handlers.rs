@@ -21,7 +21,7 @@ use crate::config::{ClientKey, RouteMode};
 use crate::context::{CLIENT_KEY, CONVERSATION_ID, HOPS, MAX_HOPS, TENANT, USER};
 use crate::context::{Context, Tree};
 use crate::model::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
-use crate::types::ChatRequest;
+use crate::types::{ChatRequest, Weigh};
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -170,7 +170,6 @@ pub(super) async fn answer<A: ChatApi>(
     headers: HeaderMap,
     request: Request,
 ) -> Response {
-    let body = read_body(&gateway, request).await;
     let started = Instant::now();
     let mut routed = None;
     let span = tracing::info_span!(
@@ -178,7 +177,7 @@ pub(super) async fn answer<A: ChatApi>(
         id = tracing::field::Empty,
         model = tracing::field::Empty
     );
-    let response = match ask::<A>(gateway.clone(), &headers, body, &mut routed)
+    let response = match ask::<A>(gateway.clone(), &headers, request, &mut routed)
         .instrument(span.clone())
         .await
     {
@@ -210,15 +209,23 @@ pub(super) async fn answer<A: ChatApi>(
     response
 }
 
+/// Admission comes before any work a request's body makes: its key first,
+/// then its body (within the read timeout and the body cap), then its
+/// place and the memory parsing it could take, and only then is it
+/// parsed (a JSON body becomes many times its size as a tree).
 async fn ask<A: ChatApi>(
     gateway: Arc<GatewayState>,
     headers: &HeaderMap,
-    body: Result<Bytes, ApiError>,
+    request: Request,
     routed: &mut Option<String>,
 ) -> Result<Response, ApiError> {
     let served = gateway.served();
     let key = served.authorize(headers)?;
-    let request = A::parse(&body?)?;
+    let body = read_body(&gateway, request).await?;
+    let place = gateway.place().await?;
+    let mut memory = gateway.memory(&body).await?;
+    let request = A::parse(&body)?;
+    drop(body);
     let route = served.route(key, request.model())?;
     *routed = Some(route.model.clone());
     tracing::Span::current().record("model", route.model.as_str());
@@ -245,7 +252,9 @@ async fn ask<A: ChatApi>(
             route.model
         )));
     }
-    let place = gateway.place().await?;
+    // The tree it was parsed to is gone: what the request holds now is
+    // its chat.
+    memory.shrink_to(prepared.chat.weight());
     tracing::Span::current().record("id", prepared.id.as_str());
     let answer = Responder {
         mode: route.mode,
@@ -255,7 +264,7 @@ async fn ask<A: ChatApi>(
         context: context.clone(),
         kernel: route.kernel.clone(),
         deadline: gateway.config.request_timeout,
-        place: Some(place),
+        place: Some(place.holding(memory)),
         shared: gateway.clone(),
     };
     let mut response = if stream {

@@ -68,6 +68,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use self::admission::kib;
 use self::metrics::Metrics;
 use self::routes::RouteTable;
 
@@ -118,6 +119,13 @@ pub struct GatewayConfig {
     /// Past it a call fails `limit-exceeded`: a loop of side calls back
     /// into the gateway ends there however wide it fans out.
     pub max_model_requests: u64,
+    /// Memory the requests being parsed and answered may hold at once, in
+    /// bytes (default 1 GiB): before a body is parsed, a request takes
+    /// what parsing it could build (a JSON tree takes up to dozens of
+    /// times its text), and keeps what its chat holds until it is
+    /// answered. A request past all of it is `413`; one that finds too
+    /// little left waits as for a place.
+    pub max_request_memory: usize,
 }
 
 impl Default for GatewayConfig {
@@ -132,6 +140,7 @@ impl Default for GatewayConfig {
             max_connections: 10_000,
             read_timeout: Duration::from_secs(30),
             max_model_requests: 256,
+            max_request_memory: 1 << 30,
         }
     }
 }
@@ -152,6 +161,8 @@ struct GatewayState {
     served: RwLock<RouteTable>,
     /// Places among the requests served at once.
     places: Arc<Semaphore>,
+    /// What requests may hold at once, in KiB.
+    memory: Arc<Semaphore>,
     /// Requests waiting for a place.
     queued: AtomicUsize,
     /// Swaps so far, and the last reload that failed since the last swap.
@@ -214,6 +225,7 @@ impl Gateway {
         Gateway {
             shared: Arc::new(GatewayState {
                 places: Arc::new(Semaphore::new(config.max_concurrent)),
+                memory: Arc::new(Semaphore::new(kib(config.max_request_memory))),
                 queued: AtomicUsize::new(0),
                 served: RwLock::new(RouteTable {
                     routes: routes.into(),

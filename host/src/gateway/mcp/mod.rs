@@ -178,7 +178,23 @@ pub(super) async fn admit(
         endpoint,
         context,
     });
-    next.run(request).await
+    // The memory parsing its message could take, before rmcp parses it
+    // (`tools/call` takes a place of its own as it runs).
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, shared.config.max_body_bytes).await {
+        Ok(body) => body,
+        Err(_) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the message is over the body cap",
+            );
+        }
+    };
+    let _memory = match shared.memory(&body).await {
+        Ok(memory) => memory,
+        Err(error) => return refuse(error.status, &error.message),
+    };
+    next.run(Request::from_parts(parts, body.into())).await
 }
 
 /// A refusal before the protocol: the status, and a JSON-RPC error saying
