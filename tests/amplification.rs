@@ -163,10 +163,14 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
 /// a stream, in each client API: escaped at once, that answer is 288 MiB
 /// (the gateway held 268 MiB more than the answer for it). The gateway
 /// writes the JSON as it sends it, and cuts stream events into pieces, so
-/// its peak stays near the answer's few copies (the guest's, the host's,
-/// the delivered text). The Responses API's closing events repeat the
-/// whole text, as OpenAI's protocol has them: each is written around the
-/// one copy of it, escaped as it is sent, like the JSON answers.
+/// its peak stays near the answer's copies: the guest's two in its linear
+/// memory (the text it built and the message made of it) and the host's
+/// one, which is what is shown (where no filter transforms tokens, the
+/// delivered text is the answer's own, moved: it was copied, and the peak
+/// was 236-240 MiB where it is now 188-192). The Responses API's closing
+/// events repeat the whole text, as OpenAI's protocol has them: each is
+/// written around the one copy of it, escaped as it is sent, like the JSON
+/// answers.
 async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
     let kernel = misbehaving("escaped-answer", 256).await;
     let gateway = Gateway::new(vec![Route::proxy("m", kernel)], GatewayConfig::default());
@@ -214,7 +218,7 @@ async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
                 "{path}: the whole answer came: {received} bytes"
             );
             assert!(
-                peak - before < 400,
+                peak - before < 224,
                 "{path}, stream: {stream}: the peak grew by {} MiB for a 48 MiB answer",
                 peak - before
             );

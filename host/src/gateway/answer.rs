@@ -120,7 +120,7 @@ async fn delivered(
 ) -> Result<Option<String>, ChainError> {
     match response.message.take_text() {
         None => Ok(None),
-        Some(text) => Ok(Some(kernel.delivered_text(&text, context.clone()).await?)),
+        Some(text) => Ok(Some(kernel.delivered_text(text, context.clone()).await?)),
     }
 }
 

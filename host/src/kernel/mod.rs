@@ -181,10 +181,17 @@ impl Kernel {
     /// token transforms as one stream, their output joined. The results of
     /// [`Kernel::chat`] and [`Kernel::turn`] (and history) keep the model's
     /// original text; show a person or a client this instead, and a
-    /// redaction filter holds whether you stream or not.
-    pub async fn delivered_text(&self, text: &str, context: Context) -> Result<String, ChainError> {
+    /// redaction filter holds whether you stream or not. Given the text
+    /// (a `String`), it is shown without a copy where no filter transforms
+    /// tokens, and becomes the stream's one token where one does.
+    pub async fn delivered_text(
+        &self,
+        text: impl Into<String>,
+        context: Context,
+    ) -> Result<String, ChainError> {
+        let text = text.into();
         if self.onion.token_layers.is_empty() {
-            return Ok(text.to_owned());
+            return Ok(text);
         }
         let shown = Arc::new(Mutex::new(String::new()));
         let sink = {
@@ -197,11 +204,17 @@ impl Kernel {
             }
         };
         let mut stream = self.token_stream(context, sink).await?;
-        let mut tokens = TokenBatch::default();
-        tokens.push(text, None);
+        let end = u32::try_from(text.len()).map_err(|_| {
+            ChainError::new(ErrorKind::LimitExceeded, "a text past 4 GiB is not shown")
+        })?;
+        let tokens = TokenBatch {
+            text,
+            ends: vec![end],
+            metas: Vec::new(),
+        };
         stream.push(tokens).await?;
         stream.finish(FinishReason::Complete).await?;
-        let shown = shown.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let shown = std::mem::take(&mut *shown.lock().unwrap_or_else(PoisonError::into_inner));
         Ok(shown)
     }
 

@@ -278,7 +278,7 @@ impl Tools {
         let call = async {
             let response = kernel.tool(name, arguments, options).await?;
             kernel
-                .delivered_text(&response.output, caller.context.clone())
+                .delivered_text(response.output, caller.context.clone())
                 .await
         };
         let output = bounded(call, &cancel, deadline, timed_out, gone).await;
