@@ -139,7 +139,7 @@ latest = client.chat.completions.create(model=MODEL, messages=long)
 check("a summarized conversation answers its latest message", "and the last one" in latest.choices[0].message.content, latest)
 with urllib.request.urlopen(sys.argv[1].removesuffix("/v1") + "/metrics") as response:
     metrics = response.read().decode()
-summarized = 'shallot_gateway_plugin_summarize_summaries_total{filter="summarize",outcome="summarized"} 1'
+summarized = 'shallot_gateway_plugin_summarize__summaries_total{filter="summarize",outcome="summarized"} 1'
 check("the summary is counted in the filter's metric", summarized in metrics, [l for l in metrics.splitlines() if "summar" in l])
 
 # The Responses API: plain and streamed, the same text.
