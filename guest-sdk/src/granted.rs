@@ -145,7 +145,7 @@ pub mod model {
 }
 
 /// Counters and histograms of the filter's own, on the gateway's
-/// `/metrics` as `shallot_gateway_plugin_<filter>_<name>` (no grant
+/// `/metrics` as `shallot_gateway_plugin_<filter>__<name>` (no grant
 /// needed). A metric is declared by its first use: its kind and label
 /// names stay; at most 32 metrics, 4 labels and 64 series a metric (more
 /// series count in the one labelled `other`), label values of 64 bytes.

@@ -141,7 +141,7 @@ export const kv = {
 };
 
 /** Counters and histograms of the filter's own, on the gateway's
- * `/metrics` as `shallot_gateway_plugin_<filter>_<name>` (no grant
+ * `/metrics` as `shallot_gateway_plugin_<filter>__<name>` (no grant
  * needed). A metric keeps the kind and label names of its first use; at
  * most 32 metrics, 4 labels and 64 series a metric (more series count in
  * the one labelled `other`). A refusal throws `FilterError`. */
