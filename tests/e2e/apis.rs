@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use shallot::types::{ChatRequest, Role};
 use shallot::{
     AnthropicConfig, AnthropicModel, ChainError, ClientKey, ErrorKind, Gateway, Kernel, Route,
-    open_store,
+    open_kv,
 };
 use shallot_tests::{AnthropicServer, Reply, ScriptedModel, spec};
 
@@ -385,25 +385,47 @@ async fn the_responses_api_answers_and_streams_its_typed_events_and_round_trips_
     served.stop().await.unwrap();
 }
 
-/// A store that answers loads and fails every write, as a full or a
+/// A key store that answers reads and fails every write, as a full or a
 /// failing one does.
 struct Unwritable;
 
+fn full() -> ChainError {
+    ChainError::new(ErrorKind::LimitExceeded, "the store is full")
+}
+
 #[async_trait::async_trait]
-impl shallot::ConversationStore for Unwritable {
-    async fn load(&self, _: &str, _: usize) -> Result<Vec<shallot::types::Message>, ChainError> {
-        Ok(Vec::new())
+impl shallot::KvStore for Unwritable {
+    async fn get(&self, _: &str, _: &str) -> Result<Option<shallot::Entry>, ChainError> {
+        Ok(None)
     }
 
-    async fn append(&self, _: &str, _: &[shallot::types::Message]) -> Result<(), ChainError> {
-        Err(ChainError::new(
-            ErrorKind::LimitExceeded,
-            "the store is full",
-        ))
+    async fn set(&self, _: &str, _: &str, _: &str, _: Option<Duration>) -> Result<u64, ChainError> {
+        Err(full())
     }
 
-    async fn clear(&self, _: &str) -> Result<(), ChainError> {
-        Ok(())
+    async fn swap(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: Option<Duration>,
+    ) -> Result<Option<u64>, ChainError> {
+        Err(full())
+    }
+
+    async fn add(
+        &self,
+        _: &str,
+        _: &str,
+        _: i64,
+        _: Option<Duration>,
+    ) -> Result<shallot::Count, ChainError> {
+        Err(full())
+    }
+
+    async fn delete(&self, _: &str, _: &str) -> Result<bool, ChainError> {
+        Ok(false)
     }
 }
 
@@ -442,13 +464,54 @@ async fn an_answer_whose_keeping_fails_is_delivered_saying_it_was_not_kept() {
     served.stop().await.unwrap();
 }
 
+/// Each tenant's kept responses are in its own part of the store, under
+/// its own cap: one that fills its part (the store's one cap was every
+/// tenant's, and one tenant's hundred requests made everyone's `429`)
+/// gets its answers unkept (`store: false`); another keeps and continues
+/// its own as before.
+#[tokio::test]
+async fn one_tenants_kept_responses_fill_its_own_room_not_anothers() {
+    let store = open_kv(":memory:responses-fill").await.unwrap();
+    let route = Route::proxy("scripted", kernel(vec![], ScriptedModel::answer("ok")).await)
+        .with_store(store);
+    let gateway = Gateway::new(vec![route], config());
+    gateway.set_keys(vec![
+        ClientKey::new("hog", Some("hogs".into()), "sk-hog"),
+        ClientKey::new("quiet", Some("quiet".into()), "sk-quiet"),
+    ]);
+    let served = Served::gateway(gateway).await;
+    let megabyte = "m".repeat(1 << 20);
+    let hog = [("authorization", "Bearer sk-hog")];
+    let mut kept = 0;
+    let stored = loop {
+        let ask = json!({ "model": "scripted", "input": megabyte });
+        let (status, text) = post(&served, "/v1/responses", &ask, &hog).await;
+        assert_eq!(status, 200, "{text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        if body["store"] != true || kept == 40 {
+            break body["store"].clone();
+        }
+        kept += 1;
+    };
+    assert_eq!(stored, false, "a part of 16 MiB fills: {kept} kept");
+    let quiet = [("authorization", "Bearer sk-quiet")];
+    let ask = json!({ "model": "scripted", "input": "hello" });
+    let (_, text) = post(&served, "/v1/responses", &ask, &quiet).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["store"], true, "another tenant keeps its own: {body}");
+    let next = json!({ "model": "scripted", "input": "again", "previous_response_id": body["id"] });
+    let (status, text) = post(&served, "/v1/responses", &next, &quiet).await;
+    assert_eq!(status, 200, "and continues it: {text}");
+    served.stop().await.unwrap();
+}
+
 /// The id of a kept response is 128 random bits: on a gateway without
 /// keys nobody continues a neighbour's response from their own id (each
 /// was the last plus one), and an id spelled as another owner's key in a
 /// store a keyed gateway shares (`acme/resp_...`) is no id at all.
 #[tokio::test]
 async fn a_kept_responses_id_is_not_guessed_from_another_nor_spelled_as_another_owners() {
-    let store = open_store(":memory:responses-ids").await.unwrap();
+    let store = open_kv(":memory:responses-ids").await.unwrap();
     let open = Route::proxy(
         "scripted",
         kernel(vec![], ScriptedModel::answer("hi")).await,
@@ -526,7 +589,7 @@ async fn a_kept_responses_id_is_not_guessed_from_another_nor_spelled_as_another_
 #[tokio::test]
 async fn previous_response_id_continues_a_kept_response_and_without_a_store_is_a_400() {
     let model = adder();
-    let store = open_store(":memory:responses-test").await.unwrap();
+    let store = open_kv(":memory:responses-test").await.unwrap();
     let kept = Route::proxy("scripted", kernel(vec![], model.clone()).await).with_store(store);
     let forgetful = Route::proxy("forgetful", kernel(vec![], adder()).await);
     let gateway = Gateway::new(vec![kept, forgetful], config());

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
 use crate::config::{ClientKey, Config, RouteMode, Server, Upstream};
-use crate::conversation::open_store;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
+use crate::kv::open_kv;
 use crate::mcp::{McpError, McpServer};
 use crate::model::{
     AnthropicModel, ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool,
@@ -163,16 +163,19 @@ impl Serving {
                     builder = builder.mcp(server);
                 }
             }
-            let store =
-                match &spec.store {
-                    None => None,
-                    Some(store) => Some(open_store(store.clone()).await.map_err(|error| {
-                        RouteError::Store {
-                            route: spec.model.clone(),
-                            error,
-                        }
-                    })?),
-                };
+            let store = match &spec.store {
+                None => None,
+                Some(store) => {
+                    Some(
+                        open_kv(store.clone())
+                            .await
+                            .map_err(|error| RouteError::Store {
+                                route: spec.model.clone(),
+                                error,
+                            })?,
+                    )
+                }
+            };
             routes.push(Route {
                 model: spec.model,
                 kernel: builder.build()?,

@@ -78,8 +78,8 @@ pub use self::mcp::McpEndpoint;
 pub use self::openapi::OPENAPI;
 pub use self::stream::MAX_UNSENT_BYTES;
 use crate::config::{ClientKey, RouteMode};
-use crate::conversation::ConversationStore;
 use crate::kernel::Kernel;
+use crate::kv::KvStore;
 use crate::types::{ChainError, ErrorKind, Origin};
 
 /// A gateway's bounds.
@@ -189,9 +189,11 @@ pub struct Route {
     pub kernel: Kernel,
     /// A chat through the filters, or a whole agent turn.
     pub mode: RouteMode,
-    /// Where the Responses API keeps responses (`previous_response_id`);
-    /// `None`: it keeps none, and a request that asks is a `400`.
-    pub store: Option<Arc<dyn ConversationStore>>,
+    /// Where the Responses API keeps responses (`previous_response_id`),
+    /// each owner's in a namespace of its own (so each under its own cap)
+    /// for 30 days; `None`: it keeps none, and a request that asks is a
+    /// `400`.
+    pub store: Option<Arc<dyn KvStore>>,
 }
 
 impl Route {
@@ -206,7 +208,7 @@ impl Route {
     }
 
     /// The route, keeping the Responses API's responses in `store`.
-    pub fn with_store(mut self, store: Arc<dyn ConversationStore>) -> Self {
+    pub fn with_store(mut self, store: Arc<dyn KvStore>) -> Self {
         self.store = Some(store);
         self
     }

@@ -25,9 +25,12 @@ use super::Route;
 use super::handlers::{ChatApi, Prepared};
 use super::metrics::Metrics;
 use super::wire::{ApiError, unique_id};
-use crate::conversation::{CONVERSATION_CAP, ConversationStore};
+use crate::conversation::{CONVERSATION_CAP, encoded_size};
+use crate::kv::KvStore;
 use crate::model::wire::tool_from_wire;
-use crate::types::{ChatRequest, ChatResponse, Content, ContentPart, Message, Role, ToolCall};
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, Message, Role, ToolCall,
+};
 
 /// A `POST /v1/responses` body. Fields the gateway does not read
 /// (`reasoning`, `text`, `truncation`, ...) are ignored.
@@ -102,7 +105,8 @@ impl ChatApi for ResponsesRequest {
         let id = unique_id("resp_");
         let keep = store.map(|store| Keep {
             store,
-            conversation: kept_as(owner, &id),
+            namespace: kept_in(owner),
+            id: id.clone(),
             history,
         });
         let echoed = json!({
@@ -201,14 +205,17 @@ fn unkept(model: &str) -> ApiError {
     )
 }
 
-/// Where the response `id` is kept: under its owner (its length first, so
-/// that no owner and id spell another's), or apart from every owner's on
-/// a gateway without keys; apart from the conversations filters keep
-/// (those never start with `/`).
-fn kept_as(owner: Option<&str>, id: &str) -> String {
+/// How long a kept response may be continued: OpenAI keeps responses for
+/// 30 days.
+const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// The key-store namespace an owner's responses are kept in, each owner's
+/// its own (so each under its own cap: one tenant's fill is no other's),
+/// and apart from every owner's on a gateway without keys.
+fn kept_in(owner: Option<&str>) -> String {
     match owner {
-        Some(owner) => format!("/responses/by/{}:{owner}/{id}", owner.len()),
-        None => format!("/responses/open/{id}"),
+        Some(owner) => format!("responses:{owner}"),
+        None => "responses".to_owned(),
     }
 }
 
@@ -220,20 +227,30 @@ fn well_formed(id: &str) -> bool {
 }
 
 /// The conversation of the kept response `id`, or a `400` naming it: the
-/// same for an id that is not kept, not well formed, or another owner's.
+/// same for an id that is not kept (or no longer), not well formed, or
+/// another owner's.
 async fn earlier(
-    store: &dyn ConversationStore,
+    store: &dyn KvStore,
     owner: Option<&str>,
     id: &str,
 ) -> Result<Vec<Message>, ApiError> {
-    let history = if well_formed(id) {
+    let kept = if well_formed(id) {
         store
-            .load(&kept_as(owner, id), CONVERSATION_CAP)
+            .get(&kept_in(owner), id)
             .await
             .map_err(|e| ApiError::chain(&e))?
     } else {
-        Vec::new()
+        None
     };
+    let history: Vec<Message> = kept
+        .and_then(|entry| match serde_json::from_str(&entry.value) {
+            Ok(history) => Some(history),
+            Err(e) => {
+                tracing::warn!(id, "a kept response that does not read as messages: {e}");
+                None
+            }
+        })
+        .unwrap_or_default();
     if history.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -348,8 +365,9 @@ fn message(item: &Value) -> Result<Message, String> {
 /// Where an answered exchange is kept: the conversation so far (kept and
 /// new input), to which the answer, as the client was shown it, is added.
 pub(super) struct Keep {
-    store: Arc<dyn ConversationStore>,
-    conversation: String,
+    store: Arc<dyn KvStore>,
+    namespace: String,
+    id: String,
     history: Vec<Message>,
 }
 
@@ -370,7 +388,29 @@ impl Keep {
             tool_calls: response.message.tool_calls.clone(),
             ..Message::new(Role::Assistant, "")
         });
-        let kept = self.store.append(&self.conversation, &self.history).await;
+        // Its latest messages, at most a conversation's cap of them.
+        let mut bytes: usize = self.history.iter().map(encoded_size).sum();
+        let oldest = self
+            .history
+            .iter()
+            .take_while(|message| {
+                let over = bytes > CONVERSATION_CAP;
+                if over {
+                    bytes -= encoded_size(message);
+                }
+                over
+            })
+            .count();
+        let kept = match serde_json::to_string(&self.history[oldest..]) {
+            Ok(value) => {
+                let ttl = Some(KEPT_FOR);
+                self.store
+                    .set(&self.namespace, &self.id, &value, ttl)
+                    .await
+                    .map(drop)
+            }
+            Err(e) => Err(ChainError::new(ErrorKind::Internal, e.to_string())),
+        };
         if let Err(error) = &kept {
             tracing::warn!(model, "an answer was delivered without being kept: {error}");
         }
