@@ -211,12 +211,11 @@ const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3
 
 /// The key-store namespace an owner's responses are kept in, each owner's
 /// its own (so each under its own cap: one tenant's fill is no other's),
-/// and apart from every owner's on a gateway without keys.
+/// and apart from every owner's on a gateway without keys (an owner is
+/// never empty). No filter's own namespace has a `:` (a filter's name is
+/// a-z, 0-9 and `-`), so none is one of these.
 fn kept_in(owner: Option<&str>) -> String {
-    match owner {
-        Some(owner) => format!("responses:{owner}"),
-        None => "responses".to_owned(),
-    }
+    format!("responses:{}", owner.unwrap_or_default())
 }
 
 /// Whether `id` is one [`unique_id`] made for a response: `resp_` and 32
