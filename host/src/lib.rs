@@ -88,8 +88,8 @@ pub use context::{
     RATE_LIMIT, Reducers, TENANT, UPSTREAM, USER,
 };
 pub use conversation::{
-    CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, LOAD_LIMIT, STORE_CAP, StoreSpec,
-    open_store,
+    CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, IN_PROCESS_PART_CAP, LOAD_LIMIT, PART_CAP,
+    STORE_CAP, StoreSpec, open_store,
 };
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_line, terminal_text};

@@ -472,8 +472,11 @@ async fn an_answer_whose_keeping_fails_is_delivered_saying_it_was_not_kept() {
 #[tokio::test]
 async fn one_tenants_kept_responses_fill_its_own_room_not_anothers() {
     let store = open_kv(":memory:responses-fill").await.unwrap();
-    let route = Route::proxy("scripted", kernel(vec![], ScriptedModel::answer("ok")).await)
-        .with_store(store);
+    let route = Route::proxy(
+        "scripted",
+        kernel(vec![], ScriptedModel::answer("ok")).await,
+    )
+    .with_store(store);
     let gateway = Gateway::new(vec![route], config());
     gateway.set_keys(vec![
         ClientKey::new("hog", Some("hogs".into()), "sk-hog"),

@@ -1029,6 +1029,64 @@ fn stored(messages: &[Message]) -> usize {
         .sum()
 }
 
+/// One owner's conversations are one part of a store, under a sixteenth
+/// of its cap, in every store: an owner that fills its part is refused
+/// (the whole store was every tenant's), another owner, and the
+/// conversations of no owner, go on; and behind client keys a filter keeps
+/// its invoke's owner's conversations only.
+#[tokio::test]
+async fn one_owners_conversations_fill_their_own_part_of_every_store() {
+    let redis = RedisServer::start();
+    let megabyte = vec![Message::user("c".repeat(1 << 20))];
+    for store in shallot_tests::every_store("conversation-parts", &redis) {
+        let kept = shallot::open_store(store.as_str()).await.unwrap();
+        let mut n = 0;
+        let refused = loop {
+            match kept.append(&format!("hog/c{n}"), &megabyte).await {
+                Ok(()) if n < 100 => n += 1,
+                Ok(()) => panic!("{store}: 100 MiB for one owner"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{store}: {refused}");
+        assert!(
+            refused.message.contains("for this owner"),
+            "{store}: {refused}"
+        );
+        for other in ["quiet/c0", "no-owner"] {
+            kept.append(other, &megabyte)
+                .await
+                .unwrap_or_else(|e| panic!("{store}: {other} was refused: {e}"));
+        }
+        kept.clear("hog/c0").await.unwrap();
+        kept.append("hog/again", &megabyte)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: clearing gave no room back: {e}"));
+    }
+    let grants = Grants {
+        memory: Some(":memory:".into()),
+        ..Grants::default()
+    };
+    let plugins = load(vec![granted(
+        hostile("chat", "memory-elsewhere", generous()),
+        grants,
+    )])
+    .await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let acme = Context::new().with(shallot::TENANT, "acme");
+    let error = kernel.chat(ask("boom"), acme).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::InvalidRequest,
+        "around-chat",
+        "another owner",
+    );
+    kernel
+        .chat(ask("boom"), Context::new())
+        .await
+        .expect("an invoke of no owner keeps any conversation");
+}
+
 /// A conversation keeps its latest 16 MiB as stored, in every store: three
 /// calls of 12 MiB each leave the last one. (Unbounded, twenty invokes
 /// left 1.3 GiB in the in-process store, read back whole on every load.)

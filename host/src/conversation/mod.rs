@@ -19,6 +19,14 @@
 //! messages are dropped as new ones come), and a store holds at most
 //! [`STORE_CAP`] bytes (the in-process one [`IN_PROCESS_CAP`]); an append
 //! that would go past it is refused with `limit-exceeded`.
+//!
+//! A store is shared by tenants: the conversations of one owner (those
+//! whose id starts `<owner>/`, as the gateway names them behind keys, and
+//! as the `memory` import holds a filter to) are one part of it, which
+//! holds at most a sixteenth of the store ([`PART_CAP`],
+//! [`IN_PROCESS_PART_CAP`]), so one tenant's fill is no one else's
+//! outage. Conversations of no owner (no `/`: a command line, a gateway
+//! without keys) share the rest of the store.
 
 mod redis;
 mod sqlite;
@@ -46,6 +54,29 @@ pub const STORE_CAP: usize = 1 << 30;
 /// The most the in-process store (`:memory:`) holds, in bytes as stored
 /// (or as held, where that is more): it is the host's own memory.
 pub const IN_PROCESS_CAP: usize = 256 << 20;
+/// The most the conversations of one owner (one part) hold in an SQLite
+/// or Redis store, in bytes as stored.
+pub const PART_CAP: usize = STORE_CAP / 16;
+/// The most the conversations of one owner hold in the in-process store.
+pub const IN_PROCESS_PART_CAP: usize = IN_PROCESS_CAP / 16;
+
+/// The part of a store `conversation` is in: its owner, before its first
+/// `/`; `""` (no part, the whole store) for one without.
+pub(crate) fn part(conversation: &str) -> &str {
+    conversation.split_once('/').map_or("", |(owner, _)| owner)
+}
+
+/// The error for an append that would take an owner's part of a store
+/// past its cap.
+fn part_full(kind: &str, cap: usize) -> ChainError {
+    ChainError::new(
+        ErrorKind::LimitExceeded,
+        format!(
+            "the conversation store ({kind}) is full for this owner: its conversations hold at most {cap} bytes"
+        ),
+    )
+}
+
 /// How long one store operation may take before it is a `transient` error.
 pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -217,6 +248,8 @@ struct InProcess {
 struct Kept {
     conversations: HashMap<String, Conversation>,
     bytes: usize,
+    /// What each owner's conversations hold.
+    parts: HashMap<String, usize>,
 }
 
 /// One conversation's messages, each with its size, oldest first.
@@ -290,6 +323,14 @@ impl ConversationStore for InProcess {
         if kept.bytes - freed + added > IN_PROCESS_CAP {
             return Err(full("in-process", "in this process", IN_PROCESS_CAP));
         }
+        let owner = part(conversation);
+        if !owner.is_empty() {
+            let held = kept.parts.get(owner).copied().unwrap_or(0);
+            if held - freed + added > IN_PROCESS_PART_CAP {
+                return Err(part_full("in-process", IN_PROCESS_PART_CAP));
+            }
+            kept.parts.insert(owner.to_owned(), held - freed + added);
+        }
         kept.bytes = kept.bytes - freed + added;
         let current = kept
             .conversations
@@ -305,6 +346,9 @@ impl ConversationStore for InProcess {
         let mut kept = self.kept();
         if let Some(gone) = kept.conversations.remove(conversation) {
             kept.bytes -= gone.bytes;
+            if let Some(held) = kept.parts.get_mut(part(conversation)) {
+                *held -= gone.bytes;
+            }
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! Conversations in Redis: a list per conversation
 //! (`shallot:conversation:<id>`), one JSON message per element, its size
-//! as stored beside it (`shallot:conversation-bytes:<id>`) and the store's
-//! (`shallot:conversation-bytes`), all changed together in server-side
+//! as stored beside it (`shallot:conversation-bytes:<id>`), the store's
+//! (`shallot:conversation-bytes`) and each owner's part's
+//! (`shallot:conversation-parts`, a field per owner), all changed together in server-side
 //! scripts, so the bounds hold for every host sharing the server. The
 //! connection manager reconnects after Redis comes back; every operation
 //! is bounded, so Redis going away is a `transient` error, never a hang.
@@ -10,8 +11,8 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{
-    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, STORE_CAP,
-    fits_a_conversation, full, row_overhead, unavailable,
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, STORE_CAP,
+    fits_a_conversation, full, part, part_full, row_overhead, unavailable,
 };
 use crate::types::{ChainError, Message};
 
@@ -31,8 +32,12 @@ fn size_key(conversation: &str) -> String {
 
 /// The store's size as stored, over all conversations.
 const STORE_SIZE_KEY: &str = "shallot:conversation-bytes";
+/// Each owner's part's size as stored, a field per owner.
+const PARTS_KEY: &str = "shallot:conversation-parts";
 /// What the append script answers when the store is full.
 const FULL: &str = "shallot-store-full";
+/// What it answers when the owner's part is.
+const PART_FULL: &str = "shallot-part-full";
 
 /// Connects to the Redis server at `url` (within the operation timeout,
 /// retrying once) and checks that it answers: the address shown in
@@ -103,23 +108,30 @@ end
 return out
 ";
 
-/// Appends `ARGV[4..]` to the list `KEYS[1]` whose size is `KEYS[2]`, in a
+/// Appends `ARGV[6..]` to the list `KEYS[1]` whose size is `KEYS[2]`, in a
 /// store whose size is `KEYS[3]`, each element counting `ARGV[3]` bytes
 /// more than its own: the list's oldest elements go while it is over
 /// `ARGV[1]` bytes (popped a page at a time from the head, what went too
 /// far pushed back: linear in what is dropped); nothing is written if the
-/// store would go past `ARGV[2]`.
+/// store would go past `ARGV[2]`, or the part `ARGV[4]` (none if empty)
+/// of the parts' sizes `KEYS[4]` past `ARGV[5]`.
 const APPEND_WITHIN: &str = r"
 local conversation_cap, store_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local overhead = tonumber(ARGV[3])
+local part, part_cap = ARGV[4], tonumber(ARGV[5])
 local added = 0
-for i = 4, #ARGV do added = added + #ARGV[i] + overhead end
+for i = 6, #ARGV do added = added + #ARGV[i] + overhead end
 local size = tonumber(redis.call('GET', KEYS[2]) or '0')
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
 local over = size + added - conversation_cap
 -- Trimming frees at least this much (all of the list if it is smaller).
 local freeing = math.min(math.max(over, 0), size)
 if total - freeing + added > store_cap then return 'shallot-store-full' end
+local held = 0
+if part ~= '' then
+  held = tonumber(redis.call('HGET', KEYS[4], part) or '0')
+  if held - freeing + added > part_cap then return 'shallot-part-full' end
+end
 local freed = 0
 while freed < over do
   local page = redis.call('LPOP', KEYS[1], 64)
@@ -131,20 +143,26 @@ while freed < over do
   end
   for j = #page, kept, -1 do redis.call('LPUSH', KEYS[1], page[j]) end
 end
-for i = 4, #ARGV, 1000 do
+for i = 6, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 redis.call('SET', KEYS[2], math.max(0, size - freed) + added)
 redis.call('INCRBY', KEYS[3], added - freed)
+if part ~= '' then redis.call('HSET', KEYS[4], part, math.max(0, held - freed + added)) end
 return 'OK'
 ";
 
 /// Deletes the list `KEYS[1]` and its size `KEYS[2]`, taking that from
-/// the store's size `KEYS[3]`.
+/// the store's size `KEYS[3]` and from the part `ARGV[1]` (none if empty)
+/// of the parts' sizes `KEYS[4]`.
 const CLEAR: &str = r"
 local size = tonumber(redis.call('GET', KEYS[2]) or '0')
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('DECRBY', KEYS[3], size)
+if ARGV[1] ~= '' then
+  local held = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
+  redis.call('HSET', KEYS[4], ARGV[1], math.max(0, held - size))
+end
 return 'OK'
 ";
 
@@ -187,19 +205,23 @@ impl ConversationStore for Redis {
         let mut append = redis::cmd("EVAL");
         append
             .arg(APPEND_WITHIN)
-            .arg(3)
+            .arg(4)
             .arg(key(conversation))
             .arg(size_key(conversation))
             .arg(STORE_SIZE_KEY)
+            .arg(PARTS_KEY)
             .arg(CONVERSATION_CAP)
             .arg(STORE_CAP)
             .arg(overhead)
+            .arg(part(conversation))
+            .arg(PART_CAP)
             .arg(rows);
         let answer: String = self.bounded(append.query_async(&mut connection)).await?;
-        if answer == FULL {
-            return Err(full("Redis", &self.shown, STORE_CAP));
+        match answer.as_str() {
+            FULL => Err(full("Redis", &self.shown, STORE_CAP)),
+            PART_FULL => Err(part_full("Redis", PART_CAP)),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
@@ -207,10 +229,12 @@ impl ConversationStore for Redis {
         let mut clear = redis::cmd("EVAL");
         clear
             .arg(CLEAR)
-            .arg(3)
+            .arg(4)
             .arg(key(conversation))
             .arg(size_key(conversation))
-            .arg(STORE_SIZE_KEY);
+            .arg(STORE_SIZE_KEY)
+            .arg(PARTS_KEY)
+            .arg(part(conversation));
         self.bounded(clear.query_async::<String>(&mut connection))
             .await
             .map(drop)

@@ -1,18 +1,18 @@
 //! Conversations in an embedded SQLite file: one row per message, in
-//! order, and each conversation's size as stored beside them (kept in the
-//! same transactions), so that an append checks its bounds without
-//! reading the conversation. Calls run on the blocking pool, one at a time
-//! per file.
+//! order, and each conversation's size and each owner's part's as stored
+//! beside them (kept in the same transactions), so that an append checks
+//! its bounds without reading the conversation. Calls run on the blocking
+//! pool, one at a time per file.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, ROW_BYTES, STORE_CAP,
-    fits_a_conversation, full, row_overhead, unavailable,
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, ROW_BYTES,
+    STORE_CAP, fits_a_conversation, full, part, part_full, row_overhead, unavailable,
 };
 
 /// A row's size as the store counts it, in SQL: its message's bytes, its
@@ -72,6 +72,24 @@ impl Sqlite {
                          SELECT 0, COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes;",
                     row_size()
                 ))?;
+            }
+            // Each owner's part's size, made once from the conversations'.
+            let parted: bool = sizes.query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_part_sizes'",
+                [],
+                |row| row.get(0),
+            )?;
+            if !parted {
+                sizes.execute_batch(
+                    "CREATE TABLE shallot_part_sizes (
+                         part TEXT PRIMARY KEY,
+                         bytes INTEGER NOT NULL
+                     );
+                     INSERT INTO shallot_part_sizes
+                         SELECT SUBSTR(conversation, 1, INSTR(conversation, '/') - 1), SUM(bytes)
+                         FROM shallot_conversation_sizes
+                         WHERE INSTR(conversation, '/') > 1 GROUP BY 1;",
+                )?;
             }
             sizes.commit()?;
             Ok(connection)
@@ -159,11 +177,14 @@ impl ConversationStore for Sqlite {
             .collect();
         let added: usize = rows.iter().map(|row| row.len() + overhead).sum();
         fits_a_conversation(added)?;
-        let full = || full("SQLite", &self.path, STORE_CAP);
         let fitted = self
             .with(move |db| append_rows(db, &conversation, &rows, added, overhead))
             .await?;
-        if fitted { Ok(()) } else { Err(full()) }
+        match fitted {
+            Fitted::Yes => Ok(()),
+            Fitted::StoreFull => Err(full("SQLite", &self.path, STORE_CAP)),
+            Fitted::PartFull => Err(part_full("SQLite", PART_CAP)),
+        }
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
@@ -175,6 +196,12 @@ impl ConversationStore for Sqlite {
                      (SELECT bytes FROM shallot_conversation_sizes WHERE conversation = ?1), 0))
                  WHERE id = 0",
                 params![conversation],
+            )?;
+            batch.execute(
+                "UPDATE shallot_part_sizes SET bytes = MAX(0, bytes - COALESCE(
+                     (SELECT bytes FROM shallot_conversation_sizes WHERE conversation = ?1), 0))
+                 WHERE part = ?2",
+                params![conversation, part(&conversation)],
             )?;
             for table in ["shallot_messages", "shallot_conversation_sizes"] {
                 batch.execute(
@@ -188,16 +215,24 @@ impl ConversationStore for Sqlite {
     }
 }
 
+/// Whether an append fitted, or which cap it would have passed.
+enum Fitted {
+    Yes,
+    StoreFull,
+    PartFull,
+}
+
 /// Appends `rows` (`added` bytes as stored) to `conversation` in one
 /// transaction, dropping its oldest messages past the conversation cap;
-/// `false`, with nothing written, when the store would be over its cap.
+/// nothing is written when the store, or its owner's part, would be over
+/// its cap.
 fn append_rows(
     db: &mut Connection,
     conversation: &str,
     rows: &[String],
     added: usize,
     overhead: usize,
-) -> rusqlite::Result<bool> {
+) -> rusqlite::Result<Fitted> {
     let batch = db.transaction()?;
     let current: i64 = batch.query_row(
         "SELECT COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes
@@ -215,7 +250,27 @@ fn append_rows(
     let over = (current + added).saturating_sub(CONVERSATION_CAP);
     let (freed, last) = oldest(&batch, conversation, over, overhead)?;
     if total - freed.min(total) + added > STORE_CAP {
-        return Ok(false);
+        return Ok(Fitted::StoreFull);
+    }
+    let owner = part(conversation);
+    if !owner.is_empty() {
+        let held: i64 = batch
+            .query_row(
+                "SELECT bytes FROM shallot_part_sizes WHERE part = ?1",
+                params![owner],
+                |row| row.get(0),
+            )
+            .optional()?
+            .unwrap_or(0);
+        let held = held as usize;
+        if held - freed.min(held) + added > PART_CAP {
+            return Ok(Fitted::PartFull);
+        }
+        batch.execute(
+            "INSERT INTO shallot_part_sizes (part, bytes) VALUES (?1, ?2)
+             ON CONFLICT (part) DO UPDATE SET bytes = ?2",
+            params![owner, (held - freed.min(held) + added) as i64],
+        )?;
     }
     if let Some(last) = last {
         batch.execute(
@@ -241,7 +296,7 @@ fn append_rows(
         params![(total + added - freed.min(total)) as i64],
     )?;
     batch.commit()?;
-    Ok(true)
+    Ok(Fitted::Yes)
 }
 
 /// How many bytes the oldest messages of `conversation` free, taken until

@@ -370,8 +370,7 @@ fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
 }
 
 /// The conversation a request names, if any: 1 to 256 printable ASCII
-/// characters, not starting with `/` (the host keeps its own there, such
-/// as the Responses API's kept responses).
+/// characters.
 /// The requests to models a request may cause: what its client lent it
 /// (`x-shallot-budget`, from a gateway it came through), never more than
 /// this gateway's own bound.
@@ -405,16 +404,11 @@ pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError
         return Ok(None);
     };
     match value.to_str() {
-        Ok(id)
-            if !id.is_empty()
-                && id.len() <= 256
-                && !id.starts_with('/')
-                && id.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
+        Ok(id) if !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| b.is_ascii_graphic()) => {
             Ok(Some(id))
         }
         _ => Err(ApiError::invalid(format!(
-            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters, not starting with `/`"
+            "the {CONVERSATION_HEADER} header must be 1 to 256 printable ASCII characters"
         ))),
     }
 }

@@ -17,6 +17,7 @@ use futures::FutureExt;
 
 use super::HostState;
 use super::trace::TraceSink;
+use crate::context::{CLIENT_KEY, TENANT};
 use crate::conversation::{self, ConversationStore, open_store};
 use crate::escape;
 use crate::kv::{KvStore, open_kv};
@@ -337,11 +338,15 @@ impl HostState {
             let message = format!("a conversation id must be 1 to {CONVERSATION_ID_CAP} bytes");
             return Err(error(wit::ErrorKind::InvalidRequest, message));
         }
-        if conversation.starts_with('/') {
-            // The host keeps its own there (the gateway's kept responses),
-            // in a store an operator may also grant.
-            let message =
-                "a conversation id must not start with `/`, which the host keeps for its own";
+        // Behind client keys an invoke is for one owner (the key's tenant,
+        // else the key): its filters keep that owner's conversations only,
+        // in its part of the store, as the gateway names them.
+        if let Some(owner) = self.owner()
+            && conversation::part(conversation) != owner
+        {
+            let message = format!(
+                "a conversation of another owner: this invoke keeps only those whose id starts `{owner}/` (its `conversation_id` does)"
+            );
             return Err(error(wit::ErrorKind::InvalidRequest, message));
         }
         self.quotas.store_ops += 1;
@@ -351,6 +356,14 @@ impl HostState {
             return Err(error(wit::ErrorKind::LimitExceeded, message));
         }
         Ok(store)
+    }
+
+    /// Whom the invoke is for, where a client key says: its tenant, else
+    /// the key's name (set by the gateway; no filter can change them).
+    fn owner(&self) -> Option<String> {
+        let context = self.scope.as_ref()?.invoke.context();
+        let owner = context.get(TENANT).or_else(|| context.get(CLIENT_KEY))?;
+        owner.as_str().map(str::to_owned)
     }
 
     /// The most a conversation load hands the filter: half its free host

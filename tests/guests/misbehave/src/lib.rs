@@ -27,8 +27,8 @@ struct Misbehave {
     /// (sets the host's own fields), ask-garbage (arguments that are not
     /// JSON), ask (asks approval of `delete`, fails if denied),
     /// memory-flood (appends 2 MiB messages until refused),
-    /// memory-chatter (loads until refused), memory-long-id, memory-hosts
-    /// (loads a conversation where the host keeps its own), mimic (builds
+    /// memory-chatter (loads until refused), memory-long-id,
+    /// memory-elsewhere (loads another tenant's conversation), mimic (builds
     /// an error just like the inner failure), pass-first (calls next twice
     /// and returns the first result), fake-calls (answers a chat itself
     /// with 10,000 tool calls), shrink-then-trap (by its tool arguments:
@@ -262,7 +262,7 @@ impl Misbehave {
                 memory::load("chatty")?;
             },
             "memory-long-id" => memory::clear(&"c".repeat(4096)),
-            "memory-hosts" => memory::load("/responses/open/resp_0").map(drop),
+            "memory-elsewhere" => memory::load("another-tenant/c-1").map(drop),
             "kv-flood" => {
                 let big = "v".repeat(1 << 20);
                 for n in 0..100_000 {
