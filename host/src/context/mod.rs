@@ -56,6 +56,16 @@ pub const CANCELLED: &str = "cancelled";
 /// The most gateways one request may pass through.
 pub const MAX_HOPS: u64 = 8;
 
+/// The header that counts the gateways a request passed through; a
+/// shallot gateway refuses one that has passed through too many.
+pub const HOPS_HEADER: &str = "x-shallot-hops";
+/// The header that lends a model server (a gateway) its share of the
+/// request's tree: the requests to models it may cause in all.
+pub const BUDGET_HEADER: &str = "x-shallot-budget";
+/// The header a gateway answers with what it did not spend of its loan
+/// (`0` for a stream, which may spend on).
+pub const BUDGET_LEFT_HEADER: &str = "x-shallot-budget-left";
+
 /// Keys of the shared context that say whom an invoke is for, how far it
 /// came and whether it was cancelled. The caller (or the host) sets them; a sandboxed filter may read them but
 /// never set or remove one, or it could act for another tenant, read

@@ -7,15 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::body;
-use crate::context::{Context, Cost};
+use crate::context::{BUDGET_HEADER, BUDGET_LEFT_HEADER, Context, Cost};
 use crate::types::{ChainError, ErrorKind};
-
-/// The header that lends a model server (a gateway) its share of the
-/// request's tree: the requests to models it may cause in all.
-pub const BUDGET_HEADER: &str = "x-shallot-budget";
-/// The header a gateway answers with what it did not spend of its loan
-/// (`0` for a stream, which may spend on).
-pub const BUDGET_LEFT_HEADER: &str = "x-shallot-budget-left";
 
 /// The HTTP client of a model server's client: connections within 10 s,
 /// reads within `timeout_ms` of silence.

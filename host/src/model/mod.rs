@@ -19,11 +19,11 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 
+pub use crate::context::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use embedded::EmbeddedModel;
-pub use failure::{BUDGET_HEADER, BUDGET_LEFT_HEADER};
 pub(crate) use openai::wire;
-pub use openai::{HOPS_HEADER, OpenAiConfig, OpenAiModel};
+pub use openai::{OpenAiConfig, OpenAiModel};
 pub use pool::{PoolConfig, UpstreamHealth, UpstreamPool};
 
 use crate::context::Context;

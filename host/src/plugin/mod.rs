@@ -25,7 +25,8 @@ mod stats;
 pub(crate) use admission::{admit, need};
 pub use error::LoadError;
 pub use filter::{Isolation, WasmFilter};
-pub use grants::{Grants, HttpGrant, HttpOrigin, KvGrant, ModelGrant, TraceTarget};
+pub use grants::Grants;
+pub use host::{HttpGrant, HttpOrigin, KvGrant, ModelGrant, TraceTarget};
 pub(crate) use instance::FilterInstance;
 pub use loader::{
     FilterSpec, Plugin, WIT_PACKAGE, WIT_VERSION, cache_state, compile_plugin, configure_filter,

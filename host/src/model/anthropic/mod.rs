@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::body::{self, Refused};
 use super::failure::{http_client, send_retrying};
 use super::openai::wire::answer;
-use super::{ChatModel, HOPS_HEADER, ModelEvent};
+use super::{ChatModel, ModelEvent};
+use crate::context::HOPS_HEADER;
 use crate::context::{Context, HOPS};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, ToolCall, Usage};
 

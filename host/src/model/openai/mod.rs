@@ -29,7 +29,7 @@ use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_
 use super::body::{self, Refused};
 use super::failure::{http_client, send_retrying};
 use super::{ChatModel, ModelEvent};
-use crate::context::{Context, HOPS};
+use crate::context::{Context, HOPS, HOPS_HEADER};
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
 
@@ -56,10 +56,6 @@ pub struct OpenAiConfig {
 const CHAT: &str = "chat/completions";
 /// The embeddings endpoint, under the API base.
 const EMBEDDINGS: &str = "embeddings";
-
-/// The header that counts the gateways a request passed through; a
-/// shallot gateway refuses one that has passed through too many.
-pub const HOPS_HEADER: &str = "x-shallot-hops";
 
 /// Fields of a request's body that the client writes, whatever its
 /// options say: the conversation, the tools, whether it streams, and how

@@ -3,12 +3,18 @@
 //! bytes written (as the filter's host memory cap), time to live, and the
 //! time waited for the store (with the conversation store's).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::HostState;
-use super::granted::{GrantedKv, Service, error, not_granted};
+use super::service::{GrantedServices, PROMPTED, Service, Spent, error};
+use crate::conversation::StoreSpec;
+use crate::kv::{KvStore, open_kv};
 use crate::plugin::bindings::shallot::filter::kv;
 use crate::plugin::bindings::shallot::filter::types as wit;
+use crate::types::Call;
 
 /// The longest key, in bytes.
 const KEY_CAP: usize = 512;
@@ -21,6 +27,100 @@ const TTL_CAP_MS: u64 = 366 * 24 * 60 * 60 * 1000;
 
 type Answer<T> = wasmtime::Result<Result<T, wit::FilterError>>;
 
+/// The `kv` grant: a store (as for `memory`), and the namespace of the
+/// filter's keys: its own name unless the operator names one, so that the
+/// filters naming the same one share keys. Written `kv = "<store>"` or
+/// `kv = { store = "<store>", namespace = "<name>" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "KvForm")]
+pub struct KvGrant {
+    /// Where the keys are kept.
+    pub store: StoreSpec,
+    /// The namespace; `None`: the filter's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl From<StoreSpec> for KvGrant {
+    fn from(store: StoreSpec) -> Self {
+        KvGrant {
+            store,
+            namespace: None,
+        }
+    }
+}
+
+/// The two ways an operator writes a `kv` grant.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a store (a SQLite file's path, a redis:// URL or \":memory:\") or a table { store = \"...\", namespace = \"...\" }"
+)]
+enum KvForm {
+    Store(StoreSpec),
+    Table(KvTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KvTable {
+    store: StoreSpec,
+    namespace: Option<String>,
+}
+
+impl From<KvForm> for KvGrant {
+    fn from(form: KvForm) -> Self {
+        match form {
+            KvForm::Store(store) => store.into(),
+            KvForm::Table(KvTable { store, namespace }) => KvGrant { store, namespace },
+        }
+    }
+}
+
+/// The `kv` service: who names its namespace is the operator (or the
+/// filter's name, which the operator or its file gives), never the filter.
+pub(crate) struct Kv;
+
+/// The key store a filter is granted, and its namespace (`None`: the
+/// filter's name).
+#[derive(Clone)]
+pub(crate) struct GrantedKv {
+    pub store: Arc<dyn KvStore>,
+    pub namespace: Option<String>,
+}
+
+impl Service for Kv {
+    const IMPORT: &'static str = "kv";
+    const CALLED: &'static str = "kv";
+    const CALLS: &'static [Call] = PROMPTED;
+    const GRANT: &'static str = "kv = \":memory:\"";
+    type Granted = GrantedKv;
+    /// Operations made.
+    type Spent = u32;
+
+    fn granted(services: &GrantedServices) -> Option<&GrantedKv> {
+        services.kv.as_ref()
+    }
+
+    fn spent(spent: &mut Spent) -> &mut u32 {
+        &mut spent.kv
+    }
+}
+
+/// What `grants.kv` opens: its store, and its namespace.
+pub(super) async fn open(grant: Option<&KvGrant>) -> Result<Option<GrantedKv>, String> {
+    let Some(grant) = grant else {
+        return Ok(None);
+    };
+    if grant.namespace.as_ref().is_some_and(String::is_empty) {
+        return Err("grants.kv: the namespace must not be empty".into());
+    }
+    Ok(Some(GrantedKv {
+        store: open_kv(grant.store.clone()).await?,
+        namespace: grant.namespace.clone(),
+    }))
+}
+
 impl HostState {
     /// The store and namespace, if granted, for one more operation of this
     /// call on `key`, writing `written` bytes that live `ttl_ms`.
@@ -30,12 +130,7 @@ impl HostState {
         written: usize,
         ttl_ms: u64,
     ) -> Result<(GrantedKv, String), wit::FilterError> {
-        let Some(granted) = self.services.kv.clone() else {
-            return Err(not_granted("kv", "kv = \":memory:\""));
-        };
-        if let Some(refused) = self.out_of_place(Service::Kv) {
-            return Err(refused);
-        }
+        let granted = self.admit::<Kv>()?;
         let invalid = |message: String| Err(error(wit::ErrorKind::InvalidRequest, message));
         if key.is_empty() || key.len() > KEY_CAP {
             return invalid(format!("a key must be 1 to {KEY_CAP} bytes"));
@@ -51,21 +146,15 @@ impl HostState {
                 "a value of {written} bytes is over the cap of {VALUE_CAP}"
             ));
         }
-        self.quotas.kv_ops += 1;
-        if self.quotas.kv_ops > OPS_PER_CALL {
+        let ops = self.spent::<Kv>();
+        *ops += 1;
+        if *ops > OPS_PER_CALL {
             return over(format!(
                 "more than {OPS_PER_CALL} key-store operations in one call"
             ));
         }
         // What one call writes is bounded as what it makes the host hold.
-        let written = written + key.len();
-        self.quotas.stored_bytes = self.quotas.stored_bytes.saturating_add(written);
-        if self.quotas.stored_bytes > self.limits.host_bytes() {
-            return over(format!(
-                "writing {} bytes to its stores in one call, more than the filter's host memory cap",
-                self.quotas.stored_bytes
-            ));
-        }
+        self.write_to_stores(written + key.len())?;
         let namespace =
             (granted.namespace.clone()).unwrap_or_else(|| self.identity.name.to_string());
         Ok((granted, namespace))

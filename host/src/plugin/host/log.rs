@@ -10,10 +10,10 @@ const LOG_LINES_PER_CALL: u32 = 256;
 
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        self.quotas.log_lines += 1;
+        self.spent.log_lines += 1;
         let filter = &*self.identity.name;
-        if self.quotas.log_lines > LOG_LINES_PER_CALL {
-            if self.quotas.log_lines == LOG_LINES_PER_CALL + 1 {
+        if self.spent.log_lines > LOG_LINES_PER_CALL {
+            if self.spent.log_lines == LOG_LINES_PER_CALL + 1 {
                 tracing::warn!(
                     target: "shallot::filter",
                     filter,

@@ -2,10 +2,32 @@
 //! stats (bounded there) and exported on the gateway's `/metrics`.
 
 use super::HostState;
-use super::granted::{Service, error};
+use super::service::{GrantedServices, HOOKS, Service, Spent, error};
 use crate::plugin::bindings::shallot::filter::metrics;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::metrics::Sample;
+use crate::types::Call;
+
+/// The `metrics` service: no grant (a filter's metrics are its own, under
+/// its name, bounded in the filter's stats).
+pub(crate) struct Metrics;
+
+impl Service for Metrics {
+    const IMPORT: &'static str = "metrics";
+    const CALLED: &'static str = "metrics";
+    const CALLS: &'static [Call] = HOOKS;
+    const GRANT: &'static str = "";
+    type Granted = ();
+    type Spent = ();
+
+    fn granted(_: &GrantedServices) -> Option<&()> {
+        Some(&())
+    }
+
+    fn spent(spent: &mut Spent) -> &mut () {
+        &mut spent.metrics
+    }
+}
 
 impl HostState {
     fn record(
@@ -14,9 +36,7 @@ impl HostState {
         labels: Vec<(String, String)>,
         sample: Sample,
     ) -> Result<(), wit::FilterError> {
-        if let Some(refused) = self.out_of_place(Service::Metrics) {
-            return Err(refused);
-        }
+        self.admit::<Metrics>()?;
         self.identity
             .stats
             .metrics

@@ -17,19 +17,24 @@
 //!
 //! One file per imported interface, as wasmtime-wasi's `p2/host/` does:
 //! `resources` (the request and response resources of `types`), `next`,
-//! `context` (the shared context and FCtx), `log`, and `granted` (`model-stream`
-//! and the imports that need a grant); this file holds the
-//! store data and its accounting.
+//! `context` (the shared context and FCtx), `log`; and one unit per
+//! granted service (`timer`, `approval`, `trace`, `memory`, `kv`, `http`,
+//! `model` with `model-stream`, `metrics`), each behind the one trait of
+//! `service`, which holds what they share. This file holds the store data
+//! and its accounting.
 
+mod approval;
 mod context;
-mod granted;
 mod http;
 mod kv;
 mod log;
+mod memory;
 mod metrics;
 mod model;
 mod next;
 mod resources;
+pub(crate) mod service;
+mod timer;
 mod trace;
 
 use std::collections::HashMap;
@@ -52,7 +57,11 @@ use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
 use crate::types::{Call, ChainError, Origin};
 use crate::types::{JsonMap, Weigh, json_weight};
 
-pub(crate) use granted::GrantedServices;
+pub use http::{HttpGrant, HttpOrigin};
+pub use kv::KvGrant;
+pub use model::ModelGrant;
+pub(crate) use service::GrantedServices;
+pub use trace::TraceTarget;
 
 /// Which filter an instance belongs to, for logs and error attribution.
 #[derive(Debug)]
@@ -135,42 +144,14 @@ pub struct HostState {
     journal: HashMap<String, PriorValue>,
     /// What the operator granted beyond the default imports.
     services: GrantedServices,
-    /// What the current call used of its per-call quotas (in a token
-    /// transformer's steps: of its stream's).
-    quotas: Quotas,
+    /// What the current call spent of each service (in a token
+    /// transformer's steps: what its stream did).
+    spent: service::Spent,
     /// How the model stream ended, while its token transformer flushes.
     pub(crate) stream_end: Option<wit::FinishReason>,
     /// The filter's outgoing requests (`grants.http`).
     http: http::OutgoingHttp,
     http_ctx: WasiHttpCtx,
-}
-
-/// What one call has used of its per-call quotas; reset at once when a
-/// call starts afresh.
-#[derive(Default)]
-pub(crate) struct Quotas {
-    /// Log lines written.
-    log_lines: u32,
-    /// Milliseconds slept through `timer` (each sleep counting at least
-    /// one), and the sleeps.
-    slept: u32,
-    sleeps: u32,
-    /// Trace events written.
-    trace_events: u32,
-    /// Conversation-store operations, the bytes appended as the store
-    /// keeps them, and the time spent waiting for the store.
-    store_ops: u32,
-    stored_bytes: usize,
-    /// Key-store operations.
-    kv_ops: u32,
-    /// Side calls to the granted model, and the tokens they spent.
-    model_calls: u32,
-    model_tokens: u32,
-    store_wait: std::time::Duration,
-    /// Questions put to the approval handler, and the time spent waiting
-    /// for its answers.
-    asks: u32,
-    approval_wait: std::time::Duration,
 }
 
 impl Drop for HostState {
@@ -218,7 +199,7 @@ impl HostState {
             call: None,
             journal: HashMap::new(),
             services,
-            quotas: Quotas::default(),
+            spent: service::Spent::default(),
             stream_end: None,
             http,
             http_ctx: WasiHttpCtx::new(),
@@ -239,7 +220,7 @@ impl HostState {
         self.journal.clear();
         self.stream_end = None;
         if fresh_quotas {
-            self.quotas = Quotas::default();
+            self.spent = service::Spent::default();
         }
         let context = self.scope.as_ref().map(|scope| scope.invoke.context());
         self.http.enter(Some(call), fresh_quotas, context);

@@ -11,17 +11,131 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use wasmtime::component::Resource;
 
 use super::HostState;
-use super::granted::{Service, error, not_granted};
+use super::service::{AROUND, GrantedServices, Service, Spent, error};
 use crate::context::Tokens;
-use crate::plugin::bindings::shallot::filter::model;
 use crate::plugin::bindings::shallot::filter::types as wit;
+use crate::plugin::bindings::shallot::filter::{model, model_stream};
 use crate::plugin::convert;
-use crate::types::{ChatRequest, ChatResponse, JsonMap};
+use crate::types::{Call, ChatRequest, ChatResponse, JsonMap};
+
+/// The `model` grant: which model a filter may call aside, by the name the
+/// kernel gives it (`default`: the model behind the filter's chain, its
+/// route's upstream in `shallot serve`; `embedded`: the embedded model),
+/// and how much one hook call may ask of it. Written `model = "default"`
+/// or `model = { name = "default", calls = 4, tokens = 8192 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ModelForm")]
+pub struct ModelGrant {
+    /// The model's name.
+    pub name: String,
+    /// Side calls one hook call may make.
+    pub calls: u32,
+    /// Tokens (the prompts, as estimated before they leave, and the
+    /// answers, as the model reports them) the side calls of one hook call
+    /// may spend in all.
+    pub tokens: u32,
+}
+
+impl ModelGrant {
+    /// Side calls per hook call unless the operator says otherwise.
+    pub const CALLS: u32 = 4;
+    /// Tokens per hook call unless the operator says otherwise.
+    pub const TOKENS: u32 = 8192;
+
+    /// A grant of the model `name`, with the default bounds.
+    pub fn of(name: impl Into<String>) -> Self {
+        ModelGrant {
+            name: name.into(),
+            calls: Self::CALLS,
+            tokens: Self::TOKENS,
+        }
+    }
+}
+
+/// The two ways an operator writes a `model` grant.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a model's name (\"default\", \"embedded\") or a table { name = \"...\", calls = 4, tokens = 8192 }"
+)]
+enum ModelForm {
+    Name(String),
+    Table(ModelTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    name: String,
+    #[serde(default = "calls")]
+    calls: u32,
+    #[serde(default = "tokens")]
+    tokens: u32,
+}
+
+fn calls() -> u32 {
+    ModelGrant::CALLS
+}
+
+fn tokens() -> u32 {
+    ModelGrant::TOKENS
+}
+
+impl From<ModelForm> for ModelGrant {
+    fn from(form: ModelForm) -> Self {
+        match form {
+            ModelForm::Name(name) => ModelGrant::of(name),
+            ModelForm::Table(ModelTable {
+                name,
+                calls,
+                tokens,
+            }) => ModelGrant {
+                name,
+                calls,
+                tokens,
+            },
+        }
+    }
+}
+
+/// The `model` service: what a side call spends, the host builds, charges
+/// and settles (see the module's documentation).
+pub(crate) struct Model;
+
+/// What a call's side calls spent: calls, and tokens.
+#[derive(Default)]
+pub(crate) struct SideCalls {
+    calls: u32,
+    tokens: u32,
+}
+
+impl Service for Model {
+    const IMPORT: &'static str = "model";
+    const CALLED: &'static str = "model.complete";
+    const CALLS: &'static [Call] = AROUND;
+    const GRANT: &'static str = "model = \"default\"";
+    type Granted = ModelGrant;
+    type Spent = SideCalls;
+
+    fn granted(services: &GrantedServices) -> Option<&ModelGrant> {
+        services.model.as_ref()
+    }
+
+    fn spent(spent: &mut Spent) -> &mut SideCalls {
+        &mut spent.model
+    }
+}
+
+impl model_stream::Host for HostState {
+    fn end(&mut self) -> wasmtime::Result<Option<wit::FinishReason>> {
+        Ok(self.stream_end)
+    }
+}
 
 /// The options a side call may carry: what shapes an answer. Anything
 /// else (`stream`, which fails the call after the model spent its tokens;
@@ -163,17 +277,16 @@ impl model::Host for HostState {
         &mut self,
         request: Resource<ChatRequest>,
     ) -> wasmtime::Result<Result<Resource<ChatResponse>, wit::FilterError>> {
-        let Some(grant) = self.services.model.clone() else {
-            return Ok(Err(not_granted("model", "model = \"default\"")));
+        let grant = match self.admit::<Model>() {
+            Ok(grant) => grant,
+            Err(refused) => return Ok(Err(refused)),
         };
-        if let Some(refused) = self.out_of_place(Service::Model) {
-            return Ok(Err(refused));
-        }
-        if self.quotas.model_calls >= grant.calls {
+        let spent = self.spent::<Model>();
+        if spent.calls >= grant.calls {
             let message = format!("more than {} model side calls in one call", grant.calls);
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }
-        let left = u64::from(grant.tokens.saturating_sub(self.quotas.model_tokens));
+        let left = u64::from(grant.tokens.saturating_sub(spent.tokens));
         let Some(scope) = &self.scope else {
             return Ok(Err(error(
                 wit::ErrorKind::InvalidRequest,
@@ -216,7 +329,7 @@ impl model::Host for HostState {
             options: Arc::new(sent),
             ..asked.clone()
         };
-        self.quotas.model_calls += 1;
+        self.spent::<Model>().calls += 1;
         let tokens = Arc::new(Tokens::new(left, prompt, most));
         let context = invoke.context().with_tokens(tokens.clone());
         let meter = self.confinement.meter().clone();
@@ -228,7 +341,8 @@ impl model::Host for HostState {
             Err(_) => tokens.abandoned(),
         }
         let spent = u32::try_from(tokens.spent()).unwrap_or(u32::MAX);
-        self.quotas.model_tokens = self.quotas.model_tokens.saturating_add(spent.max(1));
+        let side = self.spent::<Model>();
+        side.tokens = side.tokens.saturating_add(spent.max(1));
         match answer {
             Ok(response) => self.hand_over(response),
             Err(failure) => Ok(Err(convert::filter_error(&failure))),

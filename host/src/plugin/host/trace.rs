@@ -2,21 +2,103 @@
 //! `grants.trace` (a file or stderr), never one the filter names, with the
 //! host's own fields (`ts`, `filter`) that the filter cannot forge.
 
+use std::fmt;
 use std::io::Write;
-use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use serde::{Deserialize, Serialize};
+
 use super::HostState;
-use super::granted::{Service, error, not_granted};
+use super::service::{GrantedServices, HOOKS, Service, Spent, error};
 use crate::escape;
 use crate::plugin::bindings::shallot::filter::trace;
 use crate::plugin::bindings::shallot::filter::types as wit;
+use crate::types::Call;
 
 /// The largest trace event, in bytes.
 const TRACE_EVENT_CAP: usize = 64 << 10;
 /// Trace events one call may write.
 const TRACE_EVENTS_PER_CALL: u32 = 256;
+/// Where a filter's `trace` events go, parsed once from the operator's
+/// text: `"stderr"`, else a file's path, appended to (created if missing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum TraceTarget {
+    /// The host's standard error.
+    Stderr,
+    /// A file, one JSON line per event.
+    File(PathBuf),
+}
+
+impl From<&str> for TraceTarget {
+    fn from(target: &str) -> Self {
+        match target {
+            "stderr" => TraceTarget::Stderr,
+            path => TraceTarget::File(path.into()),
+        }
+    }
+}
+
+impl From<String> for TraceTarget {
+    fn from(target: String) -> Self {
+        TraceTarget::from(target.as_str())
+    }
+}
+
+impl From<PathBuf> for TraceTarget {
+    fn from(path: PathBuf) -> Self {
+        TraceTarget::File(path)
+    }
+}
+
+impl From<TraceTarget> for String {
+    fn from(target: TraceTarget) -> Self {
+        target.to_string()
+    }
+}
+
+impl fmt::Display for TraceTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceTarget::Stderr => f.write_str("stderr"),
+            TraceTarget::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// The `trace` service: its grant opens a sink; whom a line is of, the
+/// host says (`filter`), never the filter.
+pub(crate) struct Trace;
+
+impl Service for Trace {
+    const IMPORT: &'static str = "trace";
+    const CALLED: &'static str = "trace.write";
+    const CALLS: &'static [Call] = HOOKS;
+    const GRANT: &'static str = "trace = \"stderr\"";
+    type Granted = Arc<TraceSink>;
+    /// Events written.
+    type Spent = u32;
+
+    fn granted(services: &GrantedServices) -> Option<&Arc<TraceSink>> {
+        services.trace.as_ref()
+    }
+
+    fn spent(spent: &mut Spent) -> &mut u32 {
+        &mut spent.trace
+    }
+}
+
+/// What `grants.trace` opens: its sink, or why it cannot be.
+pub(super) fn open(target: Option<&TraceTarget>) -> Result<Option<Arc<TraceSink>>, String> {
+    Ok(match target {
+        None => None,
+        Some(TraceTarget::Stderr) => Some(Arc::new(TraceSink::Stderr)),
+        Some(TraceTarget::File(path)) => Some(Arc::new(TraceSink::open(path)?)),
+    })
+}
+
 /// Where trace events go: the operator's choice, never the filter's.
 pub(crate) enum TraceSink {
     Stderr,
@@ -24,7 +106,7 @@ pub(crate) enum TraceSink {
 }
 
 impl TraceSink {
-    pub(super) fn open(path: &Path) -> Result<Self, String> {
+    fn open(path: &Path) -> Result<Self, String> {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -48,14 +130,13 @@ impl TraceSink {
 
 impl trace::Host for HostState {
     fn write(&mut self, event: String) -> wasmtime::Result<Result<(), wit::FilterError>> {
-        let Some(sink) = self.services.trace.clone() else {
-            return Ok(Err(not_granted("trace", "trace = \"stderr\"")));
+        let sink = match self.admit::<Trace>() {
+            Ok(sink) => sink,
+            Err(refused) => return Ok(Err(refused)),
         };
-        if let Some(refused) = self.out_of_place(Service::Trace) {
-            return Ok(Err(refused));
-        }
-        self.quotas.trace_events += 1;
-        if self.quotas.trace_events > TRACE_EVENTS_PER_CALL {
+        let events = self.spent::<Trace>();
+        *events += 1;
+        if *events > TRACE_EVENTS_PER_CALL {
             let message = format!("more than {TRACE_EVENTS_PER_CALL} trace events in one call");
             return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
         }

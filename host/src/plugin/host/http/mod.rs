@@ -35,15 +35,17 @@ use tokio::time::{Instant, timeout_at};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 mod body;
+mod grant;
 mod reach;
 
 use body::{Bounded, drain};
+pub(crate) use grant::Http;
+pub use grant::{HttpGrant, HttpOrigin};
 use reach::reachable;
 
-use super::granted::Service;
-use crate::context::{Context, HOPS, Tree};
-use crate::model::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
-use crate::plugin::{HttpGrant, HttpOrigin};
+use super::service::Service;
+use crate::context::{BUDGET_HEADER, BUDGET_LEFT_HEADER, Context, HOPS, HOPS_HEADER, Tree};
+
 use crate::sandbox::{Meter, Wait};
 use crate::types::Call;
 
@@ -100,10 +102,7 @@ impl OutgoingHttp {
             let why = "the `http` grant is not given to this filter; the operator grants origins with `grants = { http = [\"https://host\"] }`";
             return Err((Error::HttpRequestDenied, why.into()));
         };
-        if !self
-            .call
-            .is_some_and(|call| Service::Http.calls().contains(&call))
-        {
+        if !self.call.is_some_and(|call| Http::CALLS.contains(&call)) {
             let here = self.call.map_or("outside any call", Call::as_str);
             let why = format!("outgoing requests are for hooks, not for {here}");
             return Err((Error::HttpRequestDenied, why));
