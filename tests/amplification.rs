@@ -34,6 +34,26 @@ async fn misbehaving(action: &str, memory_mib: u32) -> Kernel {
         .unwrap()
 }
 
+/// `gateway` served on a loopback port: its base URL, and what stops it
+/// (awaited, once it has stopped).
+async fn serving(gateway: Gateway) -> (String, impl std::future::Future<Output = ()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        gateway
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let stop = async move {
+        let _ = stop.send(());
+        served.await.unwrap().unwrap();
+    };
+    (base, stop)
+}
+
 /// One test, so that the peaks are measured apart.
 #[tokio::test]
 async fn what_a_guest_could_multiply_is_bounded() {
@@ -60,19 +80,8 @@ async fn request_bodies_take_their_memory_before_they_are_parsed() {
         .build()
         .unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(async move {
-        gateway
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let (base, stop) = serving(gateway).await;
+    let url = format!("{base}/v1/chat/completions");
     let body = |message: serde_json::Value, n: usize| {
         json!({ "model": "scripted", "messages": vec![message; n] }).to_string()
     };
@@ -98,8 +107,7 @@ async fn request_bodies_take_their_memory_before_they_are_parsed() {
             peak - before
         );
     }
-    let _ = stop.send(());
-    served.await.unwrap().unwrap();
+    stop.await;
 }
 
 /// The in-process key store charges an entry what it costs the host, its
@@ -174,16 +182,7 @@ async fn json_a_guest_hands_the_host_is_bounded_before_it_is_built() {
 async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
     let kernel = misbehaving("escaped-answer", 256).await;
     let gateway = Gateway::new(vec![Route::proxy("m", kernel)], GatewayConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(async move {
-        gateway
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let (base, stop) = serving(gateway).await;
     let messages = json!([{ "role": "user", "content": "hi" }]);
     let apis = [
         (
@@ -224,6 +223,5 @@ async fn an_answer_that_grows_when_escaped_is_streamed_not_held() {
             );
         }
     }
-    let _ = stop.send(());
-    served.await.unwrap().unwrap();
+    stop.await;
 }

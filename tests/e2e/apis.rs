@@ -385,6 +385,15 @@ async fn the_responses_api_answers_and_streams_its_typed_events_and_round_trips_
     served.stop().await.unwrap();
 }
 
+/// A route of a model that answers `answer`, keeping responses in `store`.
+async fn keeping(store: std::sync::Arc<dyn shallot::KvStore>, answer: &str) -> Route {
+    Route::proxy(
+        "scripted",
+        kernel(vec![], ScriptedModel::answer(answer)).await,
+    )
+    .with_store(store)
+}
+
 /// A key store that answers reads and fails every write, as a full or a
 /// failing one does.
 struct Unwritable;
@@ -434,11 +443,7 @@ impl shallot::KvStore for Unwritable {
 /// work was thrown away); the failure is counted in `/metrics`.
 #[tokio::test]
 async fn an_answer_whose_keeping_fails_is_delivered_saying_it_was_not_kept() {
-    let route = Route::proxy(
-        "scripted",
-        kernel(vec![], ScriptedModel::answer("made")).await,
-    )
-    .with_store(std::sync::Arc::new(Unwritable));
+    let route = keeping(std::sync::Arc::new(Unwritable), "made").await;
     let served = Served::gateway(Gateway::new(vec![route], config())).await;
     let ask = json!({ "model": "scripted", "input": "hello" });
     let (status, text) = post(&served, "/v1/responses", &ask, &[]).await;
@@ -472,11 +477,7 @@ async fn an_answer_whose_keeping_fails_is_delivered_saying_it_was_not_kept() {
 #[tokio::test]
 async fn one_tenants_kept_responses_fill_its_own_room_not_anothers() {
     let store = open_kv(":memory:responses-fill").await.unwrap();
-    let route = Route::proxy(
-        "scripted",
-        kernel(vec![], ScriptedModel::answer("ok")).await,
-    )
-    .with_store(store);
+    let route = keeping(store, "ok").await;
     let gateway = Gateway::new(vec![route], config());
     gateway.set_keys(vec![
         ClientKey::new("hog", Some("hogs".into()), "sk-hog"),
@@ -515,17 +516,9 @@ async fn one_tenants_kept_responses_fill_its_own_room_not_anothers() {
 #[tokio::test]
 async fn a_kept_responses_id_is_not_guessed_from_another_nor_spelled_as_another_owners() {
     let store = open_kv(":memory:responses-ids").await.unwrap();
-    let open = Route::proxy(
-        "scripted",
-        kernel(vec![], ScriptedModel::answer("hi")).await,
-    )
-    .with_store(store.clone());
+    let open = keeping(store.clone(), "hi").await;
     let open = Served::gateway(Gateway::new(vec![open], config())).await;
-    let keyed = Route::proxy(
-        "scripted",
-        kernel(vec![], ScriptedModel::answer("hi")).await,
-    )
-    .with_store(store);
+    let keyed = keeping(store, "hi").await;
     let keyed = Gateway::new(vec![keyed], config());
     keyed.set_keys(vec![ClientKey::new(
         "alice",
