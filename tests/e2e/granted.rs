@@ -1121,6 +1121,26 @@ async fn through_cache(kernel: &Kernel, request: ChatRequest, tenant: &str) -> (
     )
 }
 
+/// A cache whose namespace is full (each namespace has its cap in every
+/// store) delivers the model's answer, unkept, rather than failing it.
+#[tokio::test]
+async fn a_full_cache_delivers_the_models_answer_unkept() {
+    let store = shallot::open_kv(":memory:full-cache").await.unwrap();
+    let mut n = 0;
+    while store.set("cache", &format!("k{n}"), "", None).await.is_ok() {
+        n += 1;
+    }
+    let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));
+    let kernel = cached(model.clone(), ":memory:full-cache").await;
+    for n in 1..=2 {
+        assert_eq!(
+            through_cache(&kernel, ask("hi"), "t").await,
+            (json!("miss"), format!("answer {n}")),
+            "answered by the model, not kept"
+        );
+    }
+}
+
 #[tokio::test]
 async fn cache_answers_the_same_request_again_without_the_model() {
     let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));

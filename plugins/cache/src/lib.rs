@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Next, Usage, context,
-    kv,
+    kv, log,
 };
 
 #[derive(Deserialize)]
@@ -176,7 +176,14 @@ impl Filter for Cache {
         }
         let response = next.chat(request)?;
         if let Some(value) = self.keepable(&response) {
-            kv::set(&key, &value, u64::from(self.ttl_s) * 1000)?;
+            match kv::set(&key, &value, u64::from(self.ttl_s) * 1000) {
+                // A full namespace keeps no more answers until some expire:
+                // the answer the model made is delivered, not kept.
+                Err(full) if full.kind == ErrorKind::LimitExceeded => {
+                    log::warn(&format!("cache: not kept: {}", full.message));
+                }
+                kept => kept.map(drop)?,
+            }
         }
         said(&response, "miss")?;
         Ok(response)
