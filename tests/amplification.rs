@@ -124,7 +124,7 @@ async fn an_in_process_namespace_holds_about_what_it_is_charged() {
         let mut written = Vec::new();
         loop {
             let key = format!("r{round}-{}", written.len());
-            match store.set("flood", &key, "", None).await {
+            match store.set("flood", None, &key, "", None).await {
                 Ok(_) => written.push(key),
                 Err(e) => {
                     assert_eq!(e.kind, ErrorKind::LimitExceeded, "{e}");

@@ -408,13 +408,21 @@ impl shallot::KvStore for Unwritable {
         Ok(None)
     }
 
-    async fn set(&self, _: &str, _: &str, _: &str, _: Option<Duration>) -> Result<u64, ChainError> {
+    async fn set(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: &str,
+        _: &str,
+        _: Option<Duration>,
+    ) -> Result<u64, ChainError> {
         Err(full())
     }
 
     async fn swap(
         &self,
         _: &str,
+        _: Option<&str>,
         _: &str,
         _: &str,
         _: u64,
@@ -426,6 +434,7 @@ impl shallot::KvStore for Unwritable {
     async fn add(
         &self,
         _: &str,
+        _: Option<&str>,
         _: &str,
         _: i64,
         _: Option<Duration>,

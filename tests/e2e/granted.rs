@@ -997,7 +997,10 @@ async fn a_sliding_window_carries_the_previous_windows_count() {
         .as_millis() as u64
         / 3_600_000;
     let previous = format!("requests:user:ivy:{}", hour - 1);
-    store.set("limit", &previous, "2", None).await.unwrap();
+    store
+        .set("limit", None, &previous, "2", None)
+        .await
+        .unwrap();
     let (first, seen) = limited(&kernel, "ivy").await;
     let reset = seen["requests"]["reset_ms"].as_u64().unwrap();
     assert!(reset <= 3_600_000, "{seen}");
@@ -1127,7 +1130,11 @@ async fn through_cache(kernel: &Kernel, request: ChatRequest, tenant: &str) -> (
 async fn a_full_cache_delivers_the_models_answer_unkept() {
     let store = shallot::open_kv(":memory:full-cache").await.unwrap();
     let mut n = 0;
-    while store.set("cache", &format!("k{n}"), "", None).await.is_ok() {
+    while store
+        .set("cache", None, &format!("k{n}"), "", None)
+        .await
+        .is_ok()
+    {
         n += 1;
     }
     let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));

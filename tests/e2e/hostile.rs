@@ -1407,7 +1407,10 @@ async fn one_namespaces_fill_leaves_every_other_its_room_in_every_store() {
         let kv = shallot::open_kv(store.as_str()).await.unwrap();
         let mut written = 0;
         let refused = loop {
-            match kv.set("hog", &format!("k{written}"), &megabyte, None).await {
+            match kv
+                .set("hog", None, &format!("k{written}"), &megabyte, None)
+                .await
+            {
                 Ok(_) if written < 100 => written += 1,
                 Ok(_) => panic!("{store}: 100 MiB in one namespace"),
                 Err(e) => break e,
@@ -1415,13 +1418,13 @@ async fn one_namespaces_fill_leaves_every_other_its_room_in_every_store() {
         };
         assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{store}: {refused}");
         assert!(written >= 15, "{store}: refused after {written} MiB");
-        kv.set("innocent", "k", &megabyte, None)
+        kv.set("innocent", None, "k", &megabyte, None)
             .await
             .unwrap_or_else(|e| panic!("{store}: another namespace was refused: {e}"));
         for n in 0..written {
             kv.delete("hog", &format!("k{n}")).await.unwrap();
         }
-        kv.set("hog", "again", &megabyte, None)
+        kv.set("hog", None, "again", &megabyte, None)
             .await
             .unwrap_or_else(|e| panic!("{store}: deleting gave no room back: {e}"));
     }
@@ -1432,12 +1435,93 @@ async fn one_namespaces_fill_leaves_every_other_its_room_in_every_store() {
     let refused = loop {
         n += 1;
         assert!(n < 100, "a Redis of 4 MiB took {n} MiB");
-        if let Err(e) = kv.set("any", &format!("k{n}"), &megabyte, None).await {
+        if let Err(e) = kv.set("any", None, &format!("k{n}"), &megabyte, None).await {
             break e;
         }
     };
     assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{refused}");
     assert!(refused.message.contains("maxmemory"), "{refused}");
+}
+
+/// One owner's fill of a shared namespace is not the other owners' outage:
+/// in every store a key counts in its last writer's part, an eighth of the
+/// namespace (2 MiB in the process, 8 MiB in an SQLite file or a Redis
+/// server), so a tenant flooding a filter's namespace is refused there
+/// while other tenants and unowned writes go on; rewriting another owner's
+/// key counts in the writer's part (refused, that key kept, when it is
+/// full); deleting gives room back.
+#[tokio::test]
+async fn one_owners_fill_of_a_shared_namespace_leaves_other_owners_room() {
+    let redis = RedisServer::start();
+    let quarter = "v".repeat(256 << 10);
+    for store in shallot_tests::every_store("owner-fill", &redis) {
+        let kv = shallot::open_kv(store.as_str()).await.unwrap();
+        kv.set("shared", Some("quiet"), "theirs", "kept", None)
+            .await
+            .unwrap();
+        let mut written = 0;
+        let refused = loop {
+            match kv
+                .set(
+                    "shared",
+                    Some("hog"),
+                    &format!("k{written}"),
+                    &quarter,
+                    None,
+                )
+                .await
+            {
+                Ok(_) if written < 100 => written += 1,
+                Ok(_) => panic!("{store}: 25 MiB for one owner"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.kind, ErrorKind::LimitExceeded, "{store}: {refused}");
+        assert!(
+            refused.message.contains("for this owner"),
+            "{store}: {refused}"
+        );
+        assert!(
+            (7..40).contains(&written),
+            "{store}: refused after {written} writes"
+        );
+        let taken = kv
+            .set("shared", Some("hog"), "theirs", &quarter, None)
+            .await;
+        assert!(
+            taken.is_err(),
+            "{store}: the hog grew past its part by another's key"
+        );
+        let theirs = kv.get("shared", "theirs").await.unwrap().unwrap();
+        assert_eq!(theirs.value, "kept", "{store}");
+        for (owner, key) in [(Some("quiet"), "q"), (None, "unowned")] {
+            kv.set("shared", owner, key, &quarter, None)
+                .await
+                .unwrap_or_else(|e| panic!("{store}: {owner:?} was refused: {e}"));
+        }
+        kv.delete("shared", "k0").await.unwrap();
+        kv.set("shared", Some("hog"), "again", &quarter, None)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: deleting gave no room back: {e}"));
+    }
+    let mut hog = hostile("chat", "kv-flood", generous());
+    hog.1.grants.kv = Some(shallot::StoreSpec::from(":memory:tenant-flood").into());
+    let plugins = load(vec![hog]).await;
+    let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+    let acme = Context::new().with(shallot::TENANT, "acme");
+    let error = kernel.chat(ask("boom"), acme).await.unwrap_err();
+    assert_contained(
+        &error,
+        ErrorKind::LimitExceeded,
+        "around-chat",
+        "for this owner",
+    );
+    let store = shallot::open_kv(":memory:tenant-flood").await.unwrap();
+    let megabyte = "v".repeat(1 << 20);
+    store
+        .set("bad", Some("other-tenant"), "k", &megabyte, None)
+        .await
+        .expect("another tenant writes on in the filter's namespace");
 }
 
 /// The CPU the host spends for a filter's call is the call's: writes to a
@@ -1450,7 +1534,11 @@ async fn writes_to_a_full_namespace_cost_little_and_what_they_cost_is_the_filter
     let store = shallot::open_kv(":memory:overfull").await.unwrap();
     let mut n = 0;
     // The namespace of the filter `bad`.
-    while store.set("bad", &format!("k{n}"), "", None).await.is_ok() {
+    while store
+        .set("bad", None, &format!("k{n}"), "", None)
+        .await
+        .is_ok()
+    {
         n += 1;
     }
     assert!(n > 10_000, "{n} keys filled it");
@@ -1495,7 +1583,10 @@ async fn kv_abuses_are_contained_in_every_store() {
     let redis = RedisServer::start();
     for store in shallot_tests::every_store("hostile-kv", &redis) {
         let victim = shallot::open_kv(store.as_str()).await.unwrap();
-        victim.set("victim", "secret", "kept", None).await.unwrap();
+        victim
+            .set("victim", None, "secret", "kept", None)
+            .await
+            .unwrap();
         for (action, kind, says) in [
             ("kv-flood", ErrorKind::LimitExceeded, ""),
             (

@@ -404,7 +404,7 @@ impl Keep {
             Ok(value) => {
                 let ttl = Some(KEPT_FOR);
                 self.store
-                    .set(&self.namespace, &self.id, &value, ttl)
+                    .set(&self.namespace, None, &self.id, &value, ttl)
                     .await
                     .map(drop)
             }

@@ -44,6 +44,22 @@ pub const STORE_CAP: usize = 1 << 30;
 /// bytes (keys, values and [`ENTRY_BYTES`] each): filters that share a
 /// store share none of its room.
 pub const STORED_NAMESPACE_CAP: usize = 64 << 20;
+/// The most one owner's keys hold in a namespace: an eighth of it (2 MiB
+/// in the process, room for a largest value and its key; 8 MiB in an
+/// SQLite file or a Redis server).
+pub const fn owner_cap(namespace_cap: usize) -> usize {
+    namespace_cap / 8
+}
+
+/// The error for a write past an owner's part of a namespace.
+fn owner_full(kind: &str, cap: usize) -> ChainError {
+    ChainError::new(
+        ErrorKind::LimitExceeded,
+        format!(
+            "the key store ({kind}) is full for this owner: its keys in this namespace hold at most {cap} bytes"
+        ),
+    )
+}
 /// What an entry costs the host beside its key and value: its slot in the
 /// map (the key's and value's headers, the version and expiry, the
 /// control byte) with the spare room a map keeps (up to about twice its
@@ -73,7 +89,11 @@ pub struct Count {
 }
 
 /// Where shared state is kept. Every operation names its namespace and
-/// key; `ttl` `None` keeps a key until deleted.
+/// key; `ttl` `None` keeps a key until deleted. A write says whom it is
+/// for, its `owner` (an invoke's tenant, else its client key; `None`: no
+/// one's): a key counts in its last writer's part of the namespace, which
+/// holds at most an eighth of it, so that no tenant of a shared namespace
+/// (a rate limiter's counters) fills it for the others.
 #[async_trait]
 pub trait KvStore: Send + Sync + 'static {
     /// The live value of the key, if any.
@@ -82,6 +102,7 @@ pub trait KvStore: Send + Sync + 'static {
     async fn set(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         ttl: Option<Duration>,
@@ -91,17 +112,20 @@ pub trait KvStore: Send + Sync + 'static {
     async fn swap(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         version: u64,
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, ChainError>;
     /// Adds `delta` to the counter (absent: 0), giving it `ttl` if this
-    /// creates it; `invalid-request` for a key that holds no integer or a
-    /// sum out of range, with nothing changed.
+    /// creates it (and counting it in its creator's part); `invalid-request`
+    /// for a key that holds no integer or a sum out of range, with nothing
+    /// changed.
     async fn add(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         delta: i64,
         ttl: Option<Duration>,
@@ -193,26 +217,34 @@ struct Namespace {
     expiring: BTreeSet<(Instant, String)>,
     /// What it holds, as [`size`] charges it.
     bytes: usize,
+    /// What each owner's keys hold of it.
+    owners: HashMap<String, usize>,
 }
 
 struct Slot {
     value: String,
     version: u64,
     expires: Option<Instant>,
+    /// Its last writer's owner, whose part it counts in.
+    owner: Option<String>,
 }
 
 impl Slot {
     fn live(&self, now: Instant) -> bool {
         self.expires.is_none_or(|at| at > now)
     }
+
+    fn size(&self, key: &str) -> usize {
+        size(key, &self.value, self.expires, self.owner.as_deref())
+    }
 }
 
-/// What an entry costs the host: its key and value, and [`ENTRY_BYTES`]
-/// for its slot in the map and their allocations; an entry that expires
-/// has its key again in the expiry index.
-fn size(key: &str, value: &str, expires: Option<Instant>) -> usize {
+/// What an entry costs the host: its key, value and owner, and
+/// [`ENTRY_BYTES`] for its slot in the map and their allocations; an entry
+/// that expires has its key again in the expiry index.
+fn size(key: &str, value: &str, expires: Option<Instant>, owner: Option<&str>) -> usize {
     let indexed = expires.map_or(0, |_| key.len() + INDEXED_BYTES);
-    key.len() + value.len() + ENTRY_BYTES + indexed
+    key.len() + value.len() + owner.map_or(0, str::len) + ENTRY_BYTES + indexed
 }
 
 /// Expired keys a write sweeps on its way, however much room it needs: a
@@ -224,43 +256,58 @@ impl Namespace {
         self.entries.get(key).filter(|slot| slot.live(now))
     }
 
-    /// Writes `key` (keeping `expires`), within the namespace's cap:
-    /// expired keys are swept before the write is refused.
+    /// Writes `key` (keeping `expires`) for `owner`, within the
+    /// namespace's cap and the owner's part of it: expired keys are swept
+    /// before the write is refused.
     fn write(
         &mut self,
         key: &str,
         value: String,
         version: u64,
         expires: Option<Instant>,
+        owner: Option<&str>,
     ) -> Result<(), ChainError> {
         let now = Instant::now();
         self.sweep(now, SWEEP);
-        let old = self
-            .entries
-            .get(key)
-            .map_or(0, |s| size(key, &s.value, s.expires));
-        let new = size(key, &value, expires);
-        if self.bytes - old + new > NAMESPACE_CAP {
+        let new = size(key, &value, expires, owner);
+        if let Err(full) = self.room(key, new, owner) {
             self.sweep(now, usize::MAX);
-            let old = self
-                .entries
-                .get(key)
-                .map_or(0, |s| size(key, &s.value, s.expires));
-            if self.bytes - old + new > NAMESPACE_CAP {
-                return Err(full("in-process", NAMESPACE_CAP));
-            }
+            self.room(key, new, owner).map_err(|_| full)?;
         }
         self.remove(key);
         if let Some(at) = expires {
             self.expiring.insert((at, key.to_owned()));
         }
         self.bytes += new;
+        if let Some(owner) = owner {
+            *self.owners.entry(owner.to_owned()).or_default() += new;
+        }
         let slot = Slot {
             value,
             version,
             expires,
+            owner: owner.map(str::to_owned),
         };
         self.entries.insert(key.to_owned(), slot);
+        Ok(())
+    }
+
+    /// Whether `new` bytes written to `key` for `owner` fit the namespace
+    /// and the owner's part of it, `key`'s old entry given back.
+    fn room(&self, key: &str, new: usize, owner: Option<&str>) -> Result<(), ChainError> {
+        let old = self.entries.get(key);
+        let old_size = old.map_or(0, |slot| slot.size(key));
+        if self.bytes - old_size + new > NAMESPACE_CAP {
+            return Err(full("in-process", NAMESPACE_CAP));
+        }
+        if let Some(owner) = owner {
+            let cap = owner_cap(NAMESPACE_CAP);
+            let held = self.owners.get(owner).copied().unwrap_or(0);
+            let mine = old.filter(|slot| slot.owner.as_deref() == Some(owner));
+            if held - mine.map_or(0, |slot| slot.size(key)) + new > cap {
+                return Err(owner_full("in-process", cap));
+            }
+        }
         Ok(())
     }
 
@@ -282,7 +329,16 @@ impl Namespace {
         if let Some(at) = slot.expires {
             self.expiring.remove(&(at, key.to_owned()));
         }
-        self.bytes -= size(key, &slot.value, slot.expires);
+        let size = slot.size(key);
+        self.bytes -= size;
+        if let Some(owner) = &slot.owner
+            && let Some(held) = self.owners.get_mut(owner)
+        {
+            *held -= size;
+            if *held == 0 {
+                self.owners.remove(owner);
+            }
+        }
         // A map keeps its room when emptied: what a flood grew, it gives
         // back once the keys are gone.
         if self.entries.capacity() > 4 * self.entries.len().max(64) {
@@ -329,6 +385,7 @@ impl KvStore for InProcess {
     async fn set(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         ttl: Option<Duration>,
@@ -336,7 +393,7 @@ impl KvStore for InProcess {
         let expires = ttl.map(|ttl| Instant::now() + ttl);
         self.with(namespace, |space, next| {
             let version = next();
-            space.write(key, value.to_owned(), version, expires)?;
+            space.write(key, value.to_owned(), version, expires, owner)?;
             Ok(version)
         })
     }
@@ -344,6 +401,7 @@ impl KvStore for InProcess {
     async fn swap(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         expected: u64,
@@ -356,7 +414,8 @@ impl KvStore for InProcess {
                 return Ok(None);
             }
             let version = next();
-            space.write(key, value.to_owned(), version, ttl.map(|ttl| now + ttl))?;
+            let expires = ttl.map(|ttl| now + ttl);
+            space.write(key, value.to_owned(), version, expires, owner)?;
             Ok(Some(version))
         })
     }
@@ -364,19 +423,21 @@ impl KvStore for InProcess {
     async fn add(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         delta: i64,
         ttl: Option<Duration>,
     ) -> Result<Count, ChainError> {
         let now = Instant::now();
         self.with(namespace, |space, next| {
-            let (current, expires) = match space.live(key, now) {
-                Some(slot) => (counter(&slot.value)?, slot.expires),
-                None => (0, ttl.map(|ttl| now + ttl)),
+            // A counter stays in its creator's part.
+            let (current, expires, owner) = match space.live(key, now) {
+                Some(slot) => (counter(&slot.value)?, slot.expires, slot.owner.clone()),
+                None => (0, ttl.map(|ttl| now + ttl), owner.map(str::to_owned)),
             };
             let value = sum(current, delta)?;
             let version = next();
-            space.write(key, value.to_string(), version, expires)?;
+            space.write(key, value.to_string(), version, expires, owner.as_deref())?;
             let ttl = expires.map(|at| at.saturating_duration_since(now));
             Ok(Count { value, ttl })
         })
@@ -406,52 +467,62 @@ mod tests {
     #[tokio::test]
     async fn versions_move_on_with_every_write_and_a_stale_swap_writes_nothing() {
         let store = InProcess::default();
-        let first = store.set("n", "k", "one", None).await.unwrap();
+        let first = store.set("n", None, "k", "one", None).await.unwrap();
         store.delete("n", "k").await.unwrap();
-        let second = store.set("n", "k", "two", None).await.unwrap();
+        let second = store.set("n", None, "k", "two", None).await.unwrap();
         assert!(second > first, "written again, a key has a new version");
         assert_eq!(
-            store.swap("n", "k", "three", first, None).await.unwrap(),
+            store
+                .swap("n", None, "k", "three", first, None)
+                .await
+                .unwrap(),
             None
         );
         assert_eq!(store.get("n", "k").await.unwrap().unwrap().value, "two");
         assert!(
             store
-                .swap("n", "k", "three", second, None)
+                .swap("n", None, "k", "three", second, None)
                 .await
                 .unwrap()
                 .is_some()
         );
         assert!(
             store
-                .swap("n", "new", "x", 0, None)
+                .swap("n", None, "new", "x", 0, None)
                 .await
                 .unwrap()
                 .is_some()
         );
-        assert_eq!(store.swap("n", "new", "y", 0, None).await.unwrap(), None);
+        assert_eq!(
+            store.swap("n", None, "new", "y", 0, None).await.unwrap(),
+            None
+        );
     }
 
     #[tokio::test]
     async fn a_counter_keeps_the_expiry_it_was_created_with_and_refuses_overflow() {
         let store = InProcess::default();
         let ttl = Some(Duration::from_secs(60));
-        let first = store.add("n", "c", 1, ttl).await.unwrap();
+        let first = store.add("n", None, "c", 1, ttl).await.unwrap();
         let second = store
-            .add("n", "c", 1, Some(Duration::from_secs(3600)))
+            .add("n", None, "c", 1, Some(Duration::from_secs(3600)))
             .await
             .unwrap();
         assert_eq!(second.value, 2);
         assert!(second.ttl.unwrap() <= first.ttl.unwrap());
         store
-            .set("n", "big", &i64::MAX.to_string(), None)
+            .set("n", None, "big", &i64::MAX.to_string(), None)
             .await
             .unwrap();
-        let over = store.add("n", "big", 1, None).await.unwrap_err();
+        let over = store.add("n", None, "big", 1, None).await.unwrap_err();
         assert_eq!(over.kind, ErrorKind::InvalidRequest);
-        store.set("n", "text", "ten", None).await.unwrap();
+        store.set("n", None, "text", "ten", None).await.unwrap();
         assert_eq!(
-            store.add("n", "text", 1, None).await.unwrap_err().kind,
+            store
+                .add("n", None, "text", 1, None)
+                .await
+                .unwrap_err()
+                .kind,
             ErrorKind::InvalidRequest
         );
         assert_eq!(store.get("n", "text").await.unwrap().unwrap().value, "ten");
@@ -465,22 +536,25 @@ mod tests {
         for n in 0..15 {
             let expired = Some(Duration::ZERO);
             store
-                .set("n", &format!("k{n}"), &value, expired)
+                .set("n", None, &format!("k{n}"), &value, expired)
                 .await
                 .unwrap();
         }
-        store.set("other", "k", &value, None).await.unwrap();
+        store.set("other", None, "k", &value, None).await.unwrap();
         for n in 0..15 {
             store
-                .set("n", &format!("l{n}"), &value, None)
+                .set("n", None, &format!("l{n}"), &value, None)
                 .await
                 .unwrap();
         }
-        let full = store.set("n", "one-more", &value, None).await.unwrap_err();
+        let full = store
+            .set("n", None, "one-more", &value, None)
+            .await
+            .unwrap_err();
         assert_eq!(full.kind, ErrorKind::LimitExceeded, "{full}");
         assert!(full.to_string().contains(&NAMESPACE_CAP.to_string()));
         assert!(
-            store.set("other", "k2", &value, None).await.is_ok(),
+            store.set("other", None, "k2", &value, None).await.is_ok(),
             "another namespace has its own room"
         );
     }

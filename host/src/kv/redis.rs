@@ -21,8 +21,8 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
 use super::{
-    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, stored_key,
-    unavailable,
+    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, owner_cap,
+    owner_full, stored_key, unavailable,
 };
 use crate::conversation::connect_redis;
 use crate::types::{ChainError, ErrorKind};
@@ -40,10 +40,15 @@ fn key(namespace: &str, key: &str) -> String {
     format!("shallot:kv:{}", stored_key(namespace, key))
 }
 
+fn millis(ttl: Option<Duration>) -> u64 {
+    ttl.map_or(0, |ttl| (ttl.as_millis() as u64).max(1))
+}
+
 /// The keys a script names for `name` of `namespace`: the key, the
-/// version counter, the namespaces' bytes, the namespace's sizes and its
-/// expiring keys. The namespace is written length first, as in the key.
-fn keys(namespace: &str, name: &str) -> [String; 5] {
+/// version counter, the namespaces' bytes, the namespace's sizes, its
+/// expiring keys, each key's owner and each owner's bytes. The namespace
+/// is written length first, as in the key.
+fn keys(namespace: &str, name: &str) -> [String; 7] {
     let space = format!("{}:{namespace}", namespace.len());
     [
         key(namespace, name),
@@ -51,42 +56,69 @@ fn keys(namespace: &str, name: &str) -> [String; 5] {
         BYTES_KEY.to_owned(),
         format!("shallot:kv-sizes:{space}"),
         format!("shallot:kv-expiring:{space}"),
+        format!("shallot:kv-owners:{space}"),
+        format!("shallot:kv-owner-bytes:{space}"),
     ]
 }
 
-/// What every script starts with: `now` in ms, and `sweep(most)`, which
-/// gives back the sizes of up to `most` keys of the namespace that have
-/// expired (`KEYS[3]` the bytes, `KEYS[4]` the sizes, `KEYS[5]` the
-/// expiring; `ARGV[4]` the namespace's field); `room(name, size)` is
-/// whether writing `size` bytes under `name` keeps the namespace within
-/// `ARGV[5]`, sweeping it whole before it says no.
+/// What every script starts with: `now` in ms; `give(name, size)`, which
+/// takes `size` bytes of `name` back from its namespace (`ARGV[4]`, in
+/// `KEYS[3]`) and its owner (`KEYS[6]`, in `KEYS[7]`); `sweep(most)`,
+/// which gives back up to `most` keys that have expired (`KEYS[4]` the
+/// sizes, `KEYS[5]` the expiring); `room(name, size)`, what stops writing
+/// `size` bytes under `name` for the owner `ARGV[8]` (`''`: none) within
+/// the namespace's `ARGV[5]` and the owner's `ARGV[9]` (nothing, or
+/// `'full'` or `'owner-full'`), sweeping the namespace whole before it
+/// says so; and `account(name, size, ttl)`, which counts a write.
 const ACCOUNT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner = ARGV[8]
+local function give(name, size)
+  local was = redis.call('HGET', KEYS[6], name)
+  redis.call('HDEL', KEYS[6], name)
+  if size > 0 then
+    redis.call('HINCRBY', KEYS[3], ARGV[4], 0 - size)
+    if was then redis.call('HINCRBY', KEYS[7], was, 0 - size) end
+  end
+end
 local function sweep(most)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, most)
   for _, name in ipairs(gone) do
     local size = tonumber(redis.call('HGET', KEYS[4], name) or '0')
     redis.call('HDEL', KEYS[4], name)
     redis.call('ZREM', KEYS[5], name)
-    if size > 0 then redis.call('HINCRBY', KEYS[3], ARGV[4], 0 - size) end
+    give(name, size)
   end
   return #gone
 end
-local function room(name, size)
-  sweep(64)
+local function stops(name, size)
   local old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
   local held = tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0')
-  if held - old + size <= tonumber(ARGV[5]) then return true end
+  if held - old + size > tonumber(ARGV[5]) then return 'full' end
+  if owner ~= '' then
+    local mine = 0
+    if redis.call('HGET', KEYS[6], name) == owner then mine = old end
+    local own = tonumber(redis.call('HGET', KEYS[7], owner) or '0')
+    if own - mine + size > tonumber(ARGV[9]) then return 'owner-full' end
+  end
+  return nil
+end
+local function room(name, size)
+  sweep(64)
+  if not stops(name, size) then return nil end
   while sweep(1024) > 0 do end
-  old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
-  held = tonumber(redis.call('HGET', KEYS[3], ARGV[4]) or '0')
-  return held - old + size <= tonumber(ARGV[5])
+  return stops(name, size)
 end
 local function account(name, size, ttl)
   local old = tonumber(redis.call('HGET', KEYS[4], name) or '0')
+  give(name, old)
   redis.call('HSET', KEYS[4], name, size)
-  if size ~= old then redis.call('HINCRBY', KEYS[3], ARGV[4], size - old) end
+  redis.call('HINCRBY', KEYS[3], ARGV[4], size)
+  if owner ~= '' then
+    redis.call('HSET', KEYS[6], name, owner)
+    redis.call('HINCRBY', KEYS[7], owner, size)
+  end
   if ttl > 0 then
     redis.call('ZADD', KEYS[5], now + ttl, name)
   else
@@ -95,19 +127,16 @@ local function account(name, size, ttl)
 end
 ";
 
-fn millis(ttl: Option<Duration>) -> u64 {
-    ttl.map_or(0, |ttl| (ttl.as_millis() as u64).max(1))
-}
-
 /// Writes `ARGV[1]` to the hash `KEYS[1]` with a new version from
 /// `KEYS[2]`, to expire after `ARGV[2]` ms (0: never), its size `ARGV[6]`
 /// (`ARGV[7]` the key's name in the namespace); when `ARGV[3]` is not
 /// empty, only if the key's version is still it (0: absent). Answers the
-/// version, `false` for a stale one, or `'full'`.
+/// version, `false` for a stale one, or what stops it.
 const WRITE: &str = r"
 if ARGV[3] ~= '' and (redis.call('HGET', KEYS[1], 'n') or '0') ~= ARGV[3] then return false end
 local size = tonumber(ARGV[6])
-if not room(ARGV[7], size) then return 'full' end
+local stopped = room(ARGV[7], size)
+if stopped then return stopped end
 local n = redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', n)
@@ -121,10 +150,14 @@ return n
 /// refuses a non-integer and an overflow before anything is written), a
 /// new version from `KEYS[2]`; a counter this creates expires after
 /// `ARGV[2]` ms (0: never), and counts `ARGV[6]` bytes (`ARGV[7]` its
-/// name). Answers the count and its time left, or `'full'`.
+/// name) in its creator's part. Answers the count and its time left, or
+/// what stops it.
 const ADD: &str = r"
 local created = redis.call('EXISTS', KEYS[1]) == 0
-if created and not room(ARGV[7], tonumber(ARGV[6])) then return 'full' end
+if created then
+  local stopped = room(ARGV[7], tonumber(ARGV[6]))
+  if stopped then return stopped end
+end
 local v = redis.call('HINCRBY', KEYS[1], 'v', ARGV[1])
 redis.call('HSET', KEYS[1], 'n', redis.call('INCR', KEYS[2]))
 if created then
@@ -141,7 +174,7 @@ local deleted = redis.call('DEL', KEYS[1])
 local size = tonumber(redis.call('HGET', KEYS[4], ARGV[7]) or '0')
 redis.call('HDEL', KEYS[4], ARGV[7])
 redis.call('ZREM', KEYS[5], ARGV[7])
-if size > 0 then redis.call('HINCRBY', KEYS[3], ARGV[4], 0 - size) end
+give(ARGV[7], size)
 return deleted
 ";
 
@@ -180,17 +213,17 @@ impl Redis {
         }
     }
 
-    /// The script `script` (after [`ACCOUNT`]) on `name` of `namespace`,
-    /// its arguments `value`, `ttl`, `version` (empty: none) and the
-    /// entry's `size`.
+    /// The script `script` (after [`ACCOUNT`]) on `name` of `namespace`
+    /// for `owner`, its arguments `value`, `ttl`, `version` (empty: none)
+    /// and the entry's `size`.
     fn script(
         script: &str,
-        namespace: &str,
+        (namespace, owner): (&str, Option<&str>),
         name: &str,
         (value, ttl, version, size): (&str, Option<Duration>, String, usize),
     ) -> redis::Cmd {
         let mut command = redis::cmd("EVAL");
-        command.arg(format!("{ACCOUNT}{script}")).arg(5);
+        command.arg(format!("{ACCOUNT}{script}")).arg(7);
         for key in keys(namespace, name) {
             command.arg(key);
         }
@@ -202,12 +235,14 @@ impl Redis {
             .arg(space)
             .arg(STORED_NAMESPACE_CAP)
             .arg(size)
-            .arg(name);
+            .arg(name)
+            .arg(owner.unwrap_or_default())
+            .arg(owner_cap(STORED_NAMESPACE_CAP));
         command
     }
 
     fn write(
-        namespace: &str,
+        space: (&str, Option<&str>),
         name: &str,
         value: &str,
         ttl: Option<Duration>,
@@ -215,22 +250,29 @@ impl Redis {
     ) -> redis::Cmd {
         let size = name.len() + value.len() + ENTRY_BYTES;
         let version = version.map_or_else(String::new, |v| v.to_string());
-        Self::script(WRITE, namespace, name, (value, ttl, version, size))
+        Self::script(WRITE, space, name, (value, ttl, version, size))
     }
 }
 
-/// A script's answer: what it did, or that the namespace is full.
+/// A script's answer: what it did, or that the namespace, or the owner's
+/// part of it, is full.
 enum Written<T> {
     Done(T),
     Full,
+    OwnerFull,
 }
 
 impl<T: redis::FromRedisValue> redis::FromRedisValue for Written<T> {
     fn from_redis_value(value: &redis::Value) -> redis::RedisResult<Self> {
-        match value {
-            redis::Value::BulkString(said) if said.as_slice() == b"full" => Ok(Written::Full),
-            redis::Value::SimpleString(said) if said == "full" => Ok(Written::Full),
-            other => T::from_redis_value(other).map(Written::Done),
+        let said = match value {
+            redis::Value::BulkString(said) => Some(said.as_slice()),
+            redis::Value::SimpleString(said) => Some(said.as_bytes()),
+            _ => None,
+        };
+        match said {
+            Some(b"full") => Ok(Written::Full),
+            Some(b"owner-full") => Ok(Written::OwnerFull),
+            _ => T::from_redis_value(value).map(Written::Done),
         }
     }
 }
@@ -240,6 +282,7 @@ impl<T> Written<T> {
         match self {
             Written::Done(done) => Ok(done),
             Written::Full => Err(full("Redis, this namespace", STORED_NAMESPACE_CAP)),
+            Written::OwnerFull => Err(owner_full("Redis", owner_cap(STORED_NAMESPACE_CAP))),
         }
     }
 }
@@ -263,12 +306,13 @@ impl KvStore for Redis {
     async fn set(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         name: &str,
         value: &str,
         ttl: Option<Duration>,
     ) -> Result<u64, ChainError> {
         let written: Written<u64> = self
-            .run(Self::write(namespace, name, value, ttl, None))
+            .run(Self::write((namespace, owner), name, value, ttl, None))
             .await?;
         written.done()
     }
@@ -276,12 +320,13 @@ impl KvStore for Redis {
     async fn swap(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         name: &str,
         value: &str,
         version: u64,
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, ChainError> {
-        let swap = Self::write(namespace, name, value, ttl, Some(version));
+        let swap = Self::write((namespace, owner), name, value, ttl, Some(version));
         let written: Written<Option<u64>> = self.run(swap).await?;
         written.done()
     }
@@ -289,13 +334,19 @@ impl KvStore for Redis {
     async fn add(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         name: &str,
         delta: i64,
         ttl: Option<Duration>,
     ) -> Result<Count, ChainError> {
         let size = name.len() + COUNTER_BYTES + ENTRY_BYTES;
         let delta = delta.to_string();
-        let add = Self::script(ADD, namespace, name, (&delta, ttl, String::new(), size));
+        let add = Self::script(
+            ADD,
+            (namespace, owner),
+            name,
+            (&delta, ttl, String::new(), size),
+        );
         let written: Written<(i64, i64)> = self.run(add).await?;
         let (value, left) = written.done()?;
         let ttl = (left > 0).then(|| Duration::from_millis(left as u64));
@@ -303,7 +354,12 @@ impl KvStore for Redis {
     }
 
     async fn delete(&self, namespace: &str, name: &str) -> Result<bool, ChainError> {
-        let delete = Self::script(DELETE, namespace, name, ("", None, String::new(), 0));
+        let delete = Self::script(
+            DELETE,
+            (namespace, None),
+            name,
+            ("", None, String::new(), 0),
+        );
         let deleted: u64 = self.run(delete).await?;
         Ok(deleted > 0)
     }

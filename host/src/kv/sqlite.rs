@@ -21,7 +21,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORE_CAP, STORED_NAMESPACE_CAP,
-    counter, full, sum, unavailable,
+    counter, full, owner_cap, owner_full, sum, unavailable,
 };
 use crate::types::ChainError;
 
@@ -58,115 +58,166 @@ fn is_full(e: &rusqlite::Error) -> bool {
 }
 
 /// The live row of a key: its value, version and expiry.
-fn live(
-    db: &Connection,
-    namespace: &str,
-    key: &str,
-    now: i64,
-) -> rusqlite::Result<Option<(String, u64, Option<i64>)>> {
+fn live(db: &Connection, namespace: &str, key: &str, now: i64) -> rusqlite::Result<Option<Live>> {
     db.prepare_cached(
-        "SELECT value, version, expires FROM shallot_kv
+        "SELECT value, version, expires, owner FROM shallot_kv
          WHERE namespace = ?1 AND key = ?2 AND (expires IS NULL OR expires > ?3)",
     )?
     .query_row(params![namespace, key, now], |row| {
-        Ok((row.get(0)?, row.get::<_, i64>(1)? as u64, row.get(2)?))
+        Ok(Live {
+            value: row.get(0)?,
+            version: row.get::<_, i64>(1)? as u64,
+            expires: row.get(2)?,
+            owner: row.get(3)?,
+        })
     })
     .optional()
 }
 
-/// What a row counts against its namespace's cap.
+/// A live row: its value, version, expiry and owner.
+struct Live {
+    value: String,
+    version: u64,
+    expires: Option<i64>,
+    owner: Option<String>,
+}
+
+/// What a row counts against its namespace's cap and its owner's part.
 fn size(key: &str, value: &str) -> i64 {
     (key.len() + value.len() + ENTRY_BYTES) as i64
 }
 
-/// What the row of `key` counts now, live or expired (0: none).
-fn counted(db: &Connection, namespace: &str, key: &str) -> rusqlite::Result<i64> {
-    let value: Option<String> = db
-        .prepare_cached("SELECT value FROM shallot_kv WHERE namespace = ?1 AND key = ?2")?
-        .query_row(params![namespace, key], |row| row.get(0))
+/// What the row of `key` counts now, live or expired (0: none), and whose
+/// part it counts in.
+fn counted(db: &Connection, namespace: &str, key: &str) -> rusqlite::Result<(i64, Option<String>)> {
+    let row: Option<(String, Option<String>)> = db
+        .prepare_cached("SELECT value, owner FROM shallot_kv WHERE namespace = ?1 AND key = ?2")?
+        .query_row(params![namespace, key], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
         .optional()?;
-    Ok(value.map_or(0, |value| size(key, &value)))
+    Ok(row.map_or((0, None), |(value, owner)| (size(key, &value), owner)))
 }
 
-/// What `namespace` holds.
-fn held(db: &Connection, namespace: &str) -> rusqlite::Result<i64> {
-    Ok(db
-        .prepare_cached("SELECT bytes FROM shallot_kv_bytes WHERE namespace = ?1")?
-        .query_row(params![namespace], |row| row.get(0))
-        .optional()?
-        .unwrap_or(0))
+/// What `namespace` holds, and, with `owner`, what that owner's keys do.
+fn held(db: &Connection, namespace: &str, owner: Option<&str>) -> rusqlite::Result<i64> {
+    let held = match owner {
+        None => db
+            .prepare_cached("SELECT bytes FROM shallot_kv_bytes WHERE namespace = ?1")?
+            .query_row(params![namespace], |row| row.get(0))
+            .optional()?,
+        Some(owner) => db
+            .prepare_cached(
+                "SELECT bytes FROM shallot_kv_owner_bytes WHERE namespace = ?1 AND owner = ?2",
+            )?
+            .query_row(params![namespace, owner], |row| row.get(0))
+            .optional()?,
+    };
+    Ok(held.unwrap_or(0))
 }
 
-/// Adds `delta` to what `namespace` holds.
-fn hold(db: &Connection, namespace: &str, delta: i64) -> rusqlite::Result<()> {
+/// Adds `delta` to what `namespace` holds, and to `owner`'s part of it.
+fn hold(db: &Connection, namespace: &str, owner: Option<&str>, delta: i64) -> rusqlite::Result<()> {
     db.prepare_cached(
         "INSERT INTO shallot_kv_bytes VALUES (?1, ?2)
          ON CONFLICT (namespace) DO UPDATE SET bytes = bytes + ?2",
     )?
     .execute(params![namespace, delta])?;
+    if let Some(owner) = owner {
+        db.prepare_cached(
+            "INSERT INTO shallot_kv_owner_bytes VALUES (?1, ?2, ?3)
+             ON CONFLICT (namespace, owner) DO UPDATE SET bytes = bytes + ?3",
+        )?
+        .execute(params![namespace, owner, delta])?;
+    }
     Ok(())
 }
 
-/// Writes a key with the file's next version, within its namespace's cap
-/// (its expired rows swept before a write is refused).
+/// Gives back the rooms of the rows `delete` (a `DELETE ... RETURNING
+/// namespace, owner, size`) removes.
+fn give_back(db: &Connection, delete: &str, args: impl rusqlite::Params) -> rusqlite::Result<()> {
+    let swept: Vec<(String, Option<String>, i64)> = db
+        .prepare_cached(delete)?
+        .query_map(args, |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (namespace, owner, bytes) in swept {
+        hold(db, &namespace, owner.as_deref(), -bytes)?;
+    }
+    Ok(())
+}
+
+/// A row's size, in SQL, as [`size`] counts it.
+const ROW_SIZE: &str = "length(CAST(key AS BLOB)) + length(CAST(value AS BLOB))";
+
+/// Writes a key for `owner` with the file's next version, within its
+/// namespace's cap and the owner's part of it (the namespace's expired
+/// rows swept before a write is refused).
 fn write(
     db: &Connection,
-    namespace: &str,
+    (namespace, owner): (&str, Option<&str>),
     key: &str,
     value: &str,
     expires: Option<i64>,
 ) -> Result<u64, Failed> {
     let new = size(key, value);
-    let room = |db: &Connection| -> rusqlite::Result<bool> {
-        let old = counted(db, namespace, key)?;
-        Ok(held(db, namespace)? - old + new <= STORED_NAMESPACE_CAP as i64)
-    };
-    if !room(db)? {
-        let swept: i64 = db
-            .prepare_cached(
-                "DELETE FROM shallot_kv WHERE namespace = ?1 AND expires <= ?2
-                 RETURNING length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + ?3",
-            )?
-            .query_map(params![namespace, now(), ENTRY_BYTES as i64], |row| {
-                row.get::<_, i64>(0)
-            })?
-            .sum::<rusqlite::Result<i64>>()?;
-        hold(db, namespace, -swept)?;
-        if !room(db)? {
-            return Err(Failed::Refused(full(
-                "SQLite, this namespace",
-                STORED_NAMESPACE_CAP,
-            )));
+    let room = |db: &Connection| -> Result<(), Failed> {
+        let (old, old_owner) = counted(db, namespace, key)?;
+        if held(db, namespace, None)? - old + new > STORED_NAMESPACE_CAP as i64 {
+            let full = full("SQLite, this namespace", STORED_NAMESPACE_CAP);
+            return Err(Failed::Refused(full));
         }
+        if let Some(owner) = owner {
+            let mine = if old_owner.as_deref() == Some(owner) {
+                old
+            } else {
+                0
+            };
+            let cap = owner_cap(STORED_NAMESPACE_CAP);
+            if held(db, namespace, Some(owner))? - mine + new > cap as i64 {
+                return Err(Failed::Refused(owner_full("SQLite", cap)));
+            }
+        }
+        Ok(())
+    };
+    if room(db).is_err() {
+        give_back(
+            db,
+            &format!(
+                "DELETE FROM shallot_kv WHERE namespace = ?1 AND expires <= ?2
+                 RETURNING namespace, owner, {ROW_SIZE} + ?3"
+            ),
+            params![namespace, now(), ENTRY_BYTES as i64],
+        )?;
+        room(db)?;
     }
-    let old = counted(db, namespace, key)?;
-    hold(db, namespace, new - old)?;
+    let (old, old_owner) = counted(db, namespace, key)?;
+    hold(db, namespace, old_owner.as_deref(), -old)?;
+    hold(db, namespace, owner, new)?;
     let version: i64 = db.query_row(
         "UPDATE shallot_kv_version SET n = n + 1 WHERE id = 0 RETURNING n",
         [],
         |row| row.get(0),
     )?;
-    db.prepare_cached("INSERT OR REPLACE INTO shallot_kv VALUES (?1, ?2, ?3, ?4, ?5)")?
-        .execute(params![namespace, key, value, version, expires])?;
+    db.prepare_cached(
+        "INSERT OR REPLACE INTO shallot_kv (namespace, key, value, version, expires, owner)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![namespace, key, value, version, expires, owner])?;
     Ok(version as u64)
 }
 
 /// Deletes every expired row of the file, giving back each namespace's
-/// room, in one transaction.
+/// and owner's room, in one transaction.
 fn sweep_all(db: &mut Connection) -> rusqlite::Result<()> {
     let transaction = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let swept: Vec<(String, i64)> = transaction
-        .prepare(
+    give_back(
+        &transaction,
+        &format!(
             "DELETE FROM shallot_kv WHERE expires <= ?1
-             RETURNING namespace, length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + ?2",
-        )?
-        .query_map(params![now(), ENTRY_BYTES as i64], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    for (namespace, bytes) in swept {
-        hold(&transaction, &namespace, -bytes)?;
-    }
+             RETURNING namespace, owner, {ROW_SIZE} + ?2"
+        ),
+        params![now(), ENTRY_BYTES as i64],
+    )?;
     transaction.commit()
 }
 
@@ -189,6 +240,7 @@ impl Sqlite {
                      value TEXT NOT NULL,
                      version INTEGER NOT NULL,
                      expires INTEGER,
+                     owner TEXT,
                      PRIMARY KEY (namespace, key)
                  ) WITHOUT ROWID;
                  CREATE TABLE IF NOT EXISTS shallot_kv_version (
@@ -201,11 +253,32 @@ impl Sqlite {
                      bytes INTEGER NOT NULL
                  ) WITHOUT ROWID;
                  INSERT OR IGNORE INTO shallot_kv_bytes
-                     SELECT namespace, SUM(length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) + {})
-                     FROM shallot_kv GROUP BY namespace;",
+                     SELECT namespace, SUM({ROW_SIZE} + {ENTRY_BYTES})
+                     FROM shallot_kv GROUP BY namespace;
+                 CREATE TABLE IF NOT EXISTS shallot_kv_owner_bytes (
+                     namespace TEXT NOT NULL,
+                     owner TEXT NOT NULL,
+                     bytes INTEGER NOT NULL,
+                     PRIMARY KEY (namespace, owner)
+                 ) WITHOUT ROWID;",
                 STORE_CAP as i64 / page,
-                ENTRY_BYTES
             ))?;
+            // A file from before owners were kept: its keys are no one's.
+            // Another process may add the column first.
+            let owned = |db: &Connection| -> rusqlite::Result<bool> {
+                db.query_row(
+                    "SELECT COUNT(*) > 0 FROM pragma_table_info('shallot_kv') WHERE name = 'owner'",
+                    [],
+                    |row| row.get(0),
+                )
+            };
+            if !owned(&connection)?
+                && let Err(e) =
+                    connection.execute("ALTER TABLE shallot_kv ADD COLUMN owner TEXT", [])
+                && !owned(&connection)?
+            {
+                return Err(e);
+            }
             Ok(connection)
         })
         .await
@@ -260,7 +333,10 @@ impl KvStore for Sqlite {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
         self.with(TransactionBehavior::Deferred, move |db, now| {
             let found = live(db, &namespace, &key, now)?;
-            Ok(found.map(|(value, version, _)| Entry { value, version }))
+            Ok(found.map(|live| Entry {
+                value: live.value,
+                version: live.version,
+            }))
         })
         .await
     }
@@ -268,13 +344,16 @@ impl KvStore for Sqlite {
     async fn set(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         ttl: Option<Duration>,
     ) -> Result<u64, ChainError> {
         let (namespace, key, value) = (namespace.to_owned(), key.to_owned(), value.to_owned());
+        let owner = owner.map(str::to_owned);
         self.with(TransactionBehavior::Immediate, move |db, now| {
-            write(db, &namespace, &key, &value, expiry(ttl, now))
+            let space = (namespace.as_str(), owner.as_deref());
+            write(db, space, &key, &value, expiry(ttl, now))
         })
         .await
     }
@@ -282,18 +361,21 @@ impl KvStore for Sqlite {
     async fn swap(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         value: &str,
         expected: u64,
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, ChainError> {
         let (namespace, key, value) = (namespace.to_owned(), key.to_owned(), value.to_owned());
+        let owner = owner.map(str::to_owned);
         self.with(TransactionBehavior::Immediate, move |db, now| {
-            let current = live(db, &namespace, &key, now)?.map_or(0, |(_, version, _)| version);
+            let current = live(db, &namespace, &key, now)?.map_or(0, |live| live.version);
             if current != expected {
                 return Ok(None);
             }
-            Ok(Some(write(db, &namespace, &key, &value, expiry(ttl, now))?))
+            let space = (namespace.as_str(), owner.as_deref());
+            Ok(Some(write(db, space, &key, &value, expiry(ttl, now))?))
         })
         .await
     }
@@ -301,18 +383,26 @@ impl KvStore for Sqlite {
     async fn add(
         &self,
         namespace: &str,
+        owner: Option<&str>,
         key: &str,
         delta: i64,
         ttl: Option<Duration>,
     ) -> Result<Count, ChainError> {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        let owner = owner.map(str::to_owned);
         self.with(TransactionBehavior::Immediate, move |db, now| {
-            let (current, expires) = match live(db, &namespace, &key, now)? {
-                Some((value, _, expires)) => (counter(&value).map_err(Failed::Refused)?, expires),
-                None => (0, expiry(ttl, now)),
+            // A counter stays in its creator's part.
+            let (current, expires, owner) = match live(db, &namespace, &key, now)? {
+                Some(live) => (
+                    counter(&live.value).map_err(Failed::Refused)?,
+                    live.expires,
+                    live.owner,
+                ),
+                None => (0, expiry(ttl, now), owner.clone()),
             };
             let value = sum(current, delta).map_err(Failed::Refused)?;
-            write(db, &namespace, &key, &value.to_string(), expires)?;
+            let space = (namespace.as_str(), owner.as_deref());
+            write(db, space, &key, &value.to_string(), expires)?;
             let ttl = expires.map(|at| Duration::from_millis(at.saturating_sub(now).max(0) as u64));
             Ok(Count { value, ttl })
         })
@@ -323,10 +413,13 @@ impl KvStore for Sqlite {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
         self.with(TransactionBehavior::Immediate, move |db, now| {
             let was = live(db, &namespace, &key, now)?.is_some();
-            hold(db, &namespace, -counted(db, &namespace, &key)?)?;
-            db.execute(
-                "DELETE FROM shallot_kv WHERE namespace = ?1 AND key = ?2",
-                params![namespace, key],
+            give_back(
+                db,
+                &format!(
+                    "DELETE FROM shallot_kv WHERE namespace = ?1 AND key = ?2
+                     RETURNING namespace, owner, {ROW_SIZE} + ?3"
+                ),
+                params![namespace, key, ENTRY_BYTES as i64],
             )?;
             Ok(was)
         })
@@ -347,30 +440,72 @@ mod tests {
         let path = dir.join("kv.db");
         let _ = std::fs::remove_file(&path);
         let store = Sqlite::open(&path).await.unwrap();
-        let version = store.set("n", "k", "one", None).await.unwrap();
-        assert_eq!(store.add("n", "c", 5, None).await.unwrap().value, 5);
+        let version = store.set("n", None, "k", "one", None).await.unwrap();
+        assert_eq!(store.add("n", None, "c", 5, None).await.unwrap().value, 5);
         assert_eq!(
-            store.add("n", "k", 1, None).await.unwrap_err().kind,
+            store.add("n", None, "k", 1, None).await.unwrap_err().kind,
             ErrorKind::InvalidRequest
         );
         let again = Sqlite::open(&path).await.unwrap();
         assert_eq!(again.get("n", "k").await.unwrap().unwrap().version, version);
-        assert_eq!(again.add("n", "c", -2, None).await.unwrap().value, 3);
+        assert_eq!(again.add("n", None, "c", -2, None).await.unwrap().value, 3);
         assert!(
             again
-                .swap("n", "k", "two", version, None)
+                .swap("n", None, "k", "two", version, None)
                 .await
                 .unwrap()
                 .is_some()
         );
         assert_eq!(
-            store.swap("n", "k", "three", version, None).await.unwrap(),
+            store
+                .swap("n", None, "k", "three", version, None)
+                .await
+                .unwrap(),
             None
         );
         assert!(
             again.get("m", "k").await.unwrap().is_none(),
             "namespaces are apart"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file written before owners were kept opens with its keys no
+    /// one's, and owned writes go on in it.
+    #[tokio::test]
+    async fn a_file_from_before_owners_opens_with_its_keys_no_ones() {
+        let dir = std::env::temp_dir().join(format!("shallot-kv-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kv.db");
+        let _ = std::fs::remove_file(&path);
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE shallot_kv (
+                     namespace TEXT NOT NULL,
+                     key TEXT NOT NULL,
+                     value TEXT NOT NULL,
+                     version INTEGER NOT NULL,
+                     expires INTEGER,
+                     PRIMARY KEY (namespace, key)
+                 ) WITHOUT ROWID;
+                 INSERT INTO shallot_kv VALUES ('n', 'old', 'kept', 7, NULL);",
+            )
+            .unwrap();
+        let store = Sqlite::open(&path).await.unwrap();
+        assert_eq!(store.get("n", "old").await.unwrap().unwrap().value, "kept");
+        let wide = "v".repeat(1 << 20);
+        let mut n = 0;
+        while store
+            .set("n", Some("t"), &format!("k{n}"), &wide, None)
+            .await
+            .is_ok()
+        {
+            n += 1;
+        }
+        assert_eq!(n, 7, "an owner's part of a stored namespace is 8 MiB");
+        store.set("n", None, "old", &wide, None).await.unwrap();
+        Sqlite::open(&path).await.expect("opened again");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -101,7 +101,7 @@ fn main() {
     for (name, spec) in &names {
         let store: std::sync::Arc<dyn KvStore> =
             rt.block_on(shallot::open_kv(spec.as_str())).unwrap();
-        rt.block_on(store.set("bench", "key", "value", None))
+        rt.block_on(store.set("bench", None, "key", "value", None))
             .unwrap();
         group.bench_function(format!("get/{name}"), |b| {
             b.iter_custom(|iters| {
@@ -113,7 +113,7 @@ fn main() {
         group.bench_function(format!("add/{name}"), |b| {
             b.iter_custom(|iters| {
                 time_ops(&rt, iters, || async {
-                    store.add("bench", "counter", 1, None).await.map(drop)
+                    store.add("bench", None, "counter", 1, None).await.map(drop)
                 })
             })
         });

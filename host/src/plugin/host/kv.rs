@@ -185,7 +185,10 @@ impl kv::Host for HostState {
             Ok(keys) => keys,
             Err(e) => return Ok(Err(e)),
         };
-        let set = granted.store.set(&namespace, &key, &value, ttl(ttl_ms));
+        let owner = self.owner();
+        let set = granted
+            .store
+            .set(&namespace, owner.as_deref(), &key, &value, ttl(ttl_ms));
         Ok(self.on_store(set).await)
     }
 
@@ -200,9 +203,15 @@ impl kv::Host for HostState {
             Ok(keys) => keys,
             Err(e) => return Ok(Err(e)),
         };
-        let swap = granted
-            .store
-            .swap(&namespace, &key, &value, version, ttl(ttl_ms));
+        let owner = self.owner();
+        let swap = granted.store.swap(
+            &namespace,
+            owner.as_deref(),
+            &key,
+            &value,
+            version,
+            ttl(ttl_ms),
+        );
         Ok(self.on_store(swap).await)
     }
 
@@ -211,7 +220,11 @@ impl kv::Host for HostState {
             Ok(keys) => keys,
             Err(e) => return Ok(Err(e)),
         };
-        let added = self.on_store(granted.store.add(&namespace, &key, delta, ttl(ttl_ms)));
+        let owner = self.owner();
+        let add = granted
+            .store
+            .add(&namespace, owner.as_deref(), &key, delta, ttl(ttl_ms));
+        let added = self.on_store(add);
         Ok(added.await.map(|count| kv::Count {
             value: count.value,
             ttl_ms: count.ttl.map_or(0, |left| (left.as_millis() as u64).max(1)),

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use super::HostState;
 use super::service::{AROUND, GrantedServices, Service, Spent, error};
-use crate::context::{CLIENT_KEY, TENANT};
 use crate::conversation::{self, ConversationStore, StoreSpec, open_store};
 use crate::plugin::bindings::shallot::filter::memory;
 use crate::plugin::bindings::shallot::filter::types as wit;
@@ -85,14 +84,6 @@ impl HostState {
             return Err(error(wit::ErrorKind::LimitExceeded, message));
         }
         Ok(store)
-    }
-
-    /// Whom the invoke is for, where a client key says: its tenant, else
-    /// the key's name (set by the gateway; no filter can change them).
-    fn owner(&self) -> Option<String> {
-        let context = self.scope.as_ref()?.invoke.context();
-        let owner = context.get(TENANT).or_else(|| context.get(CLIENT_KEY))?;
-        owner.as_str().map(str::to_owned)
     }
 
     /// The most a conversation load hands the filter: half its free host

@@ -31,6 +31,7 @@ use super::metrics::Metrics;
 use super::model::Model;
 use super::timer::{self, Timer};
 use super::trace::{self, Trace};
+use crate::context::{CLIENT_KEY, TENANT};
 use crate::plugin::Grants;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
@@ -172,6 +173,15 @@ impl HostState {
                 Err(error(wit::ErrorKind::InvalidRequest, message))
             }
         }
+    }
+
+    /// Whom the invoke is for, where a client key says: its tenant, else
+    /// the key's name (set by the gateway; no filter can change them). A
+    /// shared store keeps each owner's part apart.
+    pub(super) fn owner(&self) -> Option<String> {
+        let context = self.scope.as_ref()?.invoke.context();
+        let owner = context.get(TENANT).or_else(|| context.get(CLIENT_KEY))?;
+        owner.as_str().map(str::to_owned)
     }
 
     /// What the current call has spent of `S`.
