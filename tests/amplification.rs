@@ -67,12 +67,14 @@ async fn what_a_guest_could_multiply_is_bounded() {
 /// Eight concurrent bodies of 4 MiB of tiny messages held 270-600 MiB
 /// once parsed, before any took a place (143 MiB more at the peak here).
 /// Each now takes what parsing it could build from the gateway's memory
-/// for requests first: past all of it, `413` before anything is built (8
-/// MiB); bodies of long texts weigh about their size and are served
-/// together.
+/// for requests first, on every API: past all of it, `413` before
+/// anything is built (8 MiB); bodies of long texts weigh about their size
+/// and are served together; 4 MiB of tiny embedding inputs, under the
+/// bound, are parsed one at a time, so together they stay within it.
 async fn request_bodies_take_their_memory_before_they_are_parsed() {
+    const MEMORY_MIB: u64 = 256;
     let config = GatewayConfig {
-        max_request_memory: 256 << 20,
+        max_request_memory: (MEMORY_MIB as usize) << 20,
         ..GatewayConfig::default()
     };
     let kernel = Kernel::builder()
@@ -81,30 +83,50 @@ async fn request_bodies_take_their_memory_before_they_are_parsed() {
         .unwrap();
     let gateway = Gateway::new(vec![Route::proxy("scripted", kernel)], config);
     let (base, stop) = serving(gateway).await;
-    let url = format!("{base}/v1/chat/completions");
-    let body = |message: serde_json::Value, n: usize| {
-        json!({ "model": "scripted", "messages": vec![message; n] }).to_string()
-    };
-    let tiny = body(json!({ "role": "user", "content": "x" }), 130_000);
-    let long = body(json!({ "role": "user", "content": "y".repeat(1 << 20) }), 3);
-    for (body, status) in [(tiny, 413), (long, 200)] {
+    let tiny = json!({ "role": "user", "content": "x" });
+    let long = json!({ "role": "user", "content": "y".repeat(1 << 20) });
+    let chat = |message: &serde_json::Value, n: usize| json!({ "model": "scripted", "messages": vec![message; n] });
+    let responses = json!({ "model": "scripted", "input": vec![&tiny; 130_000] });
+    let mut messages = chat(&tiny, 130_000);
+    messages["max_tokens"] = json!(16);
+    let inputs = json!({ "model": "scripted", "input": vec!["x"; 1_000_000] });
+    let cases = [
+        ("chat/completions", chat(&tiny, 130_000), 413, 64),
+        ("chat/completions", chat(&long, 3), 200, 64),
+        ("responses", responses, 413, 64),
+        ("messages", messages, 413, 64),
+        ("embeddings", inputs, 404, MEMORY_MIB),
+    ];
+    for (path, body, status, bound) in cases {
+        let body = bytes::Bytes::from(body.to_string());
+        let url = format!("{base}/v1/{path}");
         let before = reset_peak();
         let client = reqwest::Client::new();
         let sent = (0..8).map(|_| client.post(&url).body(body.clone()).send());
         for answer in futures::future::join_all(sent).await {
             let answer = answer.unwrap();
-            assert_eq!(answer.status().as_u16(), status);
+            assert_eq!(answer.status().as_u16(), status, "{path}");
             if status == 413 {
                 let said: serde_json::Value = answer.json().await.unwrap();
-                assert_eq!(said["error"]["code"], "request_too_large", "{said}");
+                let error = &said["error"];
+                let code = if path == "messages" {
+                    &error["type"]
+                } else {
+                    &error["code"]
+                };
+                assert_eq!(code, "request_too_large", "{said}");
             }
         }
         let (_, peak) = resident_mib();
+        let grown = peak.saturating_sub(before);
+        eprintln!(
+            "{path}: eight bodies of {} KiB, {status}: the peak grew {grown} MiB",
+            body.len() >> 10
+        );
         assert!(
-            peak - before < 64,
-            "eight bodies of {} KiB grew the peak by {} MiB",
+            grown < bound,
+            "{path}: eight bodies of {} KiB grew the peak by {grown} MiB",
             body.len() >> 10,
-            peak - before
         );
     }
     stop.await;
