@@ -292,15 +292,26 @@ async fn clients_are_told_when_the_tools_change_and_a_shutdown_ends_their_stream
     session.kill().await.unwrap();
 }
 
-/// One raw request to `/mcp`: its status and body.
+/// One raw request to `/mcp` with `ops-secret`: its status and body.
 async fn raw(
     served: &Served,
     headers: &[(&str, &str)],
     body: impl Into<reqwest::Body>,
 ) -> (u16, String, reqwest::header::HeaderMap) {
+    raw_as(served, "ops-secret", reqwest::Method::POST, headers, body).await
+}
+
+/// One raw request to `/mcp`, with `key`.
+async fn raw_as(
+    served: &Served,
+    key: &str,
+    method: reqwest::Method,
+    headers: &[(&str, &str)],
+    body: impl Into<reqwest::Body>,
+) -> (u16, String, reqwest::header::HeaderMap) {
     let mut request = reqwest::Client::new()
-        .post(format!("{}/mcp", served.base))
-        .header("authorization", "Bearer ops-secret")
+        .request(method, format!("{}/mcp", served.base))
+        .bearer_auth(key)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream");
     for (name, value) in headers {
@@ -358,6 +369,33 @@ async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
     let (status, body, _) = raw(&served, &[], initialize()).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("too many MCP sessions"), "{body}");
+
+    // A session answers only the key that opened it: to another key it
+    // does not exist, to read, to listen to, or to close.
+    let theirs = [("mcp-session-id", sessions[0].as_str())];
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let (status, body, _) = raw(&served, &theirs, initialized.to_string()).await;
+    assert!((200..300).contains(&status), "{status} {body}");
+    let listed = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/list" }).to_string();
+    for method in [
+        reqwest::Method::POST,
+        reqwest::Method::GET,
+        reqwest::Method::DELETE,
+    ] {
+        let (status, body, _) = raw_as(
+            &served,
+            "reader-secret",
+            method.clone(),
+            &theirs,
+            listed.clone(),
+        )
+        .await;
+        assert_eq!(status, 404, "{method} {body}");
+        assert_eq!(body, "Not Found: Session not found");
+    }
+    let (status, body, _) = raw(&served, &theirs, listed).await;
+    assert_eq!(status, 200, "the opener's session is still open: {body}");
+    assert!(body.contains("test_echo"), "{body}");
     for session in &sessions {
         let closed = reqwest::Client::new()
             .delete(format!("{}/mcp", served.base))

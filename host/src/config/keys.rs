@@ -105,6 +105,12 @@ impl ClientKey {
             .is_none_or(|models| models.iter().any(|m| m == model))
     }
 
+    /// What tells this key from any other (two keys may share a name):
+    /// its secret's SHA-256.
+    pub(crate) fn fingerprint(&self) -> [u8; 32] {
+        self.sha256
+    }
+
     /// Whether `secret` is this key.
     pub fn matches(&self, secret: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();

@@ -13,7 +13,8 @@
 //!
 //! Every HTTP request is checked before the protocol sees it: its `Host`
 //! (against DNS rebinding), its key (as for `/v1`: `401` without one),
-//! and, for a request that carries no session, the cap on open sessions. A
+//! for a request that carries no session, the cap on open sessions, and
+//! for one that does, that its key opened it (`404` otherwise). A
 //! call then takes a place among the requests served at once, runs within
 //! the request deadline (cancelled with its reason at the deadline or when
 //! the client cancels it or goes away) and its result's text is shown the
@@ -25,6 +26,7 @@
 //! their listen, the sessions of the initialize handshake on their
 //! session. A shutdown ends a listen at once, gracefully.
 
+mod sessions;
 mod told;
 
 use std::sync::Arc;
@@ -48,6 +50,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 
+use self::sessions::{SESSION_ID, Sessions};
 use self::told::Handshaken;
 use super::GatewayState;
 use super::answer::bounded;
@@ -108,7 +111,7 @@ pub(super) fn service(
     shared: Arc<GatewayState>,
 ) -> (
     StreamableHttpService<Tools, LocalSessionManager>,
-    Arc<LocalSessionManager>,
+    Arc<Sessions>,
 ) {
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(SESSION_IDLE);
@@ -134,14 +137,15 @@ pub(super) fn service(
     };
     (
         StreamableHttpService::new(tools, sessions.clone(), config),
-        sessions,
+        Arc::new(Sessions::new(sessions)),
     )
 }
 
 /// The checks before the protocol: an endpoint served, the `Host`, the
-/// key, the cap on sessions. What passes goes on with its [`Caller`].
+/// key, the cap on sessions or the session's opener. What passes goes on
+/// with its [`Caller`]; a session it opens is its key's.
 pub(super) async fn admit(
-    State((shared, sessions)): State<(Arc<GatewayState>, Arc<LocalSessionManager>)>,
+    State((shared, sessions)): State<(Arc<GatewayState>, Arc<Sessions>)>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -166,15 +170,21 @@ pub(super) async fn admit(
         Ok(context) => context,
         Err(error) => return refuse(error.status, &error.message),
     };
-    let sessionless = !request.headers().contains_key("mcp-session-id");
-    if sessionless && sessions.sessions.read().await.len() >= endpoint.max_sessions {
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many MCP sessions are open; close one (DELETE /mcp) or retry later",
-        );
+    let session = request.headers().get(SESSION_ID);
+    match session.map(|id| id.to_str().unwrap_or_default()) {
+        Some(id) if !sessions.may_use(id, key.as_ref()) => return sessions::not_found(),
+        Some(_) => {}
+        None if sessions.manager.sessions.read().await.len() >= endpoint.max_sessions => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many MCP sessions are open; close one (DELETE /mcp) or retry later",
+            );
+        }
+        None => {}
     }
+    let sessionless = session.is_none();
     request.extensions_mut().insert(Caller {
-        key,
+        key: key.clone(),
         endpoint,
         context,
     });
@@ -194,7 +204,12 @@ pub(super) async fn admit(
         Ok(memory) => memory,
         Err(error) => return refuse(error.status, &error.message),
     };
-    next.run(Request::from_parts(parts, body.into())).await
+    let response = next.run(Request::from_parts(parts, body.into())).await;
+    let opened = response.headers().get(SESSION_ID);
+    if let (true, Some(id)) = (sessionless, opened.and_then(|id| id.to_str().ok())) {
+        sessions.opened(id, key.as_ref()).await;
+    }
+    response
 }
 
 /// A refusal before the protocol: the status, and a JSON-RPC error saying
