@@ -240,3 +240,41 @@ async fn dynamic_context_puts_the_time_in_the_operators_offset_and_context_value
         assert!(error.to_string().contains(says), "{error}");
     }
 }
+
+// One admission a request: an answer shown whole (a gateway's JSON answer,
+// a tool's result on `/mcp`) goes through the token transforms within the
+// invoke that made it, so its prompt is shaped once, not again by a second
+// invoke that shows it.
+#[tokio::test]
+async fn an_answer_shown_whole_is_transformed_within_its_own_invoke() {
+    let star = spec(
+        "probe",
+        "star",
+        json!({ "prefix": "*", "hooks": ["tokens"] }),
+    );
+    let plugins = load(vec![star]).await;
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let model = ScriptedModel::replies(vec![
+        Reply::Text("answer".into()),
+        Reply::Text("again".into()),
+    ]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .filter(Numbers(runs.clone()))
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let shown = || InvokeOptions::from(Context::new()).shown();
+    let request = shallot::types::ChatRequest::new(vec![shallot::types::Message::user("hi")]);
+    let response = kernel.chat(request, shown()).await.unwrap();
+    assert_eq!(response.text(), "*answer");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let done = done(kernel.turn(go("hi"), shown()).await);
+    assert_eq!(done.response.text(), "*again", "a turn's final answer");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        model.requests()[1].messages[0].text(),
+        "\npipeline run 2",
+        "the prompt the model got is the one shaped"
+    );
+}

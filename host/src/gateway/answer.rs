@@ -51,15 +51,6 @@ impl Responder {
         .at(Origin::terminal("gateway"))
     }
 
-    /// The text a client is shown of `response`, taken out of it (so that
-    /// a long answer is not held twice): through the token transforms.
-    pub(super) async fn delivered(
-        &self,
-        response: &mut ChatResponse,
-    ) -> Result<Option<String>, ChainError> {
-        delivered(&self.kernel, &self.context, response).await
-    }
-
     /// A whole (JSON) answer, or the error it ended in. The answer is
     /// worked out on its own task, holding the request's place, so that
     /// neither the deadline nor the client going away drops it midway
@@ -70,11 +61,15 @@ impl Responder {
         let (kernel, context) = (self.kernel.clone(), self.context.clone());
         let (shared, model, mode) = (self.shared.clone(), self.model.clone(), self.mode);
         let (keep, place) = (self.keep.take(), self.place.take());
-        let options = InvokeOptions::from(context.clone()).cancel_on(cancel.clone());
+        let options = InvokeOptions::from(context)
+            .cancel_on(cancel.clone())
+            .shown();
         let answer = async move {
             let mut response = run(&kernel, mode, chat, options).await?;
             shared.metrics.usage(&model, &response.usage);
-            let shown = delivered(&kernel, &context, &mut response).await?;
+            // Shown: the text as the client is shown it, taken out (so
+            // that a long answer is not held twice).
+            let shown = response.message.take_text();
             let kept = match keep {
                 Some(keep) => {
                     keep.keep(&response, shown.as_deref(), &shared.metrics, &model)
@@ -109,18 +104,6 @@ impl Responder {
             }
             Err(error) => self.dialect.refuse(ApiError::chain(&error)),
         }
-    }
-}
-
-/// What a client is shown of `response`'s text, taken out of it.
-async fn delivered(
-    kernel: &Kernel,
-    context: &Context,
-    response: &mut ChatResponse,
-) -> Result<Option<String>, ChainError> {
-    match response.message.take_text() {
-        None => Ok(None),
-        Some(text) => Ok(Some(kernel.delivered_text(text, context.clone()).await?)),
     }
 }
 

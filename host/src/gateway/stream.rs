@@ -37,9 +37,12 @@ impl Responder {
             unsent: unsent.clone(),
         };
         let cancel = Cancel::new();
+        // Shown: an answer no model streamed (a filter answered) reaches
+        // the stream through the token transforms, within the chat.
         let options = InvokeOptions::from(self.context.clone())
             .stream_to(forward)
-            .cancel_on(cancel.clone());
+            .cancel_on(cancel.clone())
+            .shown();
         // The chat runs on its own, holding the request's place, until it
         // ends, its deadline passes or the client goes away.
         let chatting = Chatting {
@@ -72,7 +75,6 @@ impl Responder {
             pending: first,
             events,
             unsent,
-            delivered: false,
             shown,
             text: None,
             end: None,
@@ -217,9 +219,6 @@ pub(super) struct Chunks {
     pending: Option<Streamed>,
     events: mpsc::UnboundedReceiver<Streamed>,
     unsent: Arc<Unsent>,
-    /// Whether any text was streamed (a filter that answers itself streams
-    /// none; its text is delivered whole at the end).
-    delivered: bool,
     /// The text streamed so far, when the exchange is kept.
     shown: Option<String>,
     /// Text not yet sent, and how much of it was.
@@ -272,7 +271,6 @@ impl Chunks {
             match event {
                 Some(Streamed::Tokens(text)) => {
                     self.unsent.bytes.fetch_sub(text.len(), Ordering::Relaxed);
-                    self.delivered = true;
                     self.send(text);
                 }
                 Some(Streamed::Done(done)) => {
@@ -320,19 +318,12 @@ impl Chunks {
         self.tail.extend(self.answer.dialect.broken(&error));
     }
 
-    /// What follows the last token: text a filter answered with (not
-    /// streamed), then the dialect's end (tool calls, finish, usage); the
-    /// exchange kept first, if asked, so that an answer whose keeping
-    /// failed says so in its end (`store: false`) rather than as if it
-    /// could be continued.
+    /// What follows the last token (text a filter answered with came
+    /// through the chat's token transforms as its last): the dialect's end
+    /// (tool calls, finish, usage); the exchange kept first, if asked, so
+    /// that an answer whose keeping failed says so in its end (`store:
+    /// false`) rather than as if it could be continued.
     pub(super) async fn last(&mut self, response: &mut ChatResponse) {
-        if !self.delivered {
-            match self.answer.delivered(response).await {
-                Ok(Some(text)) => self.send(text),
-                Ok(None) => {}
-                Err(error) => return self.broken(&error),
-            }
-        }
         if let Some(keep) = self.answer.keep.take() {
             let shown = self.shown.take().filter(|text| !text.is_empty());
             let (metrics, model) = (&self.answer.shared.metrics, &self.answer.model);

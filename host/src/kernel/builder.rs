@@ -312,7 +312,7 @@ impl KernelBuilder {
             for need_in in starts {
                 let mut sum = 0;
                 for filter in self.wasm.iter().flatten() {
-                    let need = need_in(filter.hooks(), true);
+                    let need = need_in(filter.hooks(), true, true);
                     let have = filter.limits().instances;
                     if need > have as usize {
                         return Err(BuildError::TooFewInstances {

@@ -7,7 +7,7 @@
 //! reserves the instances its wasm filters may need, waiting its turn when
 //! the engine is busy, for a bounded time.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 mod builder;
 
@@ -16,13 +16,14 @@ pub use builder::{BuildError, KernelBuilder};
 use crate::context::Context;
 use crate::model::{ChatModel, UpstreamHealth};
 use crate::onion::{
-    ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, TokenSink, TokenStream, Tool, Turn,
+    ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, Shows, TokenSink, TokenStream, Tool,
+    Turn, show, show_message,
 };
 use crate::plugin::{self, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Origin, Resumable,
-    Token, TokenBatch, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
+    ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
 };
 use serde_json::Value;
 
@@ -38,6 +39,23 @@ fn paused_with_state(mut result: TurnResult, invoke: &Invoke) -> TurnResult {
         paused.context = Arc::new(invoke.context().snapshot());
     }
     result
+}
+
+/// A turn's result as its caller gets it: a paused turn with its state
+/// ([`paused_with_state`]), a finished one's answer shown if the invoke
+/// shows it.
+async fn ended(result: TurnResult, invoke: &Arc<Invoke>) -> TurnResult {
+    match paused_with_state(result, invoke) {
+        TurnResult::Done(mut done) => {
+            let response = &mut done.response;
+            let end = response.finish_reason;
+            match show_message(invoke, &mut response.message, end).await {
+                Ok(()) => TurnResult::Done(done),
+                Err(error) => TurnResult::Error(error),
+            }
+        }
+        other => other,
+    }
 }
 
 /// Filters composed around a model, tools and a tool loop. Cheap to clone;
@@ -95,14 +113,18 @@ impl Kernel {
     /// Runs `request` through the chat chain. With a sink in `options`
     /// ([`InvokeOptions::stream_to`]) the answer streams through the token
     /// transforms to it; without, token transforms do not run. Returns the
-    /// model's original response either way.
+    /// model's original response either way, unless `options` show it
+    /// ([`InvokeOptions::shown`]): then its text is the one shown.
     pub async fn chat(
         &self,
         request: ChatRequest,
         options: impl Into<InvokeOptions>,
     ) -> Result<ChatResponse, ChainError> {
         let invoke = self.admit::<Chat>(options.into(), None).await?;
-        invoke.chat(request).await
+        let mut response = invoke.chat(request).await?;
+        let end = response.finish_reason;
+        show_message(&invoke, &mut response.message, end).await?;
+        Ok(response)
     }
 
     /// [`Kernel::chat`], streaming the answer to `sink`.
@@ -116,7 +138,8 @@ impl Kernel {
     }
 
     /// Calls the tool `name` with `arguments` through the tool chain. An
-    /// unknown tool fails with `not-found` before any filter runs.
+    /// unknown tool fails with `not-found` before any filter runs. With
+    /// [`InvokeOptions::shown`], its output is the one shown its caller.
     pub async fn tool(
         &self,
         name: &str,
@@ -131,13 +154,17 @@ impl Kernel {
             .at(Origin::terminal("tools"))
         })?;
         let invoke = self.admit::<Tool>(options.into(), None).await?;
-        invoke
+        let mut response = invoke
             .tool(ToolRequest::new(tool, arguments.to_string()))
-            .await
+            .await?;
+        let output = std::mem::take(&mut response.output);
+        response.output = show(&invoke, output, FinishReason::Complete).await?;
+        Ok(response)
     }
 
     /// Runs one agent turn through the turn chain; with a sink in
-    /// `options`, every model round streams to it.
+    /// `options`, every model round streams to it. With
+    /// [`InvokeOptions::shown`], the final answer's text is the one shown.
     pub async fn turn(
         &self,
         request: TurnRequest,
@@ -148,7 +175,7 @@ impl Kernel {
                 let result = Next::start(self.onion.turn.clone(), invoke.clone())
                     .call(request)
                     .await;
-                paused_with_state(result, &invoke)
+                ended(result, &invoke).await
             }
             Err(error) => TurnResult::Error(error),
         }
@@ -184,6 +211,8 @@ impl Kernel {
     /// redaction filter holds whether you stream or not. Given the text
     /// (a `String`), it is shown without a copy where no filter transforms
     /// tokens, and becomes the stream's one token where one does.
+    /// An answer the kernel made is shown without this, and without a
+    /// second invoke, by calling with [`InvokeOptions::shown`].
     pub async fn delivered_text(
         &self,
         text: impl Into<String>,
@@ -193,29 +222,10 @@ impl Kernel {
         if self.onion.token_layers.is_empty() {
             return Ok(text);
         }
-        let shown = Arc::new(Mutex::new(String::new()));
-        let sink = {
-            let shown = shown.clone();
-            move |token: Token<'_>| {
-                shown
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push_str(token.text)
-            }
-        };
-        let mut stream = self.token_stream(context, sink).await?;
-        let end = u32::try_from(text.len()).map_err(|_| {
-            ChainError::new(ErrorKind::LimitExceeded, "a text past 4 GiB is not shown")
-        })?;
-        let tokens = TokenBatch {
-            text,
-            ends: vec![end],
-            metas: Vec::new(),
-        };
-        stream.push(tokens).await?;
-        stream.finish(FinishReason::Complete).await?;
-        let shown = std::mem::take(&mut *shown.lock().unwrap_or_else(PoisonError::into_inner));
-        Ok(shown)
+        let invoke = self
+            .admit::<Chat>(InvokeOptions::from(context).shown(), None)
+            .await?;
+        show(&invoke, text, FinishReason::Complete).await
     }
 
     /// Continues a turn the tool loop paused (a `sensitive` tool waiting
@@ -256,7 +266,7 @@ impl Kernel {
         let result = Next::start(self.onion.turn.clone(), invoke.clone())
             .call(request)
             .await;
-        paused_with_state(result, &invoke)
+        ended(result, &invoke).await
     }
 
     /// [`Kernel::resume`], streaming every model round to `sink`.
@@ -276,15 +286,18 @@ impl Kernel {
     /// `paused`'s (a paused turn's) when given.
     async fn admit<K: ChainKind>(
         &self,
-        options: InvokeOptions,
+        mut options: InvokeOptions,
         paused: Option<&Resumable>,
     ) -> Result<Arc<Invoke>, ChainError> {
         let streamed = options.sink.is_some();
-        let admission = plugin::admit::<K>(&self.wasm, streamed).await?;
+        let admission = plugin::admit::<K>(&self.wasm, streamed, options.shown).await?;
         let mut extensions = http::Extensions::new();
         extensions.insert(Arc::new(admission));
-        if let Some(cancel) = options.cancel {
+        if let Some(cancel) = options.cancel.take() {
             extensions.insert(cancel);
+        }
+        if let Some(shows) = Shows::watch(&mut options) {
+            extensions.insert(shows);
         }
         let invoke = Arc::new(Invoke::new(
             self.onion.clone(),

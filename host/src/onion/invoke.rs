@@ -50,6 +50,14 @@ pub struct InvokeOptions {
     pub model_options: JsonMap,
     /// What cancels the invoke's calls from outside, if anything.
     pub cancel: Option<Cancel>,
+    /// Whether the answer is shown to its caller whole: set, the answer's
+    /// text goes through the token transforms within the invoke (its
+    /// filters' private contexts, its instances, its system prompts) once
+    /// its chain is done. Without a sink, the text the call returns is
+    /// the one shown; with one, it is streamed to the sink unless text
+    /// already was (a filter that answers in the model's place streams
+    /// none). See [`InvokeOptions::shown`].
+    pub shown: bool,
 }
 
 impl InvokeOptions {
@@ -77,6 +85,17 @@ impl InvokeOptions {
         self.sink = Some(Arc::new(sink));
         self
     }
+
+    /// Shows the answer's text to the caller through the token transforms,
+    /// within the invoke: a chat's, a turn's final answer's or a tool's
+    /// result's text in the result is then what the caller may be shown
+    /// (as [`Kernel::delivered_text`](crate::Kernel::delivered_text) would
+    /// make it, without a second invoke); with a sink, an answer no model
+    /// streamed (a filter answered) is streamed to it at the end.
+    pub fn shown(mut self) -> Self {
+        self.shown = true;
+        self
+    }
 }
 
 impl std::fmt::Debug for InvokeOptions {
@@ -87,6 +106,7 @@ impl std::fmt::Debug for InvokeOptions {
             .field("model_options", &self.model_options)
             .field("streamed", &self.sink.is_some())
             .field("cancellable", &self.cancel.is_some())
+            .field("shown", &self.shown)
             .finish()
     }
 }

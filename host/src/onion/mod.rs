@@ -20,6 +20,7 @@ mod cancel;
 mod chain;
 mod filter;
 mod invoke;
+mod shown;
 mod side;
 mod token_transform;
 
@@ -30,6 +31,7 @@ pub use chain::{ChainKind, Chat, Next, Tool, Turn};
 pub use filter::{Fctx, Filter, FilterScope, Hook, Terminal};
 pub(crate) use invoke::{Branch, PriorValue};
 pub use invoke::{Invoke, InvokeOptions};
+pub(crate) use shown::{Shows, show, show_message};
 pub use side::SideModel;
 pub use token_transform::{TokenSink, TokenStream, TokenTransform};
 

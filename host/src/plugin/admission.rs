@@ -33,9 +33,11 @@ use crate::types::{ChainError, ErrorKind, Origin};
 
 /// Instances a filter with `hooks` may need at once in one invoke that
 /// starts with chain `K`: one per level at which it can be on the stack.
-pub(crate) fn need<K: ChainKind>(hooks: &[Hook], stream: bool) -> usize {
+/// An invoke that `shows` its answer runs the token transforms after its
+/// chain, when the chain's instances are back.
+pub(crate) fn need<K: ChainKind>(hooks: &[Hook], stream: bool, shows: bool) -> usize {
     let has = |hook| hooks.contains(&hook);
-    let chains = K::depth(&has, stream);
+    let chains = K::depth(&has, stream).max((shows && has(Hook::TokenTransform)) as usize);
     // The system prompt is shaped before the chains run (for any but a
     // lone tool call), and its instance is back before they start.
     if K::HOOK == Hook::AroundTool {
@@ -114,10 +116,12 @@ impl Drop for Admission {
 pub(crate) async fn admit<K: ChainKind>(
     filters: &[Option<Arc<WasmFilter>>],
     stream: bool,
+    shows: bool,
 ) -> Result<Admission, ChainError> {
+    let need = |filter: &WasmFilter| need::<K>(filter.hooks(), stream, shows);
     let needs: Vec<usize> = filters
         .iter()
-        .map(|filter| filter.as_ref().map_or(0, |f| need::<K>(f.hooks(), stream)))
+        .map(|filter| filter.as_deref().map_or(0, need))
         .collect();
     let mut order: Vec<(&Arc<WasmFilter>, usize)> = filters
         .iter()
@@ -339,18 +343,28 @@ mod tests {
     #[test]
     fn a_system_prompt_hook_needs_an_instance_in_chats_and_turns() {
         let hooks = [Hook::SystemPrompt];
-        assert_eq!(need::<Chat>(&hooks, false), 1);
-        assert_eq!(need::<Turn>(&hooks, true), 1);
-        assert_eq!(need::<Tool>(&hooks, false), 0);
+        assert_eq!(need::<Chat>(&hooks, false, false), 1);
+        assert_eq!(need::<Turn>(&hooks, true, false), 1);
+        assert_eq!(need::<Tool>(&hooks, false, false), 0);
     }
 
     #[test]
     fn a_filter_needs_one_instance_per_level_it_can_be_on_the_stack() {
         let all = Hook::ALL;
-        assert_eq!(need::<Turn>(&all, true), 3);
-        assert_eq!(need::<Turn>(&all, false), 2);
-        assert_eq!(need::<Chat>(&all, true), 2);
-        assert_eq!(need::<Turn>(&[Hook::AroundTool], false), 1);
-        assert_eq!(need::<Chat>(&[Hook::TokenTransform], false), 0);
+        assert_eq!(need::<Turn>(&all, true, false), 3);
+        assert_eq!(need::<Turn>(&all, false, false), 2);
+        assert_eq!(need::<Chat>(&all, true, false), 2);
+        assert_eq!(need::<Turn>(&[Hook::AroundTool], false, false), 1);
+        assert_eq!(need::<Chat>(&[Hook::TokenTransform], false, false), 0);
+    }
+
+    #[test]
+    fn an_answer_shown_whole_needs_a_token_transforms_instance_once_its_chain_is_done() {
+        let transform = [Hook::TokenTransform];
+        assert_eq!(need::<Chat>(&transform, false, true), 1);
+        assert_eq!(need::<Tool>(&transform, false, true), 1);
+        let both = [Hook::AroundChat, Hook::TokenTransform];
+        assert_eq!(need::<Chat>(&both, false, true), 1);
+        assert_eq!(need::<Chat>(&both, true, true), 2);
     }
 }

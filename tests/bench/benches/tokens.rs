@@ -1,14 +1,17 @@
 //! What a token transform costs: streamed tokens through 0, 1 and 3
 //! pass-through transforms, wasm and native, one token per step and 64 per
-//! step.
+//! step. And a whole answer shown through 1 and 3 (a gateway's JSON
+//! answer): within the chat's invoke (`InvokeOptions::shown`) against the
+//! chat and then a second invoke for the transforms (`delivered_text`).
 
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion};
-use shallot::Context;
 use shallot::types::{FinishReason, TokenBatch};
+use shallot::{Context, InvokeOptions};
 use shallot_bench::{
-    criterion, median, native_kernel, passthrough_kernel, report_failures, runtime, survive,
+    conversation, criterion, median, native_kernel, passthrough_kernel, report_failures, runtime,
+    survive,
 };
 use tokio::runtime::Runtime;
 
@@ -70,10 +73,51 @@ fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
     }
 }
 
+/// How a whole answer is shown: within its chat, or by a second invoke.
+const SHOWN: [&str; 2] = ["within", "second-invoke"];
+
+fn bench_shown(c: &mut Criterion, rt: &Runtime) {
+    let request = conversation(1024);
+    let mut group = c.benchmark_group("shown");
+    for layers in [1, 3] {
+        let kernel = passthrough_kernel(rt, layers);
+        for how in SHOWN {
+            let bench = format!("shown/{how}/{layers}");
+            let bench = bench.as_str();
+            group.bench_with_input(BenchmarkId::new(how, layers), &layers, |b, _| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let request = request.clone();
+                            if how == "within" {
+                                let options = InvokeOptions::from(Context::new()).shown();
+                                survive(bench, kernel.chat(request, options).await);
+                                continue;
+                            }
+                            match kernel.chat(request, Context::new()).await {
+                                Ok(response) => {
+                                    let text = response.message.text();
+                                    let shown = kernel.delivered_text(text, Context::new());
+                                    survive(bench, shown.await);
+                                }
+                                failed => survive(bench, failed),
+                            }
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn main() {
     let rt = runtime();
     let mut c = criterion();
     bench_tokens(&mut c, &rt);
+    bench_shown(&mut c, &rt);
     c.final_summary();
     report();
     report_failures();
@@ -97,5 +141,17 @@ fn report() {
                 wasm / native.max(0.1)
             );
         }
+    }
+    println!("\n| filters | shown within the chat µs | by a second invoke µs | within / second |");
+    println!("|---|---|---|---|");
+    for layers in [1, 3] {
+        let within = median(&format!("shown/within/{layers}"));
+        let second = median(&format!("shown/second-invoke/{layers}"));
+        println!(
+            "| {layers} | {:.2} | {:.2} | {:.2} |",
+            within / 1e3,
+            second / 1e3,
+            within / second
+        );
     }
 }

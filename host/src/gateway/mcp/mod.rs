@@ -277,7 +277,9 @@ impl Tools {
             ChainError::new(ErrorKind::Overloaded, refused.message).at(Origin::terminal("gateway"))
         })?;
         let cancel = Cancel::new();
-        let options = InvokeOptions::from(caller.context.clone()).cancel_on(cancel.clone());
+        let options = InvokeOptions::from(caller.context.clone())
+            .cancel_on(cancel.clone())
+            .shown();
         let kernel = &caller.endpoint.kernel;
         let deadline = self.shared.config.request_timeout;
         let timed_out = ChainError::new(
@@ -290,12 +292,7 @@ impl Tools {
             ChainError::new(ErrorKind::Transient, "the client cancelled the call")
                 .at(Origin::terminal("gateway"))
         };
-        let call = async {
-            let response = kernel.tool(name, arguments, options).await?;
-            kernel
-                .delivered_text(response.output, caller.context.clone())
-                .await
-        };
+        let call = async { Ok(kernel.tool(name, arguments, options).await?.output) };
         let output = bounded(call, &cancel, deadline, timed_out, gone).await;
         drop(place);
         output
