@@ -26,6 +26,18 @@ pub(super) fn http_client(timeout_ms: u64) -> Result<reqwest::Client, ChainError
         })
 }
 
+/// `<base_url>/<path>`, parsed once when a client is made rather than at
+/// every request (a tenth of a model call's host CPU went to parsing it).
+pub(super) fn endpoint(base_url: &str, path: &str) -> Result<reqwest::Url, ChainError> {
+    let url = format!("{}/{path}", base_url.trim_end_matches('/'));
+    reqwest::Url::parse(&url).map_err(|e| {
+        ChainError::new(
+            ErrorKind::InvalidRequest,
+            format!("the model server's base_url makes '{url}', which is not a URL: {e}"),
+        )
+    })
+}
+
 /// The longest a `Retry-After` (or backoff) wait may be.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::body::{self, Refused};
-use super::failure::{http_client, send_retrying};
+use super::failure::{endpoint, http_client, send_retrying};
 use super::openai::wire::answer;
 use super::{ChatModel, ModelEvent};
 use crate::context::HOPS_HEADER;
@@ -81,13 +81,19 @@ impl AnthropicConfig {
 pub struct AnthropicModel {
     config: AnthropicConfig,
     client: reqwest::Client,
+    url: reqwest::Url,
 }
 
 impl AnthropicModel {
-    /// A client for `config`.
+    /// A client for `config`; `invalid-request` if its `base_url` makes no
+    /// URL.
     pub fn new(config: AnthropicConfig) -> Result<Self, ChainError> {
         let client = http_client(config.timeout_ms)?;
-        Ok(AnthropicModel { config, client })
+        Ok(AnthropicModel {
+            url: endpoint(&config.base_url, "messages")?,
+            config,
+            client,
+        })
     }
 
     async fn send(
@@ -99,11 +105,10 @@ impl AnthropicModel {
         let config = &self.config;
         let body = wire::body(request, &config.model, config.max_tokens, stream);
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
-        let url = format!("{}/messages", config.base_url.trim_end_matches('/'));
         send_retrying(config.max_retries, context, || {
             let mut post = self
                 .client
-                .post(&url)
+                .post(self.url.clone())
                 .header(HOPS_HEADER, hops)
                 .header("anthropic-version", VERSION)
                 .json(&body);

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use self::assembly::Assembly;
 use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
 use super::body::{self, Refused};
-use super::failure::{http_client, send_retrying};
+use super::failure::{endpoint, http_client, send_retrying};
 use super::{ChatModel, ModelEvent};
 use crate::context::{Context, HOPS, HOPS_HEADER};
 use crate::types::{ChainError, ErrorKind};
@@ -114,13 +114,21 @@ const API_KEY_VAR: &str = "OPENAI_API_KEY";
 pub struct OpenAiModel {
     config: OpenAiConfig,
     client: reqwest::Client,
+    chat_url: reqwest::Url,
+    embeddings_url: reqwest::Url,
 }
 
 impl OpenAiModel {
-    /// A client for `config`.
+    /// A client for `config`; `invalid-request` if its `base_url` makes no
+    /// URL.
     pub fn new(config: OpenAiConfig) -> Result<Self, ChainError> {
         let client = http_client(config.timeout_ms)?;
-        Ok(OpenAiModel { config, client })
+        Ok(OpenAiModel {
+            chat_url: endpoint(&config.base_url, CHAT)?,
+            embeddings_url: endpoint(&config.base_url, EMBEDDINGS)?,
+            config,
+            client,
+        })
     }
 
     fn body(&self, request: &ChatRequest, stream: bool) -> Value {
@@ -150,15 +158,15 @@ impl OpenAiModel {
     /// `context`'s request came (`x-shallot-hops`).
     async fn send(
         &self,
-        path: &str,
+        url: &reqwest::Url,
         body: &Value,
         whole: bool,
         context: &Context,
     ) -> Result<reqwest::Response, ChainError> {
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
-        let url = format!("{}/{path}", self.config.base_url.trim_end_matches('/'));
         send_retrying(self.config.max_retries, context, || {
-            let mut post = self.client.post(&url).header(HOPS_HEADER, hops).json(body);
+            let post = self.client.post(url.clone());
+            let mut post = post.header(HOPS_HEADER, hops).json(body);
             if whole {
                 post = post.timeout(Duration::from_millis(self.config.timeout_ms));
             }
@@ -227,7 +235,7 @@ impl ChatModel for OpenAiModel {
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
         let response = self
-            .send(CHAT, &self.body(request, false), true, context)
+            .send(&self.chat_url, &self.body(request, false), true, context)
             .await?;
         completed(&body::read(response, body::answer_cap()).await?)
     }
@@ -238,7 +246,7 @@ impl ChatModel for OpenAiModel {
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
         let response = self
-            .send(CHAT, &self.body(request, true), false, context)
+            .send(&self.chat_url, &self.body(request, true), false, context)
             .await?;
         let json = response
             .headers()
@@ -278,7 +286,9 @@ impl ChatModel for OpenAiModel {
     async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
         let mut body = request.clone();
         body["model"] = json!(self.config.model);
-        let response = self.send(EMBEDDINGS, &body, true, context).await?;
+        let response = self
+            .send(&self.embeddings_url, &body, true, context)
+            .await?;
         let answer = body::read(response, body::answer_cap()).await?;
         serde_json::from_slice(&answer).map_err(|e| {
             ChainError::new(
@@ -372,6 +382,22 @@ mod tests {
             headers.insert(*name, HeaderValue::from_str(value).unwrap());
         }
         headers
+    }
+
+    #[test]
+    fn a_base_url_that_makes_no_url_is_refused_when_the_client_is_made() {
+        let config = super::OpenAiConfig::new("127.0.0.1:8080/v1", "m");
+        let Err(error) = super::OpenAiModel::new(config) else {
+            panic!("a base_url without a scheme makes no URL");
+        };
+        assert_eq!(error.kind, crate::types::ErrorKind::InvalidRequest);
+        assert!(error.message.contains("base_url"), "{}", error.message);
+        let config = super::OpenAiConfig::new("http://127.0.0.1:8080/v1/", "m");
+        let model = super::OpenAiModel::new(config).unwrap();
+        assert_eq!(
+            model.chat_url.as_str(),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
     }
 
     #[test]
