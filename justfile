@@ -36,6 +36,11 @@ bench-plugins: build-guests
 bench-gateway:
     scripts/bench-gateway
 
+# Where a gateway request's CPU goes: CPU per request against the bare
+# proxy, and a perf profile by part (installs wrk on first use).
+profile-gateway:
+    scripts/profile-gateway
+
 # The demo: the built-in filters over the embedded model, streaming.
 demo: build-guests
     cargo run --bin shallot -- chat --config plugins/shallot.toml --stream \
