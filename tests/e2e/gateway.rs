@@ -1024,7 +1024,7 @@ async fn a_full_queue_is_refused_at_once_and_a_long_wait_runs_out() {
 
 /// Reads from `stream` until the gateway closes it; what it sent. Fails
 /// the test if it is still open after a minute.
-async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+pub(crate) async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
     let mut read = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut read)).await;
     assert!(closed.is_ok(), "the connection is still open");

@@ -18,10 +18,10 @@ use serde_json::{Value, json};
 use shallot::types::ToolSpec;
 use shallot::{Gateway, GatewayConfig, Kernel, McpEndpoint, Serving};
 use shallot_tests::{guest, load, mcp_python, mcp_script, mcp_test_server, target_dir};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::gateway::Served;
+use crate::gateway::{Served, read_until_closed};
 
 /// `ops-secret` may list and call every tool; `reader-secret` only
 /// `test_echo`, `test_add` and `test_hang`, and `tool-guard` takes
@@ -427,6 +427,27 @@ async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
 /// A server that adds a tool says so; the host lists its tools again, and
 /// a kernel built after has it. A flood of such notices with nothing
 /// changed changes nothing.
+/// A message that never arrives whole is cut at the read timeout, as on
+/// `/v1`: `408`, saying so, before the protocol sees any of it.
+#[tokio::test]
+async fn a_message_that_arrives_too_slowly_is_refused_at_the_read_timeout() {
+    let config = GatewayConfig {
+        read_timeout: Duration::from_millis(300),
+        ..GatewayConfig::default()
+    };
+    let (served, _) = endpoint("mcp-slow", "", config).await;
+    let address = served.base.trim_start_matches("http://");
+    let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer ops-secret\r\n\
+                content-type: application/json\r\naccept: application/json, text/event-stream\r\n\
+                content-length: 100\r\n\r\n{\"jsonrpc\"";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut slow).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 300 ms"), "{answer}");
+    served.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_server_that_says_its_tools_changed_is_listed_again() {
     let config = mcp_test_server(10_000);

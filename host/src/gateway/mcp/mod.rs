@@ -14,7 +14,8 @@
 //! Every HTTP request is checked before the protocol sees it: its `Host`
 //! (against DNS rebinding), its key (as for `/v1`: `401` without one),
 //! for a request that carries no session, the cap on open sessions, and
-//! for one that does, that its key opened it (`404` otherwise). A
+//! for one that does, that its key opened it (`404` otherwise); its body
+//! then arrives whole within the read timeout (`408`). A
 //! call then takes a place among the requests served at once, runs within
 //! the request deadline (cancelled with its reason at the deadline or when
 //! the client cancels it or goes away) and its result's text is shown the
@@ -188,16 +189,26 @@ pub(super) async fn admit(
         endpoint,
         context,
     });
-    // The memory parsing its message could take, before rmcp parses it
-    // (`tools/call` takes a place of its own as it runs).
+    // The message whole within the read timeout, as for `/v1`; then the
+    // memory parsing it could take, before rmcp parses it (`tools/call`
+    // takes a place of its own as it runs).
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, shared.config.max_body_bytes).await {
-        Ok(body) => body,
-        Err(_) => {
+    let within = shared.config.read_timeout;
+    let body = axum::body::to_bytes(body, shared.config.max_body_bytes);
+    let body = match tokio::time::timeout(within, body).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
             return refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "the message is over the body cap",
             );
+        }
+        Err(_) => {
+            let late = format!(
+                "the message did not arrive within {} ms",
+                within.as_millis()
+            );
+            return refuse(StatusCode::REQUEST_TIMEOUT, &late);
         }
     };
     let _memory = match shared.memory(&body).await {
