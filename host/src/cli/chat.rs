@@ -3,8 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -175,31 +174,30 @@ async fn ask(kernel: &Kernel, args: &ChatArgs, prompt: &str) -> anyhow::Result<b
             options.system_prompt(prompt.as_str())
         });
     let request = TurnRequest::new(vec![Message::user(prompt)]);
-    let printed = Arc::new(AtomicBool::new(false));
-    let result = if args.stream && !args.json {
-        let seen = printed.clone();
+    // What is shown goes through the token transforms, streamed or not,
+    // so a redaction filter holds in every output mode: the answer within
+    // its turn (streamed, or a filter's answer streamed at its end, or
+    // returned as shown), the `--json` line's other texts after it.
+    let result = if args.json {
+        kernel.turn(request, options).await
+    } else if args.stream {
         let sink = move |token: Token<'_>| {
-            seen.store(true, Ordering::Relaxed);
             print!("{}", for_stdout(token.text));
             let _ = std::io::stdout().flush();
         };
-        kernel.turn_stream(request, options, sink).await
+        kernel.turn_stream(request, options.shown(), sink).await
     } else {
-        kernel.turn(request, options).await
+        kernel.turn(request, options.shown()).await
     };
-    // What is shown goes through the token transforms, streamed or not,
-    // so a redaction filter holds in every output mode.
-    let shown = Shown { kernel, context };
     if args.json {
+        let shown = Shown { kernel, context };
         println!("{}", shallot::json_line(&to_json(&result, &shown).await?));
         return Ok(matches!(result, TurnResult::Error(_)));
     }
     match result {
         TurnResult::Done(done) => {
-            // Not streamed, or a filter answered itself (a safeguard
-            // block) and nothing was.
-            if !printed.load(Ordering::Relaxed) {
-                print!("{}", for_stdout(&shown.text(&done.response.text()).await?));
+            if !args.stream {
+                print!("{}", for_stdout(&done.response.text()));
             }
             println!();
             if done.response.finish_reason != FinishReason::Complete {
