@@ -1902,6 +1902,80 @@ async fn answers_still_running_when_the_drain_runs_out_end_with_an_error_not_a_c
     );
 }
 
+/// A model whose embeddings never end; it says when one is asked for.
+struct EndlessEmbeddings(Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl shallot::ChatModel for EndlessEmbeddings {
+    fn name(&self) -> &str {
+        "endless"
+    }
+
+    async fn chat(
+        &self,
+        _: &ChatRequest,
+        _: &shallot::Context,
+    ) -> Result<shallot::types::ChatResponse, ChainError> {
+        Err(ChainError::new(
+            ErrorKind::NotFound,
+            "this model only embeds",
+        ))
+    }
+
+    async fn stream(
+        &self,
+        _: &ChatRequest,
+        _: &shallot::Context,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<shallot::ModelEvent, ChainError>>,
+        ChainError,
+    > {
+        Err(ChainError::new(
+            ErrorKind::NotFound,
+            "this model only embeds",
+        ))
+    }
+
+    async fn embed(&self, _: &Value, _: &shallot::Context) -> Result<Value, ChainError> {
+        self.0.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// Embeddings in flight when a drain runs out are cut as chats are: the
+/// client is told the gateway is going, to retry elsewhere, rather than
+/// losing its connection.
+#[tokio::test]
+async fn embeddings_in_flight_when_the_drain_runs_out_are_told_to_retry() {
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let kernel = Kernel::builder()
+        .model(EndlessEmbeddings(asked.clone()))
+        .build()
+        .unwrap();
+    let config = GatewayConfig {
+        drain_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let served = Served::start(kernel, config).await;
+    let url = format!("{}/v1/embeddings", served.base);
+    let embedding = tokio::spawn(async move {
+        let request = json!({ "model": "scripted", "input": "hello" });
+        let response = reqwest::Client::new().post(url).json(&request).send().await;
+        let response = response.expect("an answer, not a dropped connection");
+        (
+            response.status().as_u16(),
+            response.json::<Value>().await.unwrap(),
+        )
+    });
+    asked.notified().await;
+    served.stop().await.unwrap();
+    let (status, answer) = embedding.await.unwrap();
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "overloaded", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("shutting down"), "{answer}");
+}
+
 #[tokio::test]
 async fn a_request_waiting_for_a_place_when_the_drain_starts_is_told_to_retry_at_once() {
     // The first request holds the one place until the second has been

@@ -1,9 +1,9 @@
 //! `POST /v1/embeddings`: OpenAI's embeddings, forwarded to the route's
 //! model (an OpenAI-compatible upstream, or the embedded model's
-//! deterministic vectors) behind the gateway's keys, its places and its
-//! deadline, counted in `/metrics` as mode `embeddings`. Embeddings go
-//! through no filter: there is no conversation to shape, and nothing of
-//! them is shown as text.
+//! deterministic vectors) behind the gateway's keys, its places, its
+//! deadline and its drain, counted in `/metrics` as mode `embeddings`.
+//! Embeddings go through no filter: there is no conversation to shape, and
+//! nothing of them is shown as text.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -68,14 +68,18 @@ async fn embed(
     let route = served.route(key, model)?;
     *routed = Some(route.model.clone());
     let context = caller(&route.model, key, headers, &gateway.config)?;
+    // Within the request deadline, and cut as a chat is when a drain runs
+    // out (the gateway stops: retry elsewhere).
     let within = gateway.config.request_timeout;
-    let answer = tokio::time::timeout(within, route.kernel.embed(&request, &context))
-        .await
-        .unwrap_or_else(|_| {
+    let embedding = tokio::time::timeout(within, route.kernel.embed(&request, &context));
+    let answer = tokio::select! {
+        answer = embedding => answer.unwrap_or_else(|_| {
             let message = format!("the embeddings took longer than {} ms", within.as_millis());
             Err(ChainError::new(ErrorKind::Timeout, message))
-        })
-        .map_err(|e| ApiError::chain(&e))?;
+        }),
+        () = gateway.cut() => Err(GatewayState::cut_error()),
+    }
+    .map_err(|e| ApiError::chain(&e))?;
     let mut answer = answer;
     if answer.is_object() {
         // Named as the client asked, as a chat completion is.
