@@ -221,69 +221,81 @@ fn sweep_all(db: &mut Connection) -> rusqlite::Result<()> {
     transaction.commit()
 }
 
+/// The file at `path`, its tables made and brought up to date.
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let connection = Connection::open(path)?;
+    connection.busy_timeout(OPERATION_TIMEOUT)?;
+    let page: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+    connection.execute_batch(&schema(page))?;
+    owners(&connection)?;
+    Ok(connection)
+}
+
+/// The file's settings and tables, its cap in pages of `page` bytes.
+fn schema(page: i64) -> String {
+    format!(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = NORMAL;
+         PRAGMA max_page_count = {};
+         CREATE TABLE IF NOT EXISTS shallot_kv (
+             namespace TEXT NOT NULL,
+             key TEXT NOT NULL,
+             value TEXT NOT NULL,
+             version INTEGER NOT NULL,
+             expires INTEGER,
+             owner TEXT,
+             PRIMARY KEY (namespace, key)
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS shallot_kv_version (
+             id INTEGER PRIMARY KEY CHECK (id = 0),
+             n INTEGER NOT NULL
+         );
+         INSERT OR IGNORE INTO shallot_kv_version VALUES (0, 0);
+         CREATE TABLE IF NOT EXISTS shallot_kv_bytes (
+             namespace TEXT PRIMARY KEY,
+             bytes INTEGER NOT NULL
+         ) WITHOUT ROWID;
+         INSERT OR IGNORE INTO shallot_kv_bytes
+             SELECT namespace, SUM({ROW_SIZE} + {ENTRY_BYTES})
+             FROM shallot_kv GROUP BY namespace;
+         CREATE TABLE IF NOT EXISTS shallot_kv_owner_bytes (
+             namespace TEXT NOT NULL,
+             owner TEXT NOT NULL,
+             bytes INTEGER NOT NULL,
+             PRIMARY KEY (namespace, owner)
+         ) WITHOUT ROWID;",
+        STORE_CAP as i64 / page,
+    )
+}
+
+/// Gives a file from before owners were kept the column: its keys are no
+/// one's. Another process may add the column first.
+fn owners(db: &Connection) -> rusqlite::Result<()> {
+    let owned = || -> rusqlite::Result<bool> {
+        db.query_row(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info('shallot_kv') WHERE name = 'owner'",
+            [],
+            |row| row.get(0),
+        )
+    };
+    if !owned()?
+        && let Err(e) = db.execute("ALTER TABLE shallot_kv ADD COLUMN owner TEXT", [])
+        && !owned()?
+    {
+        return Err(e);
+    }
+    Ok(())
+}
+
 impl Sqlite {
     /// Opens (creating it if needed) the file and its tables.
     pub(super) async fn open(path: &Path) -> Result<Self, String> {
         let shown = path.display().to_string();
         let opened = path.to_owned();
-        let connection = tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
-            let connection = Connection::open(&opened)?;
-            connection.busy_timeout(OPERATION_TIMEOUT)?;
-            let page: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
-            connection.execute_batch(&format!(
-                "PRAGMA journal_mode = WAL;
-                 PRAGMA synchronous = NORMAL;
-                 PRAGMA max_page_count = {};
-                 CREATE TABLE IF NOT EXISTS shallot_kv (
-                     namespace TEXT NOT NULL,
-                     key TEXT NOT NULL,
-                     value TEXT NOT NULL,
-                     version INTEGER NOT NULL,
-                     expires INTEGER,
-                     owner TEXT,
-                     PRIMARY KEY (namespace, key)
-                 ) WITHOUT ROWID;
-                 CREATE TABLE IF NOT EXISTS shallot_kv_version (
-                     id INTEGER PRIMARY KEY CHECK (id = 0),
-                     n INTEGER NOT NULL
-                 );
-                 INSERT OR IGNORE INTO shallot_kv_version VALUES (0, 0);
-                 CREATE TABLE IF NOT EXISTS shallot_kv_bytes (
-                     namespace TEXT PRIMARY KEY,
-                     bytes INTEGER NOT NULL
-                 ) WITHOUT ROWID;
-                 INSERT OR IGNORE INTO shallot_kv_bytes
-                     SELECT namespace, SUM({ROW_SIZE} + {ENTRY_BYTES})
-                     FROM shallot_kv GROUP BY namespace;
-                 CREATE TABLE IF NOT EXISTS shallot_kv_owner_bytes (
-                     namespace TEXT NOT NULL,
-                     owner TEXT NOT NULL,
-                     bytes INTEGER NOT NULL,
-                     PRIMARY KEY (namespace, owner)
-                 ) WITHOUT ROWID;",
-                STORE_CAP as i64 / page,
-            ))?;
-            // A file from before owners were kept: its keys are no one's.
-            // Another process may add the column first.
-            let owned = |db: &Connection| -> rusqlite::Result<bool> {
-                db.query_row(
-                    "SELECT COUNT(*) > 0 FROM pragma_table_info('shallot_kv') WHERE name = 'owner'",
-                    [],
-                    |row| row.get(0),
-                )
-            };
-            if !owned(&connection)?
-                && let Err(e) =
-                    connection.execute("ALTER TABLE shallot_kv ADD COLUMN owner TEXT", [])
-                && !owned(&connection)?
-            {
-                return Err(e);
-            }
-            Ok(connection)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("grants.kv: cannot open the SQLite file {shown}: {e}"))?;
+        let connection = tokio::task::spawn_blocking(move || connect(&opened))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("grants.kv: cannot open the SQLite file {shown}: {e}"))?;
         Ok(Sqlite {
             path: shown,
             connection: Arc::new(Mutex::new(connection)),
@@ -428,84 +440,4 @@ impl KvStore for Sqlite {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::Sqlite;
-    use crate::kv::KvStore;
-    use crate::types::ErrorKind;
-
-    #[tokio::test]
-    async fn a_file_keeps_versions_counters_and_refusals_across_opens() {
-        let dir = std::env::temp_dir().join(format!("shallot-kv-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("kv.db");
-        let _ = std::fs::remove_file(&path);
-        let store = Sqlite::open(&path).await.unwrap();
-        let version = store.set("n", None, "k", "one", None).await.unwrap();
-        assert_eq!(store.add("n", None, "c", 5, None).await.unwrap().value, 5);
-        assert_eq!(
-            store.add("n", None, "k", 1, None).await.unwrap_err().kind,
-            ErrorKind::InvalidRequest
-        );
-        let again = Sqlite::open(&path).await.unwrap();
-        assert_eq!(again.get("n", "k").await.unwrap().unwrap().version, version);
-        assert_eq!(again.add("n", None, "c", -2, None).await.unwrap().value, 3);
-        assert!(
-            again
-                .swap("n", None, "k", "two", version, None)
-                .await
-                .unwrap()
-                .is_some()
-        );
-        assert_eq!(
-            store
-                .swap("n", None, "k", "three", version, None)
-                .await
-                .unwrap(),
-            None
-        );
-        assert!(
-            again.get("m", "k").await.unwrap().is_none(),
-            "namespaces are apart"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// A file written before owners were kept opens with its keys no
-    /// one's, and owned writes go on in it.
-    #[tokio::test]
-    async fn a_file_from_before_owners_opens_with_its_keys_no_ones() {
-        let dir = std::env::temp_dir().join(format!("shallot-kv-old-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("kv.db");
-        let _ = std::fs::remove_file(&path);
-        rusqlite::Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "CREATE TABLE shallot_kv (
-                     namespace TEXT NOT NULL,
-                     key TEXT NOT NULL,
-                     value TEXT NOT NULL,
-                     version INTEGER NOT NULL,
-                     expires INTEGER,
-                     PRIMARY KEY (namespace, key)
-                 ) WITHOUT ROWID;
-                 INSERT INTO shallot_kv VALUES ('n', 'old', 'kept', 7, NULL);",
-            )
-            .unwrap();
-        let store = Sqlite::open(&path).await.unwrap();
-        assert_eq!(store.get("n", "old").await.unwrap().unwrap().value, "kept");
-        let wide = "v".repeat(1 << 20);
-        let mut n = 0;
-        while store
-            .set("n", Some("t"), &format!("k{n}"), &wide, None)
-            .await
-            .is_ok()
-        {
-            n += 1;
-        }
-        assert_eq!(n, 7, "an owner's part of a stored namespace is 8 MiB");
-        store.set("n", None, "old", &wide, None).await.unwrap();
-        Sqlite::open(&path).await.expect("opened again");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;
