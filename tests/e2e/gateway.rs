@@ -110,7 +110,7 @@ impl Served {
     /// Waits until `/metrics` has the line `line`: what the gateway does
     /// with a request, seen from outside (at most a minute, then the test
     /// fails).
-    async fn metric_reads(&self, line: &str) {
+    pub(crate) async fn metric_reads(&self, line: &str) {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let (_, metrics) = self.get("/metrics").await;

@@ -424,9 +424,6 @@ async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
     served.stop().await.unwrap();
 }
 
-/// A server that adds a tool says so; the host lists its tools again, and
-/// a kernel built after has it. A flood of such notices with nothing
-/// changed changes nothing.
 /// A message that never arrives whole is cut at the read timeout, as on
 /// `/v1`: `408`, saying so, before the protocol sees any of it.
 #[tokio::test]
@@ -448,6 +445,48 @@ async fn a_message_that_arrives_too_slowly_is_refused_at_the_read_timeout() {
     served.stop().await.unwrap();
 }
 
+/// A `tools/list` runs the chat filters, so it takes a place among the
+/// requests served at once as a call does: with the one place held by a
+/// call that hangs, a listing is refused, saying so; once the call is cut
+/// at the deadline, the listing is served.
+#[tokio::test]
+async fn a_listing_takes_a_place_as_a_call_does() {
+    let config = GatewayConfig {
+        max_concurrent: 1,
+        max_queued: 0,
+        request_timeout: Duration::from_secs(10),
+        ..GatewayConfig::default()
+    };
+    let (served, _) = endpoint("mcp-listing-place", "", config).await;
+    let (status, body, headers) = raw(&served, &[], initialize()).await;
+    assert_eq!(status, 200, "{body}");
+    let session = headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let ours = [("mcp-session-id", session.as_str())];
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    raw(&served, &ours, initialized.to_string()).await;
+    let listed = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" }).to_string();
+
+    let hung = call(&served, "ops-secret", "test_hang", json!({}));
+    let refused = async {
+        served
+            .metric_reads("shallot_gateway_requests_in_progress 1")
+            .await;
+        raw(&served, &ours, listed.clone()).await
+    };
+    let (hung, (status, body, _)) = tokio::join!(hung, refused);
+    assert!(body.contains("requests are in progress"), "{status} {body}");
+    assert!(!body.contains("test_echo"), "{body}");
+    assert!(hung["text"].as_str().unwrap().contains("timeout"), "{hung}");
+
+    let (status, body, _) = raw(&served, &ours, listed).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("test_echo"), "{body}");
+    served.stop().await.unwrap();
+}
+
+/// A server that adds a tool says so; the host lists its tools again, and
+/// a kernel built after has it. A flood of such notices with nothing
+/// changed changes nothing.
 #[tokio::test]
 async fn a_server_that_says_its_tools_changed_is_listed_again() {
     let config = mcp_test_server(10_000);

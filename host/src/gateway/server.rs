@@ -85,7 +85,7 @@ impl Gateway {
         let admitted = (self.shared.clone(), sessions);
         let mcp = Router::new()
             .route_service("/mcp", mcp)
-            .layer(middleware::from_fn_with_state(admitted, mcp::admit));
+            .layer(middleware::from_fn_with_state(admitted, mcp::admit::admit));
         Router::new()
             .route("/v1/chat/completions", post(answer::<CompletionRequest>))
             .route("/v1/responses", post(answer::<ResponsesRequest>))

@@ -27,6 +27,7 @@
 //! their listen, the sessions of the initialize handshake on their
 //! session. A shutdown ends a listen at once, gracefully.
 
+pub(super) mod admit;
 mod sessions;
 mod told;
 
@@ -34,10 +35,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use futures::stream::BoxStream;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
@@ -51,11 +48,10 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 
-use self::sessions::{SESSION_ID, Sessions};
+use self::sessions::Sessions;
 use self::told::Handshaken;
 use super::GatewayState;
 use super::answer::bounded;
-use super::handlers::caller;
 use crate::config::{ClientKey, LOOPBACK};
 use crate::context::Context;
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
@@ -107,7 +103,8 @@ struct Caller {
 }
 
 /// The `/mcp` service: the SDK's streamable-HTTP server over [`Tools`],
-/// its sessions in memory, behind [`admit`]; beside it, [`told::tell`].
+/// its sessions in memory, behind [`admit::admit`]; beside it,
+/// [`told::tell`].
 pub(super) fn service(
     shared: Arc<GatewayState>,
 ) -> (
@@ -142,122 +139,6 @@ pub(super) fn service(
     )
 }
 
-/// The checks before the protocol: an endpoint served, the `Host`, the
-/// key, the cap on sessions or the session's opener. What passes goes on
-/// with its [`Caller`]; a session it opens is its key's.
-pub(super) async fn admit(
-    State((shared, sessions)): State<(Arc<GatewayState>, Arc<Sessions>)>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let served = shared.served();
-    let Some(endpoint) = served.mcp.clone() else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "this gateway serves no MCP endpoint (add an [mcp_gateway] table)",
-        );
-    };
-    if !host_allowed(request.headers(), &endpoint.allowed_hosts) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "the Host is not one this endpoint answers (its allowed_hosts)",
-        );
-    }
-    let key = match served.authorize(request.headers()) {
-        Ok(key) => key.cloned(),
-        Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.message),
-    };
-    let context = match caller("mcp", key.as_ref(), request.headers(), &shared.config) {
-        Ok(context) => context,
-        Err(error) => return refuse(error.status, &error.message),
-    };
-    let session = request.headers().get(SESSION_ID);
-    match session.map(|id| id.to_str().unwrap_or_default()) {
-        Some(id) if !sessions.may_use(id, key.as_ref()) => return sessions::not_found(),
-        Some(_) => {}
-        None if sessions.manager.sessions.read().await.len() >= endpoint.max_sessions => {
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many MCP sessions are open; close one (DELETE /mcp) or retry later",
-            );
-        }
-        None => {}
-    }
-    let sessionless = session.is_none();
-    request.extensions_mut().insert(Caller {
-        key: key.clone(),
-        endpoint,
-        context,
-    });
-    // The message whole within the read timeout, as for `/v1`; then the
-    // memory parsing it could take, before rmcp parses it (`tools/call`
-    // takes a place of its own as it runs).
-    let (parts, body) = request.into_parts();
-    let within = shared.config.read_timeout;
-    let body = axum::body::to_bytes(body, shared.config.max_body_bytes);
-    let body = match tokio::time::timeout(within, body).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) => {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the message is over the body cap",
-            );
-        }
-        Err(_) => {
-            let late = format!(
-                "the message did not arrive within {} ms",
-                within.as_millis()
-            );
-            return refuse(StatusCode::REQUEST_TIMEOUT, &late);
-        }
-    };
-    let _memory = match shared.memory(&body).await {
-        Ok(memory) => memory,
-        Err(error) => return refuse(error.status, &error.message),
-    };
-    let response = next.run(Request::from_parts(parts, body.into())).await;
-    let opened = response.headers().get(SESSION_ID);
-    if let (true, Some(id)) = (sessionless, opened.and_then(|id| id.to_str().ok())) {
-        sessions.opened(id, key.as_ref()).await;
-    }
-    response
-}
-
-/// A refusal before the protocol: the status, and a JSON-RPC error saying
-/// why (as the protocol's own errors are written).
-fn refuse(status: StatusCode, message: &str) -> Response {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": { "code": -32600, "message": message },
-    });
-    let mut response = (status, axum::Json(body)).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        let challenge = header::HeaderValue::from_static("Bearer");
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, challenge);
-    }
-    response
-}
-
-/// Whether the request's `Host` (without its port, or with it) is allowed.
-fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
-    if allowed.iter().any(|host| host == "*") {
-        return true;
-    }
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
-        return false;
-    };
-    let name = match host.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    allowed
-        .iter()
-        .any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
-}
-
 /// The MCP server one session speaks to: what a request may see comes
 /// from its [`Caller`], so one session is as good as another.
 #[derive(Clone)]
@@ -276,37 +157,68 @@ impl Tools {
             .ok_or_else(|| ErrorData::internal_error("the request was not admitted", None))
     }
 
-    /// A `tools/call` through the tool chain, bounded and cancellable.
-    async fn run(
+    /// `work` (`what` the client asked: "the call", "the listing") with a
+    /// place among the requests served at once, within the request
+    /// deadline, cancelled with its reason at the deadline or when the
+    /// client cancels it; `work` is given the invoke's options.
+    async fn bounded<T, F>(
         &self,
         caller: &Caller,
-        name: &str,
-        arguments: Value,
         context: &RequestContext<RoleServer>,
-    ) -> Result<String, ChainError> {
+        what: &str,
+        work: impl FnOnce(InvokeOptions) -> F,
+    ) -> Result<T, ChainError>
+    where
+        F: Future<Output = Result<T, ChainError>>,
+    {
         let place = self.shared.place().await.map_err(|refused| {
             ChainError::new(ErrorKind::Overloaded, refused.message).at(Origin::terminal("gateway"))
         })?;
         let cancel = Cancel::new();
-        let options = InvokeOptions::from(caller.context.clone())
-            .cancel_on(cancel.clone())
-            .shown();
-        let kernel = &caller.endpoint.kernel;
+        let options = InvokeOptions::from(caller.context.clone()).cancel_on(cancel.clone());
         let deadline = self.shared.config.request_timeout;
         let timed_out = ChainError::new(
             ErrorKind::Timeout,
-            format!("the call did not finish within {} ms", deadline.as_millis()),
+            format!("{what} did not finish within {} ms", deadline.as_millis()),
         )
         .at(Origin::terminal("gateway"));
         let gone = async {
             context.ct.cancelled().await;
-            ChainError::new(ErrorKind::Transient, "the client cancelled the call")
+            ChainError::new(ErrorKind::Transient, format!("the client cancelled {what}"))
                 .at(Origin::terminal("gateway"))
         };
-        let call = async { Ok(kernel.tool(name, arguments, options).await?.output) };
-        let output = bounded(call, &cancel, deadline, timed_out, gone).await;
+        let output = bounded(work(options), &cancel, deadline, timed_out, gone).await;
         drop(place);
         output
+    }
+
+    /// The tools of the key that reached the end of the chat filters.
+    async fn menu(
+        &self,
+        caller: &Caller,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Vec<ToolSpec>, ChainError> {
+        let kernel = &caller.endpoint.kernel;
+        let given: Vec<ToolSpec> = kernel
+            .tools()
+            .into_iter()
+            .filter(|tool| caller.key.as_ref().is_none_or(|k| k.may_call(&tool.name)))
+            .collect();
+        let menu = ChatRequest::new(Vec::new()).with_tools(given.clone());
+        let listing = |options: InvokeOptions| kernel.chat(menu, options);
+        let response = self
+            .bounded(caller, context, "the listing", listing)
+            .await?;
+        let reached: Vec<String> = response
+            .metadata
+            .get(MENU)
+            .cloned()
+            .and_then(|names| serde_json::from_value(names).ok())
+            .unwrap_or_default();
+        Ok(given
+            .into_iter()
+            .filter(|tool| reached.contains(&tool.name))
+            .collect())
     }
 }
 
@@ -344,30 +256,11 @@ impl ServerHandler for Tools {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let caller = Self::caller(&context)?;
-        let kernel = &caller.endpoint.kernel;
-        let given: Vec<ToolSpec> = kernel
-            .tools()
+        let tools = self
+            .menu(&caller, &context)
+            .await
+            .map_err(|error| ErrorData::internal_error(error.message, None))?
             .into_iter()
-            .filter(|tool| caller.key.as_ref().is_none_or(|k| k.may_call(&tool.name)))
-            .collect();
-        let menu = ChatRequest::new(Vec::new()).with_tools(given.clone());
-        let options = InvokeOptions::from(caller.context.clone());
-        let deadline = self.shared.config.request_timeout;
-        let answered = tokio::time::timeout(deadline, kernel.chat(menu, options)).await;
-        let reached = match answered {
-            Ok(Ok(response)) => response.metadata.get(MENU).cloned(),
-            Ok(Err(error)) => return Err(ErrorData::internal_error(error.message, None)),
-            Err(_) => {
-                let message = format!("the menu took over {} ms", deadline.as_millis());
-                return Err(ErrorData::internal_error(message, None));
-            }
-        };
-        let reached: Vec<String> = reached
-            .and_then(|names| serde_json::from_value(names).ok())
-            .unwrap_or_default();
-        let tools = given
-            .into_iter()
-            .filter(|tool| reached.contains(&tool.name))
             .map(|tool| {
                 let schema = match tool.parameters {
                     Value::Object(schema) => schema,
@@ -403,7 +296,11 @@ impl ServerHandler for Tools {
             Value::Null => Value::Object(serde_json::Map::new()),
             arguments => arguments,
         };
-        let result = match self.run(&caller, name, arguments, &context).await {
+        let kernel = &caller.endpoint.kernel;
+        let call = |options: InvokeOptions| async move {
+            Ok(kernel.tool(name, arguments, options.shown()).await?.output)
+        };
+        let result = match self.bounded(&caller, &context, "the call", call).await {
             Ok(output) => result(output),
             Err(error) if error.kind == ErrorKind::Overloaded => {
                 self.shared.metrics.mcp_call(name, "refused");
