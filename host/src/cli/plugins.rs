@@ -2,13 +2,14 @@
 //! presets.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Subcommand;
 use shallot::{
     CacheState, Call, Engine, FilterSet, FilterSpec, Hook, LoadError, LoadEvent, PRESETS,
-    WIT_PACKAGE, WIT_VERSION, cache_state, preset, read_config, read_dir, read_plugin,
+    WIT_PACKAGE, WIT_VERSION, WasmFilter, cache_state, preset, read_config, read_dir, read_plugin,
 };
 
 use super::{Source, human_size, report};
@@ -82,6 +83,28 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
             }
             Err(error) => return Err(error.into()),
         };
+    print_table(&set, &before, &compile_times);
+    for (path, error) in &unconfigured {
+        if let (LoadError::Filter { error: e, .. }, Some(says)) = (error, needs(error)) {
+            let name = e.origin.as_ref().map_or("?", |o| &*o.filter);
+            println!(
+                "-   {name:<16} needs a configuration: {says}  {}",
+                path.display()
+            );
+        }
+    }
+    print_chains(&set);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A line for each filter of `set`: its place, name, hooks, version,
+/// size, isolation, compile-cache state (as it was `before` loading, or
+/// how long it took to compile now) and file.
+fn print_table(
+    set: &FilterSet,
+    before: &HashMap<PathBuf, CacheState>,
+    compile_times: &HashMap<PathBuf, Duration>,
+) {
     println!(
         "{:<3} {:<16} {:<40} {:<8} {:>10} {:<9} {:<20} PLUGIN",
         "#", "NAME", "HOOKS", "VERSION", "SIZE", "ISOLATION", "CACHE"
@@ -110,17 +133,6 @@ async fn list(engine: &Engine, source: Source) -> anyhow::Result<ExitCode> {
             path.display(),
         );
     }
-    for (path, error) in &unconfigured {
-        if let (LoadError::Filter { error: e, .. }, Some(says)) = (error, needs(error)) {
-            let name = e.origin.as_ref().map_or("?", |o| &*o.filter);
-            println!(
-                "-   {name:<16} needs a configuration: {says}  {}",
-                path.display()
-            );
-        }
-    }
-    print_chains(&set);
-    Ok(ExitCode::SUCCESS)
 }
 
 fn presets() -> ExitCode {
@@ -246,7 +258,12 @@ async fn check(
         }
         Err(error) => return Err(error.into()),
     };
-    let filter = &set.filters()[0];
+    describe(&file, &set.filters()[0]);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `check` shows of a filter that loaded from `file`.
+fn describe(file: &Path, filter: &WasmFilter) {
     let hooks: Vec<&str> = filter.hooks().iter().map(|h| h.as_str()).collect();
     println!(
         "ok: {} is a {WIT_PACKAGE}@{WIT_VERSION} filter",
@@ -275,5 +292,4 @@ async fn check(
         shallot::terminal_text(filter.init_fctx().as_ref())
     );
     println!("  size     {}", human_size(filter.plugin().size()));
-    Ok(ExitCode::SUCCESS)
 }

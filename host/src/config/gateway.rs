@@ -232,45 +232,7 @@ impl Config {
                 if !seen.insert(route.model.clone()) {
                     return Err(self.bad(format!("two routes serve the model '{}'", route.model)));
                 }
-                let upstream = match (route.upstream, route.upstreams) {
-                    (Some(_), Some(_)) => {
-                        return Err(self.bad(format!(
-                            "route '{}': give `upstream` or `upstreams`, not both",
-                            route.model
-                        )));
-                    }
-                    (_, None) if route.cool_after.is_some() || route.cooldown_ms.is_some() => {
-                        return Err(self.bad(format!(
-                            "route '{}': `cool_after` and `cooldown_ms` go with `upstreams`",
-                            route.model
-                        )));
-                    }
-                    (None, Some(members)) => Some(pool(&route.model, members, route.cool_after, route.cooldown_ms).map_err(|e| self.bad(e))?),
-                    (upstream, None) => match upstream {
-                    None => None,
-                    Some(UpstreamEntry::Named(name)) if name == "embedded" => {
-                        Some(Upstream::Embedded)
-                    }
-                    Some(UpstreamEntry::Named(name)) => {
-                        return Err(self.bad(format!(
-                            "route '{}': upstream '{name}' is neither \"embedded\" nor a server table",
-                            route.model
-                        )));
-                    }
-                    Some(UpstreamEntry::Server(server)) => {
-                        if server.name.is_some() || server.weight.is_some() {
-                            return Err(self.bad(format!(
-                                "route '{}': `name` and `weight` go with `upstreams`",
-                                route.model
-                            )));
-                        }
-                        let server = server.server().map_err(|e| {
-                            self.bad(format!("route '{}': {e}", route.model))
-                        })?;
-                        Some(Upstream::Server(server))
-                    }
-                    },
-                };
+                let upstream = upstream(&route).map_err(|e| self.bad(e))?;
                 let mut store = route.store;
                 if let Some(store) = &mut store {
                     self.locate(store)?;
@@ -285,6 +247,47 @@ impl Config {
             })
             .collect()
     }
+}
+
+/// A route's upstream (`None`: it has none of its own), or what is wrong
+/// with it.
+fn upstream(route: &RouteEntry) -> Result<Option<Upstream>, String> {
+    let name = &route.model;
+    let server = match (&route.upstream, &route.upstreams) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "route '{name}': give `upstream` or `upstreams`, not both"
+            ));
+        }
+        (_, None) if route.cool_after.is_some() || route.cooldown_ms.is_some() => {
+            return Err(format!(
+                "route '{name}': `cool_after` and `cooldown_ms` go with `upstreams`"
+            ));
+        }
+        (None, Some(members)) => {
+            let pool = pool(name, members.clone(), route.cool_after, route.cooldown_ms)?;
+            return Ok(Some(pool));
+        }
+        (None, None) => return Ok(None),
+        (Some(UpstreamEntry::Named(upstream)), None) if upstream == "embedded" => {
+            return Ok(Some(Upstream::Embedded));
+        }
+        (Some(UpstreamEntry::Named(upstream)), None) => {
+            return Err(format!(
+                "route '{name}': upstream '{upstream}' is neither \"embedded\" nor a server table"
+            ));
+        }
+        (Some(UpstreamEntry::Server(server)), None) => server,
+    };
+    if server.name.is_some() || server.weight.is_some() {
+        return Err(format!(
+            "route '{name}': `name` and `weight` go with `upstreams`"
+        ));
+    }
+    let server = server
+        .server()
+        .map_err(|e| format!("route '{name}': {e}"))?;
+    Ok(Some(Upstream::Server(server)))
 }
 
 /// A route's `upstreams`, or what is wrong with them.

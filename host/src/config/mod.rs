@@ -180,64 +180,71 @@ impl Config {
         let mut names = std::collections::BTreeSet::new();
         let mut servers = Vec::new();
         for server in &self.parsed.mcp {
-            let bad =
-                |what: &str, e: String| self.bad(format!("[[mcp]] '{}': {what}: {e}", server.name));
             if !names.insert(server.name.as_str()) {
-                return Err(bad("name", "two servers have it".to_owned()));
+                let message = format!("[[mcp]] '{}': name: two servers have it", server.name);
+                return Err(self.bad(message));
             }
-            let text = |value: &str, what: &str| {
-                expand_text(value)
-                    .map(|(text, _)| text)
-                    .map_err(|e| bad(what, e))
-            };
-            if server.command.is_some() == server.url.is_some() {
-                return Err(bad(
-                    "the server",
-                    "give one of `command` and `url`".to_owned(),
-                ));
-            }
-            let command = match &server.command {
-                None => None,
-                Some(command) => {
-                    let command = text(command, "command")?;
-                    Some(
-                        match command.contains('/') && Path::new(&command).is_relative() {
-                            true => base.join(&command).to_string_lossy().into_owned(),
-                            false => command,
-                        },
-                    )
-                }
-            };
-            let url = server
-                .url
-                .as_deref()
-                .map(|url| text(url, "url"))
-                .transpose()?;
-            let headers = server
-                .headers
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), text(v, "headers")?)))
-                .collect::<Result<_, LoadError>>()?;
-            let args = server
-                .args
-                .iter()
-                .map(|a| text(a, "args"))
-                .collect::<Result<_, _>>()?;
-            let env = server
-                .env
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), text(v, "env")?)))
-                .collect::<Result<_, LoadError>>()?;
-            servers.push(McpConfig {
-                command,
-                url,
-                headers,
-                args,
-                env,
-                ..server.clone()
-            });
+            servers.push(self.mcp_server(server, base)?);
         }
         Ok(servers)
+    }
+
+    /// One `[[mcp]]` table as a server's configuration, `${NAME}` taken
+    /// from the environment and a relative command from `base`.
+    fn mcp_server(&self, server: &McpConfig, base: &Path) -> Result<McpConfig, LoadError> {
+        let bad =
+            |what: &str, e: String| self.bad(format!("[[mcp]] '{}': {what}: {e}", server.name));
+        let text = |value: &str, what: &str| {
+            expand_text(value)
+                .map(|(text, _)| text)
+                .map_err(|e| bad(what, e))
+        };
+        if server.command.is_some() == server.url.is_some() {
+            return Err(bad(
+                "the server",
+                "give one of `command` and `url`".to_owned(),
+            ));
+        }
+        let command = match &server.command {
+            None => None,
+            Some(command) => {
+                let command = text(command, "command")?;
+                Some(
+                    match command.contains('/') && Path::new(&command).is_relative() {
+                        true => base.join(&command).to_string_lossy().into_owned(),
+                        false => command,
+                    },
+                )
+            }
+        };
+        let url = server
+            .url
+            .as_deref()
+            .map(|url| text(url, "url"))
+            .transpose()?;
+        let headers = server
+            .headers
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), text(v, "headers")?)))
+            .collect::<Result<_, LoadError>>()?;
+        let args = server
+            .args
+            .iter()
+            .map(|a| text(a, "args"))
+            .collect::<Result<_, _>>()?;
+        let env = server
+            .env
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), text(v, "env")?)))
+            .collect::<Result<_, LoadError>>()?;
+        Ok(McpConfig {
+            command,
+            url,
+            headers,
+            args,
+            env,
+            ..server.clone()
+        })
     }
 
     /// The gateway's MCP endpoint (`POST /mcp`), if the `[mcp_gateway]`

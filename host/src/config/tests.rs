@@ -208,6 +208,14 @@ fn mcp_servers_take_the_environment_and_a_relative_command_from_the_file() {
         ),
         (Some("https://mcp.example/t-1"), "Bearer t-1")
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_mcp_server_named_twice_unset_or_with_both_transports_is_refused_saying_why() {
+    let dir = std::env::temp_dir().join(format!("shallot-mcp-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
     for (text, says) in [
         (
             "[[mcp]]\nname = \"a\"\ncommand = \"x\"\n[[mcp]]\nname = \"a\"\ncommand = \"y\"\n",

@@ -14,17 +14,84 @@ use super::{
     CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, ROW_BYTES,
     STORE_CAP, fits_a_conversation, full, part, part_full, row_overhead, unavailable,
 };
+use crate::types::{ChainError, Message};
 
 /// A row's size as the store counts it, in SQL: its message's bytes, its
 /// conversation's and the row's bookkeeping (see `row_overhead`).
 fn row_size() -> String {
     format!("LENGTH(CAST(message AS BLOB)) + LENGTH(CAST(conversation AS BLOB)) + {ROW_BYTES}")
 }
-use crate::types::{ChainError, Message};
 
 pub(super) struct Sqlite {
     path: String,
     connection: Arc<Mutex<Connection>>,
+}
+
+/// The file at `path`, its tables made and its sizes kept.
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let mut connection = Connection::open(path)?;
+    connection.busy_timeout(OPERATION_TIMEOUT)?;
+    connection.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE IF NOT EXISTS shallot_messages (
+             seq INTEGER PRIMARY KEY AUTOINCREMENT,
+             conversation TEXT NOT NULL,
+             message TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
+             ON shallot_messages (conversation, seq);",
+    )?;
+    sized(&mut connection)?;
+    Ok(connection)
+}
+
+/// Gives a file written before sizes were kept its sizes, once, in one
+/// transaction (and a second opener finds them made).
+fn sized(connection: &mut Connection) -> rusqlite::Result<()> {
+    let sizes = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let made: bool = sizes.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_store_size'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !made {
+        sizes.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS shallot_conversation_sizes (
+                 conversation TEXT PRIMARY KEY,
+                 bytes INTEGER NOT NULL
+             );
+             DELETE FROM shallot_conversation_sizes;
+             INSERT INTO shallot_conversation_sizes
+                 SELECT conversation, SUM({})
+                 FROM shallot_messages GROUP BY conversation;
+             CREATE TABLE shallot_store_size (
+                 id INTEGER PRIMARY KEY CHECK (id = 0),
+                 bytes INTEGER NOT NULL
+             );
+             INSERT INTO shallot_store_size
+                 SELECT 0, COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes;",
+            row_size()
+        ))?;
+    }
+    // Each owner's part's size, made once from the conversations'.
+    let parted: bool = sizes.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_part_sizes'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !parted {
+        sizes.execute_batch(
+            "CREATE TABLE shallot_part_sizes (
+                 part TEXT PRIMARY KEY,
+                 bytes INTEGER NOT NULL
+             );
+             INSERT INTO shallot_part_sizes
+                 SELECT SUBSTR(conversation, 1, INSTR(conversation, '/') - 1), SUM(bytes)
+                 FROM shallot_conversation_sizes
+                 WHERE INSTR(conversation, '/') > 1 GROUP BY 1;",
+        )?;
+    }
+    sizes.commit()
 }
 
 impl Sqlite {
@@ -32,71 +99,10 @@ impl Sqlite {
     pub(super) async fn open(path: &Path) -> Result<Self, String> {
         let shown = path.display().to_string();
         let opened = path.to_owned();
-        let connection = tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
-            let mut connection = Connection::open(&opened)?;
-            connection.busy_timeout(OPERATION_TIMEOUT)?;
-            connection.execute_batch(
-                "PRAGMA journal_mode = WAL;
-                 CREATE TABLE IF NOT EXISTS shallot_messages (
-                     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                     conversation TEXT NOT NULL,
-                     message TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
-                     ON shallot_messages (conversation, seq);",
-            )?;
-            // A file written before sizes were kept gets them once, in one
-            // transaction (and a second opener finds them made).
-            let sizes =
-                connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let made: bool = sizes.query_row(
-                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_store_size'",
-                [],
-                |row| row.get(0),
-            )?;
-            if !made {
-                sizes.execute_batch(&format!(
-                    "CREATE TABLE IF NOT EXISTS shallot_conversation_sizes (
-                         conversation TEXT PRIMARY KEY,
-                         bytes INTEGER NOT NULL
-                     );
-                     DELETE FROM shallot_conversation_sizes;
-                     INSERT INTO shallot_conversation_sizes
-                         SELECT conversation, SUM({})
-                         FROM shallot_messages GROUP BY conversation;
-                     CREATE TABLE shallot_store_size (
-                         id INTEGER PRIMARY KEY CHECK (id = 0),
-                         bytes INTEGER NOT NULL
-                     );
-                     INSERT INTO shallot_store_size
-                         SELECT 0, COALESCE(SUM(bytes), 0) FROM shallot_conversation_sizes;",
-                    row_size()
-                ))?;
-            }
-            // Each owner's part's size, made once from the conversations'.
-            let parted: bool = sizes.query_row(
-                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'shallot_part_sizes'",
-                [],
-                |row| row.get(0),
-            )?;
-            if !parted {
-                sizes.execute_batch(
-                    "CREATE TABLE shallot_part_sizes (
-                         part TEXT PRIMARY KEY,
-                         bytes INTEGER NOT NULL
-                     );
-                     INSERT INTO shallot_part_sizes
-                         SELECT SUBSTR(conversation, 1, INSTR(conversation, '/') - 1), SUM(bytes)
-                         FROM shallot_conversation_sizes
-                         WHERE INSTR(conversation, '/') > 1 GROUP BY 1;",
-                )?;
-            }
-            sizes.commit()?;
-            Ok(connection)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("grants.memory: cannot open the SQLite file {shown}: {e}"))?;
+        let connection = tokio::task::spawn_blocking(move || connect(&opened))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("grants.memory: cannot open the SQLite file {shown}: {e}"))?;
         Ok(Sqlite {
             path: shown,
             connection: Arc::new(Mutex::new(connection)),
@@ -252,25 +258,8 @@ fn append_rows(
     if total - freed.min(total) + added > STORE_CAP {
         return Ok(Fitted::StoreFull);
     }
-    let owner = part(conversation);
-    if !owner.is_empty() {
-        let held: i64 = batch
-            .query_row(
-                "SELECT bytes FROM shallot_part_sizes WHERE part = ?1",
-                params![owner],
-                |row| row.get(0),
-            )
-            .optional()?
-            .unwrap_or(0);
-        let held = held as usize;
-        if held - freed.min(held) + added > PART_CAP {
-            return Ok(Fitted::PartFull);
-        }
-        batch.execute(
-            "INSERT INTO shallot_part_sizes (part, bytes) VALUES (?1, ?2)
-             ON CONFLICT (part) DO UPDATE SET bytes = ?2",
-            params![owner, (held - freed.min(held) + added) as i64],
-        )?;
+    if !part_fits(&batch, part(conversation), freed, added)? {
+        return Ok(Fitted::PartFull);
     }
     if let Some(last) = last {
         batch.execute(
@@ -297,6 +286,37 @@ fn append_rows(
     )?;
     batch.commit()?;
     Ok(Fitted::Yes)
+}
+
+/// Whether `added` bytes, `freed` given back, fit the part of `owner`
+/// (none: the conversation is no one's), its size updated if they do.
+fn part_fits(
+    batch: &rusqlite::Transaction<'_>,
+    owner: &str,
+    freed: usize,
+    added: usize,
+) -> rusqlite::Result<bool> {
+    if owner.is_empty() {
+        return Ok(true);
+    }
+    let held: i64 = batch
+        .query_row(
+            "SELECT bytes FROM shallot_part_sizes WHERE part = ?1",
+            params![owner],
+            |row| row.get(0),
+        )
+        .optional()?
+        .unwrap_or(0);
+    let held = held as usize;
+    if held - freed.min(held) + added > PART_CAP {
+        return Ok(false);
+    }
+    batch.execute(
+        "INSERT INTO shallot_part_sizes (part, bytes) VALUES (?1, ?2)
+         ON CONFLICT (part) DO UPDATE SET bytes = ?2",
+        params![owner, (held - freed.min(held) + added) as i64],
+    )?;
+    Ok(true)
 }
 
 /// How many bytes the oldest messages of `conversation` free, taken until

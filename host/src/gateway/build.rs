@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
-use crate::config::{ClientKey, Config, RouteMode, Server, Upstream};
+use crate::config::{ClientKey, Config, McpGatewaySpec, RouteMode, RouteSpec, Server, Upstream};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::kv::open_kv;
 use crate::mcp::{McpError, McpServer};
@@ -118,17 +118,7 @@ impl Serving {
         };
         let mcp = match config.map(Config::mcp_gateway).transpose()?.flatten() {
             None => None,
-            Some(spec) => {
-                let mut builder = with_filters(plugins, spec.filters.as_deref(), "/mcp")?;
-                for server in &servers {
-                    builder = builder.mcp(server);
-                }
-                Some(McpEndpoint {
-                    allowed_hosts: spec.allowed_hosts,
-                    max_sessions: spec.max_sessions,
-                    ..McpEndpoint::new(builder)?
-                })
-            }
+            Some(spec) => Some(endpoint(spec, plugins, &servers)?),
         };
         if specs.is_empty() {
             let upstream =
@@ -145,43 +135,7 @@ impl Serving {
         }
         let mut routes = Vec::with_capacity(specs.len());
         for spec in specs {
-            let builder = with_filters(plugins, spec.filters.as_deref(), &spec.model)?;
-            let upstream = match spec.upstream.clone() {
-                None => default
-                    .clone()
-                    .map_or(Upstream::Embedded, |s| Upstream::Server(Server::OpenAi(s))),
-                Some(upstream) => upstream,
-            };
-            let (mut builder, _) = with_model(builder, upstream)?;
-            if spec.mode == RouteMode::Agent {
-                // A client sends its conversation (or a `memory` filter
-                // keeps it): the loop keeps none, or every request would
-                // add to a history in this process that nothing reads.
-                let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
-                builder = builder.builtin_tools().turn_terminal(tool_loop);
-                for server in &servers {
-                    builder = builder.mcp(server);
-                }
-            }
-            let store = match &spec.store {
-                None => None,
-                Some(store) => {
-                    Some(
-                        open_kv(store.clone())
-                            .await
-                            .map_err(|error| RouteError::Store {
-                                route: spec.model.clone(),
-                                error,
-                            })?,
-                    )
-                }
-            };
-            routes.push(Route {
-                model: spec.model,
-                kernel: builder.build()?,
-                mode: spec.mode,
-                store,
-            });
+            routes.push(route(spec, plugins, default.as_ref(), &servers).await?);
         }
         check_keys(&keys, &routes)?;
         Ok(Serving {
@@ -196,6 +150,69 @@ impl Serving {
     pub fn servers(&self) -> &[Arc<McpServer>] {
         &self.servers
     }
+}
+
+/// The MCP endpoint `spec` asks for, its filters over `servers`.
+fn endpoint(
+    spec: McpGatewaySpec,
+    plugins: &FilterSet,
+    servers: &[Arc<McpServer>],
+) -> Result<McpEndpoint, RouteError> {
+    let mut builder = with_filters(plugins, spec.filters.as_deref(), "/mcp")?;
+    for server in servers {
+        builder = builder.mcp(server);
+    }
+    Ok(McpEndpoint {
+        allowed_hosts: spec.allowed_hosts,
+        max_sessions: spec.max_sessions,
+        ..McpEndpoint::new(builder)?
+    })
+}
+
+/// The route `spec` describes: its filters over its upstream (else the
+/// `default` server, else the embedded model), an agent's tools from
+/// `servers`, and its store.
+async fn route(
+    spec: RouteSpec,
+    plugins: &FilterSet,
+    default: Option<&OpenAiConfig>,
+    servers: &[Arc<McpServer>],
+) -> Result<Route, RouteError> {
+    let builder = with_filters(plugins, spec.filters.as_deref(), &spec.model)?;
+    let upstream = match spec.upstream.clone() {
+        None => default.map_or(Upstream::Embedded, |s| {
+            Upstream::Server(Server::OpenAi(s.clone()))
+        }),
+        Some(upstream) => upstream,
+    };
+    let (mut builder, _) = with_model(builder, upstream)?;
+    if spec.mode == RouteMode::Agent {
+        // A client sends its conversation (or a `memory` filter keeps
+        // it): the loop keeps none, or every request would add to a
+        // history in this process that nothing reads.
+        let tool_loop = ToolLoop::new(LoopConfig::default(), NoHistory);
+        builder = builder.builtin_tools().turn_terminal(tool_loop);
+        for server in servers {
+            builder = builder.mcp(server);
+        }
+    }
+    let store = match &spec.store {
+        None => None,
+        Some(store) => Some(
+            open_kv(store.clone())
+                .await
+                .map_err(|error| RouteError::Store {
+                    route: spec.model.clone(),
+                    error,
+                })?,
+        ),
+    };
+    Ok(Route {
+        model: spec.model,
+        kernel: builder.build()?,
+        mode: spec.mode,
+        store,
+    })
 }
 
 /// A kernel builder over the filters `names` (all of `plugins` for

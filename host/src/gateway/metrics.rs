@@ -312,79 +312,90 @@ pub(super) struct Metrics {
     pub upstreams: Arc<ServedUpstreams>,
 }
 
+/// The gauges of what is served at once: requests in progress, waiting
+/// for a place, filters, connections.
+fn gauges(registry: &mut Registry) -> [Gauge; 4] {
+    [
+        ("requests_in_progress", "Requests being served"),
+        ("requests_waiting", "Requests waiting for a place"),
+        ("filters", "Filters in the set being served"),
+        ("connections", "Client connections open"),
+    ]
+    .map(|(name, help)| registered(registry, name, help, Gauge::default()))
+}
+
+/// A histogram of request times: from half a millisecond, doubling.
+fn latency_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+/// `registry` with the per-filter and per-upstream collectors.
+fn collecting(
+    mut registry: Registry,
+    served: &Arc<ServedFilters>,
+    upstreams: &Arc<ServedUpstreams>,
+) -> Registry {
+    registry.register_collector(Box::new(served.clone()));
+    registry.register_collector(Box::new(upstreams.clone()));
+    registry
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("shallot_gateway");
-        let requests = registered(
-            &mut registry,
-            "requests",
-            "Chat completion and embeddings requests, by model, mode (json, stream, embeddings) and HTTP status",
-            Family::<Request, Counter>::default(),
-        );
-        let broken = registered(
-            &mut registry,
-            "stream_errors",
-            "Streams that started (counted as requests with status 200) and ended with an error event, by model and the error's status",
-            Family::<Broken, Counter>::default(),
-        );
-        let latency = registered(
-            &mut registry,
-            "request_seconds",
-            "Time to the response (to its first chunk, for a stream)",
-            Family::<Model, Histogram>::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.0005, 2.0, 18))
-            }),
-        );
-        let tokens = registered(
-            &mut registry,
-            "tokens",
-            "Tokens the model reported, in and out",
-            Family::<Tokens, Counter>::default(),
-        );
-        let [in_progress, waiting, filters, connections] = [
-            ("requests_in_progress", "Requests being served"),
-            ("requests_waiting", "Requests waiting for a place"),
-            ("filters", "Filters in the set being served"),
-            ("connections", "Client connections open"),
-        ]
-        .map(|(name, help)| registered(&mut registry, name, help, Gauge::default()));
-        let reloads = registered(
-            &mut registry,
-            "reloads",
-            "Reloads of the filter set, by outcome",
-            Family::<Reload, Counter>::default(),
-        );
-        let mcp_calls = registered(
-            &mut registry,
-            "mcp_calls",
-            "tools/call requests of /mcp, by tool and outcome (ok, error, refused)",
-            Family::<McpCall, Counter>::default(),
-        );
-        let kept = registered(
-            &mut registry,
-            "responses_kept",
-            "Responses API answers to be kept (store), by model and outcome (kept, failed: delivered with store false)",
-            Family::<Kept, Counter>::default(),
-        );
+        let [in_progress, waiting, filters, connections] = gauges(&mut registry);
         let served = Arc::new(ServedFilters::default());
-        registry.register_collector(Box::new(served.clone()));
         let upstreams = Arc::new(ServedUpstreams::default());
-        registry.register_collector(Box::new(upstreams.clone()));
         Metrics {
-            served,
-            upstreams,
-            registry,
-            requests,
-            broken,
-            latency,
-            tokens,
+            requests: registered(
+                &mut registry,
+                "requests",
+                "Chat completion and embeddings requests, by model, mode (json, stream, embeddings) and HTTP status",
+                Family::<Request, Counter>::default(),
+            ),
+            broken: registered(
+                &mut registry,
+                "stream_errors",
+                "Streams that started (counted as requests with status 200) and ended with an error event, by model and the error's status",
+                Family::<Broken, Counter>::default(),
+            ),
+            latency: registered(
+                &mut registry,
+                "request_seconds",
+                "Time to the response (to its first chunk, for a stream)",
+                Family::<Model, Histogram>::new_with_constructor(latency_buckets),
+            ),
+            tokens: registered(
+                &mut registry,
+                "tokens",
+                "Tokens the model reported, in and out",
+                Family::<Tokens, Counter>::default(),
+            ),
             in_progress,
             waiting,
             filters,
             connections,
-            reloads,
-            mcp_calls,
-            kept,
+            reloads: registered(
+                &mut registry,
+                "reloads",
+                "Reloads of the filter set, by outcome",
+                Family::<Reload, Counter>::default(),
+            ),
+            mcp_calls: registered(
+                &mut registry,
+                "mcp_calls",
+                "tools/call requests of /mcp, by tool and outcome (ok, error, refused)",
+                Family::<McpCall, Counter>::default(),
+            ),
+            kept: registered(
+                &mut registry,
+                "responses_kept",
+                "Responses API answers to be kept (store), by model and outcome (kept, failed: delivered with store false)",
+                Family::<Kept, Counter>::default(),
+            ),
+            registry: collecting(registry, &served, &upstreams),
+            served,
+            upstreams,
         }
     }
 

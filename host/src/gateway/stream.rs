@@ -67,6 +67,17 @@ impl Responder {
         if let Some(Streamed::Done(Err(error))) = &first {
             return self.dialect.refuse(ApiError::chain(error));
         }
+        self.respond(first, events, unsent)
+    }
+
+    /// The event stream, from the chat's `first` event on: the dialect's
+    /// opening, the chunks, and its closing.
+    fn respond(
+        mut self,
+        first: Option<Streamed>,
+        events: mpsc::UnboundedReceiver<Streamed>,
+        unsent: Arc<Unsent>,
+    ) -> Response {
         let opening = self.dialect.opening();
         let closing = self.dialect.closing();
         let shown = self.keep.is_some().then(String::new);

@@ -136,6 +136,80 @@ fn cut(value: &str) -> String {
     value[..end].to_owned()
 }
 
+/// `name` and `labels` checked as a sample's, the labels sorted by name
+/// and their values cut: the label names and values.
+fn checked(
+    name: &str,
+    mut labels: Vec<(String, String)>,
+    sample: Sample,
+) -> Result<(Vec<String>, Vec<String>), String> {
+    check_name(name, "a metric's name")?;
+    if let Some(ending) = RESERVED_ENDINGS.iter().find(|e| name.ends_with(*e)) {
+        return Err(format!(
+            "a metric's name must not end with `{ending}`, which the exposition gives its samples"
+        ));
+    }
+    if matches!(sample, Sample::Observe(v) if !v.is_finite()) {
+        return Err("a histogram's sample must be a finite number".into());
+    }
+    if labels.len() > LABELS_CAP {
+        return Err(format!("a metric has at most {LABELS_CAP} labels"));
+    }
+    labels.sort();
+    for pair in labels.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            return Err(format!("the label `{}` is given twice", pair[0].0));
+        }
+    }
+    for (label, _) in &labels {
+        check_name(label, "a label's name")?;
+        if RESERVED_LABELS.contains(&label.as_str()) {
+            return Err(format!(
+                "the label `{label}` is the exposition's (`filter` names the filter, `le` a histogram's bucket, `quantile` a summary's)"
+            ));
+        }
+    }
+    Ok(labels.into_iter().map(|(n, v)| (n, cut(&v))).unzip())
+}
+
+impl MetricValue {
+    /// A series of `kind` with no samples yet.
+    fn empty(kind: MetricKind) -> Self {
+        match kind {
+            MetricKind::Counter => MetricValue::Counter(0),
+            MetricKind::Histogram => MetricValue::Histogram {
+                sum: 0.0,
+                count: 0,
+                buckets: vec![0; HISTOGRAM_BUCKETS.len() + 1],
+            },
+        }
+    }
+
+    /// Adds `sample`, of this series' kind.
+    fn add(&mut self, sample: Sample) {
+        match (self, sample) {
+            (MetricValue::Counter(total), Sample::Count(n)) => *total = total.saturating_add(n),
+            (
+                MetricValue::Histogram {
+                    sum,
+                    count,
+                    buckets,
+                },
+                Sample::Observe(v),
+            ) => {
+                *sum += v;
+                *count += 1;
+                let at = HISTOGRAM_BUCKETS
+                    .iter()
+                    .position(|b| v <= *b)
+                    .unwrap_or(HISTOGRAM_BUCKETS.len());
+                buckets[at] += 1;
+            }
+            _ => unreachable!("the kind was checked"),
+        }
+    }
+}
+
 impl Metrics {
     /// Adds `sample` to `name` in the series `labels`, declaring the
     /// metric on its first use; an error says why it is refused.
@@ -146,35 +220,7 @@ impl Metrics {
         sample: Sample,
     ) -> Result<(), String> {
         let kind = sample.kind();
-        check_name(name, "a metric's name")?;
-        if let Some(ending) = RESERVED_ENDINGS.iter().find(|e| name.ends_with(*e)) {
-            return Err(format!(
-                "a metric's name must not end with `{ending}`, which the exposition gives its samples"
-            ));
-        }
-        if matches!(sample, Sample::Observe(v) if !v.is_finite()) {
-            return Err("a histogram's sample must be a finite number".into());
-        }
-        if labels.len() > LABELS_CAP {
-            return Err(format!("a metric has at most {LABELS_CAP} labels"));
-        }
-        let mut labels = labels;
-        labels.sort();
-        for pair in labels.windows(2) {
-            if pair[0].0 == pair[1].0 {
-                return Err(format!("the label `{}` is given twice", pair[0].0));
-            }
-        }
-        for (label, _) in &labels {
-            check_name(label, "a label's name")?;
-            if RESERVED_LABELS.contains(&label.as_str()) {
-                return Err(format!(
-                    "the label `{label}` is the exposition's (`filter` names the filter, `le` a histogram's bucket, `quantile` a summary's)"
-                ));
-            }
-        }
-        let (names, values): (Vec<String>, Vec<String>) =
-            labels.into_iter().map(|(n, v)| (n, cut(&v))).unzip();
+        let (names, values) = checked(name, labels, sample)?;
         let mut metrics = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if !metrics.contains_key(name) && metrics.len() >= METRICS_CAP {
             return Err(format!("a filter declares at most {METRICS_CAP} metrics"));
@@ -200,34 +246,11 @@ impl Metrics {
             } else {
                 vec![OVERFLOW.to_owned(); names.len()]
             };
-        let value = declared.series.entry(values).or_insert_with(|| match kind {
-            MetricKind::Counter => MetricValue::Counter(0),
-            MetricKind::Histogram => MetricValue::Histogram {
-                sum: 0.0,
-                count: 0,
-                buckets: vec![0; HISTOGRAM_BUCKETS.len() + 1],
-            },
-        });
-        match (value, sample) {
-            (MetricValue::Counter(total), Sample::Count(n)) => *total = total.saturating_add(n),
-            (
-                MetricValue::Histogram {
-                    sum,
-                    count,
-                    buckets,
-                },
-                Sample::Observe(v),
-            ) => {
-                *sum += v;
-                *count += 1;
-                let at = HISTOGRAM_BUCKETS
-                    .iter()
-                    .position(|b| v <= *b)
-                    .unwrap_or(HISTOGRAM_BUCKETS.len());
-                buckets[at] += 1;
-            }
-            _ => unreachable!("the kind was checked"),
-        }
+        declared
+            .series
+            .entry(values)
+            .or_insert_with(|| MetricValue::empty(kind))
+            .add(sample);
         Ok(())
     }
 
@@ -289,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn a_metric_keeps_its_kind_and_labels_and_names_are_checked() {
+    fn a_metric_keeps_its_kind_and_labels_within_its_caps() {
         let metrics = Metrics::default();
         metrics
             .record("seconds", by("a"), Sample::Observe(0.2))
@@ -302,30 +325,6 @@ mod tests {
             .record("seconds", vec![], Sample::Observe(0.2))
             .unwrap_err();
         assert!(labels.contains("has the labels [route]"), "{labels}");
-        for bad in [
-            "Hits",
-            "1hits",
-            "hits-total",
-            "",
-            &"h".repeat(49),
-            "a__b",
-            "hits_",
-            "hits_total",
-            "wait_bucket",
-            "wait_count",
-            "wait_sum",
-            "build_info",
-        ] {
-            assert!(
-                metrics.record(bad, vec![], Sample::Count(1)).is_err(),
-                "{bad}"
-            );
-        }
-        for reserved in ["filter", "le", "quantile"] {
-            let label = vec![(reserved.into(), "forged".into())];
-            let refused = metrics.record("hits", label, Sample::Count(1)).unwrap_err();
-            assert!(refused.contains(reserved), "{refused}");
-        }
         for n in 1..METRICS_CAP {
             metrics
                 .record(&format!("m{n}"), vec![], Sample::Count(1))
@@ -353,5 +352,34 @@ mod tests {
             kept.iter()
                 .all(|(values, _)| values[0].len() <= LABEL_VALUE_CAP)
         );
+    }
+
+    #[test]
+    fn names_the_exposition_would_misread_and_its_own_labels_are_refused() {
+        let metrics = Metrics::default();
+        for bad in [
+            "Hits",
+            "1hits",
+            "hits-total",
+            "",
+            &"h".repeat(49),
+            "a__b",
+            "hits_",
+            "hits_total",
+            "wait_bucket",
+            "wait_count",
+            "wait_sum",
+            "build_info",
+        ] {
+            assert!(
+                metrics.record(bad, vec![], Sample::Count(1)).is_err(),
+                "{bad}"
+            );
+        }
+        for reserved in ["filter", "le", "quantile"] {
+            let label = vec![(reserved.into(), "forged".into())];
+            let refused = metrics.record("hits", label, Sample::Count(1)).unwrap_err();
+            assert!(refused.contains(reserved), "{refused}");
+        }
     }
 }

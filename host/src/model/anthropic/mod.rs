@@ -190,26 +190,32 @@ struct Assembly {
 
 type StreamEvent = Result<eventsource_stream::Event, EventStreamError<Refused>>;
 
+/// The event that arrived, or the error for a stream that broke or ended
+/// before the answer did.
+fn arrived(event: Option<StreamEvent>) -> Result<eventsource_stream::Event, ChainError> {
+    match event {
+        Some(Ok(event)) => Ok(event),
+        Some(Err(EventStreamError::Transport(Refused::Transport(e)))) if e.is_timeout() => {
+            let message = format!("the model stream fell silent: {e}");
+            Err(ChainError::new(ErrorKind::Timeout, message))
+        }
+        Some(Err(EventStreamError::Transport(e @ Refused::LineTooLong(_)))) => {
+            Err(ChainError::new(ErrorKind::LimitExceeded, e.to_string()))
+        }
+        Some(Err(e)) => {
+            let message = format!("the model stream broke: {e}");
+            Err(ChainError::new(ErrorKind::Transient, message))
+        }
+        None => {
+            let message = "the model stream ended before the answer did";
+            Err(ChainError::new(ErrorKind::Transient, message))
+        }
+    }
+}
+
 impl Assembly {
     fn step(&mut self, event: Option<StreamEvent>) -> Result<Step, ChainError> {
-        let event = match event {
-            Some(Ok(event)) => event,
-            Some(Err(EventStreamError::Transport(Refused::Transport(e)))) if e.is_timeout() => {
-                let message = format!("the model stream fell silent: {e}");
-                return Err(ChainError::new(ErrorKind::Timeout, message));
-            }
-            Some(Err(EventStreamError::Transport(e @ Refused::LineTooLong(_)))) => {
-                return Err(ChainError::new(ErrorKind::LimitExceeded, e.to_string()));
-            }
-            Some(Err(e)) => {
-                let message = format!("the model stream broke: {e}");
-                return Err(ChainError::new(ErrorKind::Transient, message));
-            }
-            None => {
-                let message = "the model stream ended before the answer did";
-                return Err(ChainError::new(ErrorKind::Transient, message));
-            }
-        };
+        let event = arrived(event)?;
         if event.data.trim().is_empty() {
             return Ok(Step::Skip);
         }

@@ -15,25 +15,7 @@ use crate::types::{
 /// under its names (`stop` as `stop_sequences`, `tool_choice`, `user` as
 /// `metadata.user_id`); the others (OpenAI's own) are left out.
 pub(super) fn body(request: &ChatRequest, model: &str, max_tokens: u64, stream: bool) -> Value {
-    let system: Vec<String> = request
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::System)
-        .map(Message::text)
-        .collect();
-    let mut messages: Vec<Value> = Vec::new();
-    for message in request.messages.iter().filter(|m| m.role != Role::System) {
-        let (role, blocks) = blocks(message);
-        // Consecutive messages of one role are one turn (a batch's tool
-        // results must come in one user message).
-        match messages.last_mut() {
-            Some(last) if last["role"] == role => {
-                let content = last["content"].as_array_mut().expect("blocks");
-                content.extend(blocks);
-            }
-            _ => messages.push(json!({ "role": role, "content": blocks })),
-        }
-    }
+    let (system, messages) = turns(request);
     let options = &request.options;
     let mut body = json!({
         "model": options.get("model").and_then(Value::as_str).unwrap_or(model),
@@ -44,8 +26,8 @@ pub(super) fn body(request: &ChatRequest, model: &str, max_tokens: u64, stream: 
             .unwrap_or(max_tokens),
         "messages": messages,
     });
-    if !system.is_empty() {
-        body["system"] = json!(system.join("\n\n"));
+    if let Some(system) = system {
+        body["system"] = json!(system);
     }
     if !request.tools.is_empty() {
         let tools: Vec<Value> = request
@@ -81,6 +63,31 @@ pub(super) fn body(request: &ChatRequest, model: &str, max_tokens: u64, stream: 
         body["stream"] = json!(true);
     }
     body
+}
+
+/// The request's system messages joined (if any), and its other messages
+/// as Messages turns: consecutive messages of one role are one turn (a
+/// batch's tool results must come in one user message).
+fn turns(request: &ChatRequest) -> (Option<String>, Vec<Value>) {
+    let system: Vec<String> = request
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::System)
+        .map(Message::text)
+        .collect();
+    let mut messages: Vec<Value> = Vec::new();
+    for message in request.messages.iter().filter(|m| m.role != Role::System) {
+        let (role, blocks) = blocks(message);
+        match messages.last_mut() {
+            Some(last) if last["role"] == role => {
+                let content = last["content"].as_array_mut().expect("blocks");
+                content.extend(blocks);
+            }
+            _ => messages.push(json!({ "role": role, "content": blocks })),
+        }
+    }
+    let system = (!system.is_empty()).then(|| system.join("\n\n"));
+    (system, messages)
 }
 
 /// A message's role on the wire and its content blocks.

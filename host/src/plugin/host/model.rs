@@ -272,6 +272,40 @@ fn cost(request: &ChatRequest, response: &ChatResponse) -> u64 {
     prompt_tokens(request) + ((message.text().len() + calls) as u64).div_ceil(4)
 }
 
+/// The request a side call sends for what the filter `asked`, with `left`
+/// of the grant's `tokens` to spend: its options read through the
+/// allow-list and its answer capped at what is left after its prompt.
+/// The request, its prompt's estimate and the most its answer may take.
+fn side_request(
+    asked: &ChatRequest,
+    left: u64,
+    tokens: u32,
+) -> Result<(ChatRequest, u64, u64), wit::FilterError> {
+    let options = serde_json::from_value::<SideOptions>(Value::Object((*asked.options).clone()))
+        .map_err(|e| {
+            let message = format!("a side call's options: {e}");
+            error(wit::ErrorKind::InvalidRequest, message)
+        })?;
+    let prompt = prompt_tokens(asked);
+    if prompt >= left {
+        let message = format!(
+            "a side call's prompt of about {prompt} tokens does not fit in the {left} its grant has left in this call (of {tokens})"
+        );
+        return Err(error(wit::ErrorKind::LimitExceeded, message));
+    }
+    let most = options
+        .asked()
+        .map_or(left - prompt, |asked| asked.min(left - prompt));
+    let sent = options
+        .sent(most)
+        .map_err(|message| error(wit::ErrorKind::InvalidRequest, message))?;
+    let request = ChatRequest {
+        options: Arc::new(sent),
+        ..asked.clone()
+    };
+    Ok((request, prompt, most))
+}
+
 impl model::Host for HostState {
     async fn complete(
         &mut self,
@@ -302,32 +336,9 @@ impl model::Host for HostState {
             return Ok(Err(error(wit::ErrorKind::InvalidRequest, message)));
         };
         let asked = self.table.get(&request)?;
-        let options =
-            match serde_json::from_value::<SideOptions>(Value::Object((*asked.options).clone())) {
-                Ok(options) => options,
-                Err(e) => {
-                    let message = format!("a side call's options: {e}");
-                    return Ok(Err(error(wit::ErrorKind::InvalidRequest, message)));
-                }
-            };
-        let prompt = prompt_tokens(asked);
-        if prompt >= left {
-            let message = format!(
-                "a side call's prompt of about {prompt} tokens does not fit in the {left} its grant has left in this call (of {})",
-                grant.tokens
-            );
-            return Ok(Err(error(wit::ErrorKind::LimitExceeded, message)));
-        }
-        let most = options
-            .asked()
-            .map_or(left - prompt, |asked| asked.min(left - prompt));
-        let sent = match options.sent(most) {
-            Ok(sent) => sent,
-            Err(message) => return Ok(Err(error(wit::ErrorKind::InvalidRequest, message))),
-        };
-        let request = ChatRequest {
-            options: Arc::new(sent),
-            ..asked.clone()
+        let (request, prompt, most) = match side_request(asked, left, grant.tokens) {
+            Ok(built) => built,
+            Err(refused) => return Ok(Err(refused)),
         };
         self.spent::<Model>().calls += 1;
         let tokens = Arc::new(Tokens::new(left, prompt, most));
