@@ -50,9 +50,10 @@ demo: build-guests
 check FILE: build-guests
     cargo run --bin shallot -- plugins check {{FILE}}
 
-# Formatting and lints, host and guests; the host's module layers.
+# Formatting and lints, host and guests; the host's module layers and sizes.
 lint:
     scripts/check-layers
+    scripts/check-sizes
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --features shallot/otel -- -D warnings
     cargo clippy --target wasm32-wasip2 -p 'shallot-plugin-*' -p 'shallot-test-guest-*' -- -D warnings

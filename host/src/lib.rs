@@ -56,6 +56,7 @@
 //! [`types`].
 
 #![warn(missing_docs)]
+#![warn(clippy::too_many_lines)]
 
 mod agent;
 mod cache;

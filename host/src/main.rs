@@ -1,5 +1,7 @@
 //! The `shallot` command: run chats through a plugin set, list and check plugins.
 
+#![warn(clippy::too_many_lines)]
+
 mod cli;
 
 use mimalloc::MiMalloc;
