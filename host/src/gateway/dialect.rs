@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use serde_json::Value;
+use serde::Serialize;
 
 use super::wire::{ApiError, spliced_bytes};
 use crate::types::ChatResponse;
@@ -90,11 +90,12 @@ impl Frame {
         })
     }
 
-    /// An event of `name` whose data is `data`.
-    pub(super) fn named(name: &'static str, data: &Value) -> Frame {
+    /// An event of `name` whose data is `data` (a JSON tree, or a typed
+    /// event written straight to its text).
+    pub(super) fn named(name: &'static str, data: &impl Serialize) -> Frame {
         Frame(Kind::Whole {
             name: Some(name),
-            data: data.to_string(),
+            data: serde_json::to_string(data).expect("an event serializes"),
         })
     }
 

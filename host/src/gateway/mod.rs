@@ -47,6 +47,7 @@ mod admission;
 mod answer;
 mod auth;
 mod build;
+mod chunk;
 mod dialect;
 mod embeddings;
 mod handlers;

@@ -14,14 +14,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Route;
+use super::chunk::Delta;
 use super::dialect::{Dialect, Frame};
 use super::handlers::{ChatApi, Prepared};
 use crate::model::wire::{
     message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
 };
-use crate::types::{
-    Call, ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap, ToolCall, Usage,
-};
+use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap};
 
 /// A `POST /v1/chat/completions` body. Fields the gateway does not handle
 /// itself (`temperature`, `max_tokens`, `tool_choice`, ...) go to the model
@@ -282,46 +281,6 @@ impl Head {
         prefix.extend_from_slice(br#""content":"#);
         spliced(prefix, delivered, b"}}]}".to_vec())
     }
-
-    /// A stream chunk with `delta` and `finish_reason`.
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason }],
-        })
-    }
-
-    /// The chunk that carries the answer's tool calls.
-    fn tool_calls(&self, calls: &[ToolCall]) -> Value {
-        let calls: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(index, c)| {
-                json!({
-                    "index": index,
-                    "id": c.id,
-                    "type": "function",
-                    "function": { "name": c.name, "arguments": c.arguments },
-                })
-            })
-            .collect();
-        self.chunk(json!({ "tool_calls": calls }), None)
-    }
-
-    /// The last chunk of a stream that asked for usage: no choices.
-    fn usage(&self, usage: &Usage) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": wire_usage(usage),
-        })
-    }
 }
 
 /// OpenAI's chat completions as a [`Dialect`]: a `chat.completion`, or
@@ -332,47 +291,35 @@ pub(super) struct Completions {
     pub include_usage: bool,
 }
 
-impl Completions {
-    fn event(chunk: &Value) -> Frame {
-        Frame::data(chunk.to_string())
-    }
-}
-
 impl Dialect for Completions {
     fn whole(&mut self, response: ChatResponse, shown: Option<String>) -> Body {
         self.head.completion(response, shown)
     }
 
     fn opening(&mut self) -> Vec<Frame> {
-        let chunk = self
-            .head
-            .chunk(json!({ "role": "assistant", "content": "" }), None);
-        vec![Self::event(&chunk)]
+        vec![Frame::data(self.head.chunk(Delta::opening(), None))]
     }
 
     fn text(&mut self, piece: &str) -> Vec<Frame> {
-        vec![Self::event(
-            &self.head.chunk(json!({ "content": piece }), None),
-        )]
+        vec![Frame::data(self.head.chunk(Delta::text(piece), None))]
     }
 
     fn end(&mut self, response: &ChatResponse) -> Vec<Frame> {
         let mut events = Vec::new();
-        if !response.message.tool_calls.is_empty() {
-            events.push(Self::event(
-                &self.head.tool_calls(&response.message.tool_calls),
-            ));
+        let calls = &response.message.tool_calls;
+        if !calls.is_empty() {
+            events.push(Frame::data(self.head.chunk(Delta::tool_calls(calls), None)));
         }
         let reason = wire_finish(response.finish_reason);
-        events.push(Self::event(&self.head.chunk(json!({}), Some(reason))));
+        events.push(Frame::data(self.head.chunk(Delta::default(), Some(reason))));
         if self.include_usage {
-            events.push(Self::event(&self.head.usage(&response.usage)));
+            events.push(Frame::data(self.head.usage(&response.usage)));
         }
         events
     }
 
     fn broken(&mut self, error: &ApiError) -> Vec<Frame> {
-        vec![Self::event(&error.body())]
+        vec![Frame::data(error.body().to_string())]
     }
 
     fn closing(&self) -> Option<Frame> {

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use axum::body::Body;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::super::dialect::{Dialect, Frame};
@@ -32,6 +33,20 @@ pub(super) struct Responses {
     closed: Option<(String, Arc<str>)>,
     /// What is left of the stream's end.
     closing: VecDeque<Closing>,
+}
+
+/// A `response.output_text.delta` event, the one sent for every piece of
+/// text: written straight to its text, no JSON tree built.
+#[derive(Serialize)]
+struct TextDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    sequence_number: u64,
+    item_id: &'a str,
+    output_index: u32,
+    content_index: u32,
+    delta: &'a str,
+    logprobs: [(); 0],
 }
 
 /// A step of a stream's end, made when the client takes it.
@@ -106,11 +121,16 @@ impl Responses {
         whole
     }
 
+    /// The next event's `sequence_number`.
+    fn number(&mut self) -> u64 {
+        self.sequence += 1;
+        self.sequence - 1
+    }
+
     /// `fields` as an event of `kind`, numbered.
     fn numbered(&mut self, kind: &str, mut fields: Value) -> Value {
         fields["type"] = json!(kind);
-        fields["sequence_number"] = json!(self.sequence);
-        self.sequence += 1;
+        fields["sequence_number"] = json!(self.number());
         fields
     }
 
@@ -238,8 +258,16 @@ impl Dialect for Responses {
                 id
             }
         };
-        let delta = json!({ "item_id": item_id, "output_index": 0, "content_index": 0, "delta": piece, "logprobs": [] });
-        events.push(self.event("response.output_text.delta", delta));
+        let delta = TextDelta {
+            kind: "response.output_text.delta",
+            sequence_number: self.number(),
+            item_id: &item_id,
+            output_index: 0,
+            content_index: 0,
+            delta: piece,
+            logprobs: [],
+        };
+        events.push(Frame::named(delta.kind, &delta));
         events
     }
 
