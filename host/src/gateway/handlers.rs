@@ -369,8 +369,6 @@ fn hops(headers: &HeaderMap) -> Result<u64, ApiError> {
     Ok(hops)
 }
 
-/// The conversation a request names, if any: 1 to 256 printable ASCII
-/// characters.
 /// The requests to models a request may cause: what its client lent it
 /// (`x-shallot-budget`, from a gateway it came through), never more than
 /// this gateway's own bound.
@@ -399,6 +397,8 @@ pub(super) fn unspent(context: &Context, stream: bool, headers: &mut HeaderMap) 
     headers.insert(BUDGET_LEFT_HEADER, left.into());
 }
 
+/// The conversation a request names, if any: 1 to 256 printable ASCII
+/// characters.
 pub(super) fn conversation(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(CONVERSATION_HEADER) else {
         return Ok(None);
