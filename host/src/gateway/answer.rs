@@ -89,7 +89,9 @@ impl Responder {
             let answer = bounded(answer, &cancel, deadline, timed_out, gone).await;
             let _ = sent.send(answer);
         };
-        tokio::spawn(working.instrument(tracing::Span::current()));
+        // Boxed once here: the future is some 7 KiB, under the size tokio
+        // boxes itself, so it would be copied whole at each step of `spawn`.
+        tokio::spawn(Box::pin(working).instrument(tracing::Span::current()));
         let answer = tokio::select! {
             answer = answered => answer.unwrap_or_else(|_| Err(lost())),
             () = self.shared.cut() => Err(GatewayState::cut_error()),

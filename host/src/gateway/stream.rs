@@ -55,11 +55,8 @@ impl Responder {
             backlog: unsent.clone(),
             sender,
         };
-        tokio::spawn(
-            chatting
-                .run(chat, options)
-                .instrument(tracing::Span::current()),
-        );
+        // Boxed once, as the whole answer's task is (`answer.rs`).
+        tokio::spawn(Box::pin(chatting.run(chat, options)).instrument(tracing::Span::current()));
         let first = tokio::select! {
             first = events.recv() => first,
             () = self.shared.cut() => Some(Streamed::Done(Err(GatewayState::cut_error()))),
