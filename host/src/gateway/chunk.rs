@@ -3,8 +3,10 @@
 //! a piece of text is escaped once, as it is written.
 
 use serde::Serialize;
+use serde_json::Value;
 
 use super::wire::Head;
+use crate::model::wire::wire_usage;
 use crate::types::{ToolCall, Usage};
 
 /// One `chat.completion.chunk`.
@@ -17,8 +19,9 @@ struct Chunk<'a> {
     /// One choice, or none in the last chunk of a stream that asked for
     /// usage.
     choices: &'a [Choice<'a>],
+    /// Once a stream, in its last chunk: a tree is no cost there.
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<WireUsage>,
+    usage: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -54,14 +57,6 @@ struct CallDelta<'a> {
 struct Function<'a> {
     name: &'a str,
     arguments: &'a str,
-}
-
-/// Token accounting as chat completions say it.
-#[derive(Serialize)]
-struct WireUsage {
-    prompt_tokens: u32,
-    completion_tokens: u32,
-    total_tokens: u32,
 }
 
 impl<'a> Delta<'a> {
@@ -118,15 +113,10 @@ impl Head {
 
     /// The last chunk's text, of a stream that asked for usage: no choices.
     pub(super) fn usage(&self, usage: &Usage) -> String {
-        let usage = WireUsage {
-            prompt_tokens: usage.input_tokens,
-            completion_tokens: usage.output_tokens,
-            total_tokens: usage.total_tokens,
-        };
-        self.chunk_text(&[], Some(usage))
+        self.chunk_text(&[], Some(wire_usage(usage)))
     }
 
-    fn chunk_text(&self, choices: &[Choice<'_>], usage: Option<WireUsage>) -> String {
+    fn chunk_text(&self, choices: &[Choice<'_>], usage: Option<Value>) -> String {
         let chunk = Chunk {
             id: &self.id,
             object: "chat.completion.chunk",
