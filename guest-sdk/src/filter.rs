@@ -78,7 +78,10 @@ pub trait Filter: DeserializeOwned + Send + Sync + 'static {
         Ok(prompt)
     }
 
-    /// A fresh token transformer for one model stream.
+    /// A fresh token transformer for one model stream. Written as
+    /// `Box::new(PassThrough)`, it is the same as not written: the hook is
+    /// left out of the descriptor and costs nothing (to pass tokens
+    /// through only with some configurations, say so in [`Filter::wants`]).
     fn token_transform(&self) -> Box<dyn TokenTransform> {
         Box::new(PassThrough)
     }

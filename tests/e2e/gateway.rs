@@ -1463,6 +1463,7 @@ async fn metrics_count_requests_tokens_places_and_reloads_for_prometheus() {
 async fn metrics_tell_each_filters_calls_own_time_errors_tokens_and_instances() {
     let filters = vec![
         spec("passthrough", "pass", json!(null)),
+        spec("copy_tokens", "copy", json!(null)),
         spec(
             "misbehave",
             "breaker",
@@ -1493,12 +1494,16 @@ async fn metrics_tell_each_filters_calls_own_time_errors_tokens_and_instances() 
     let tokens_in = metrics
         .lines()
         .find(|l| {
-            l.starts_with(r#"shallot_gateway_filter_tokens_total{filter="pass",direction="in"}"#)
+            l.starts_with(r#"shallot_gateway_filter_tokens_total{filter="copy",direction="in"}"#)
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse::<u64>().ok())
-        .expect("tokens through the pass-through transformer");
+        .expect("tokens through the copying transformer");
     assert!(tokens_in >= 1, "{metrics}");
+    assert!(
+        metrics.contains(r#"filter_tokens_total{filter="pass",direction="in"} 0"#),
+        "a pass-through transform is never opened: {metrics}"
+    );
     served.stop().await.unwrap();
 }
 

@@ -1,11 +1,12 @@
 //! The Rust SDK's one-function form (`#[shallot_guest::around_chat]` on a
 //! `fn`): a filter with no configuration type, loaded and run like any;
+//! a token transform written as the SDK's `PassThrough`, which is left out;
 //! and a wasm filter held by an embedder, which runs only in its own layer.
 
 use serde_json::json;
 use shallot::types::FinishReason;
 use shallot::{Context, Kernel};
-use shallot_tests::{ScriptedModel, ask, load, spec};
+use shallot_tests::{Collector, Reply, ScriptedModel, ask, load, spec};
 
 #[tokio::test]
 async fn a_filter_written_as_one_function_runs_its_hook_and_ignores_any_configuration() {
@@ -32,6 +33,44 @@ async fn a_filter_written_as_one_function_runs_its_hook_and_ignores_any_configur
     assert_eq!(blocked.text(), "blocked");
     assert_eq!(blocked.finish_reason, FinishReason::ContentFiltered);
     assert_eq!(model.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_token_transform_written_as_pass_through_is_never_opened() {
+    let plugins = load(vec![
+        spec("passthrough", "pass", json!(null)),
+        spec("copy_tokens", "copy", json!(null)),
+    ])
+    .await;
+    let (pass, copy) = (&plugins.filters()[0], &plugins.filters()[1]);
+    use shallot::Hook::{AroundChat, AroundTool, AroundTurn, TokenTransform};
+    assert_eq!(pass.hooks(), [AroundChat, AroundTool, AroundTurn]);
+    assert_eq!(copy.hooks(), [TokenTransform]);
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(ScriptedModel::replies(vec![Reply::tokens(&[
+            "a", "b", "c",
+        ])]))
+        .build()
+        .unwrap();
+    let sink = Collector::default();
+    kernel
+        .chat_stream(ask("hi"), Context::new(), sink.clone())
+        .await
+        .unwrap();
+    assert_eq!(sink.tokens(), ["a", "b", "c"]);
+    // The pass-through's stream cost it no call; the copying transform
+    // took every token.
+    use shallot::Call::{Flush, Step, TokenTransform as Transformer};
+    let called: Vec<_> = pass.stats().calls.iter().map(|c| c.call).collect();
+    assert!(called.contains(&shallot::Call::AroundChat), "{called:?}");
+    assert!(
+        !called
+            .iter()
+            .any(|c| [Transformer, Step, Flush].contains(c)),
+        "{called:?}"
+    );
+    assert_eq!((pass.stats().tokens_in, copy.stats().tokens_in), (0, 3));
 }
 
 /// Hands its own rest of the chain to a wasm filter's hook: an embedder's

@@ -7,12 +7,17 @@ use proc_macro::TokenStream;
 use quote::{format_ident, quote};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{ImplItem, ItemFn, ItemImpl, LitStr, Meta, Token, parse_macro_input, parse_quote};
+use syn::{
+    Expr, ImplItem, ImplItemFn, ItemFn, ItemImpl, LitStr, Meta, Stmt, Token, parse_macro_input,
+    parse_quote,
+};
 
 /// Exports the filter implemented by the annotated `impl Filter for T` block.
 ///
 /// The hooks written in the block are the ones the host will call; every
-/// other hook is skipped at no cost. `type State` defaults to `()`.
+/// other hook is skipped at no cost. A `token_transform` whose body is
+/// `Box::new(PassThrough)` changes nothing and is left out too: the host
+/// opens no transformer for its streams. `type State` defaults to `()`.
 ///
 /// Options: `#[shallot_guest::filter(name = "my-filter")]` sets the default
 /// filter name (otherwise the package name).
@@ -33,7 +38,7 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
                     "around_chat" => Some("AroundChat"),
                     "around_tool" => Some("AroundTool"),
                     "around_turn" => Some("AroundTurn"),
-                    "token_transform" => Some("TokenTransform"),
+                    "token_transform" if !passes_through(f) => Some("TokenTransform"),
                     "system_prompt" => Some("SystemPrompt"),
                     _ => None,
                 };
@@ -72,6 +77,28 @@ pub fn filter(attr: TokenStream, item: TokenStream) -> TokenStream {
         };
     }
     .into()
+}
+
+/// Whether `f`'s body is `Box::new(PassThrough)` (by any path): the SDK's
+/// identity transform, which the host need not run.
+fn passes_through(f: &ImplItemFn) -> bool {
+    let [Stmt::Expr(Expr::Call(call), None)] = f.block.stmts.as_slice() else {
+        return false;
+    };
+    let names = |expr: &Expr| match expr {
+        Expr::Path(path) => path
+            .path
+            .segments
+            .iter()
+            .map(|s| s.ident.to_string())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let made = names(&call.func);
+    let boxed = made.ends_with(&["Box".to_owned(), "new".to_owned()]);
+    let argument = call.args.iter().map(names).collect::<Vec<_>>();
+    boxed
+        && matches!(argument.as_slice(), [path] if path.last().is_some_and(|n| n == "PassThrough"))
 }
 
 /// The `name = "..."` option, or the package's name.

@@ -9,8 +9,7 @@ use serde_json::json;
 use shallot::types::ChatRequest;
 use shallot::{Context, FilterSpec, Grants, Kernel, KvStore, StoreSpec, USER};
 use shallot_bench::{
-    conversation, criterion, median, model, passthrough_kernel, report_failures, survive,
-    time_chats,
+    conversation, criterion, median, model, report_failures, survive, time_chats, wasm_kernel,
 };
 use shallot_tests::{RedisServer, load, target_dir, warm};
 use tokio::runtime::Runtime;
@@ -93,7 +92,7 @@ fn main() {
     group.bench_function("chat/none", |b| {
         b.iter_custom(|iters| time_chats(&rt, "kv/chat/none", &bare, &request, iters))
     });
-    let pass = passthrough_kernel(&rt, 1);
+    let pass = wasm_kernel(&rt, "passthrough", 1);
     group.bench_function("chat/passthrough", |b| {
         b.iter_custom(|iters| time_chats(&rt, "kv/chat/passthrough", &pass, &request, iters))
     });

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion};
 use shallot_bench::{
-    conversation, criterion, median, native_kernel, passthrough_kernel, report_failures, runtime,
-    time_chats,
+    conversation, criterion, median, native_kernel, report_failures, runtime, time_chats,
+    wasm_kernel,
 };
 use shallot_tests::{engine, guest};
 use tokio::runtime::Runtime;
@@ -57,7 +57,7 @@ fn bench_chat(c: &mut Criterion, rt: &Runtime) {
         let request = conversation(bytes);
         let mut group = c.benchmark_group(format!("chat/{label}"));
         for layers in LAYERS {
-            let kernel = passthrough_kernel(rt, layers);
+            let kernel = wasm_kernel(rt, "passthrough", layers);
             let bench = format!("chat/{label}/wasm/{layers}");
             group.bench_with_input(BenchmarkId::new("wasm", layers), &layers, |b, _| {
                 b.iter_custom(|iters| time_chats(rt, &bench, &kernel, &request, iters))

@@ -1,5 +1,7 @@
 //! What a token transform costs: streamed tokens through 0, 1 and 3
-//! pass-through transforms, wasm and native, one token per step and 64 per
+//! transforms that copy their tokens (`copy_tokens`: the SDK's own
+//! `PassThrough` is left out of the descriptor and costs nothing), wasm and
+//! native, one token per step and 64 per
 //! step. And a whole answer shown through 1 and 3 (a gateway's JSON
 //! answer): within the chat's invoke (`InvokeOptions::shown`) against the
 //! chat and then a second invoke for the transforms (`delivered_text`).
@@ -10,8 +12,7 @@ use criterion::{BenchmarkId, Criterion};
 use shallot::types::{FinishReason, TokenBatch};
 use shallot::{Context, InvokeOptions};
 use shallot_bench::{
-    conversation, criterion, median, native_kernel, passthrough_kernel, report_failures, runtime,
-    survive,
+    conversation, criterion, median, native_kernel, report_failures, runtime, survive, wasm_kernel,
 };
 use tokio::runtime::Runtime;
 
@@ -36,7 +37,7 @@ fn bench_tokens(c: &mut Criterion, rt: &Runtime) {
         let mut group = c.benchmark_group(format!("tokens/{batch}"));
         group.throughput(criterion::Throughput::Elements(TOKENS as u64));
         for layers in [0, 1, 3] {
-            let mut kernels = vec![("wasm", passthrough_kernel(rt, layers))];
+            let mut kernels = vec![("wasm", wasm_kernel(rt, "copy_tokens", layers))];
             if layers > 0 {
                 kernels.push(("native", native_kernel(layers)));
             }
@@ -80,7 +81,7 @@ fn bench_shown(c: &mut Criterion, rt: &Runtime) {
     let request = conversation(1024);
     let mut group = c.benchmark_group("shown");
     for layers in [1, 3] {
-        let kernel = passthrough_kernel(rt, layers);
+        let kernel = wasm_kernel(rt, "copy_tokens", layers);
         for how in SHOWN {
             let bench = format!("shown/{how}/{layers}");
             let bench = bench.as_str();

@@ -174,9 +174,12 @@ pub fn native_kernel(layers: usize) -> Kernel {
         .unwrap()
 }
 
-pub fn passthrough_kernel(rt: &Runtime, layers: usize) -> Kernel {
+/// `layers` warm instances of the test guest `guest` (`passthrough`: every
+/// call hook live, passing through; `copy_tokens`: a live token transform
+/// copying its tokens) before the model.
+pub fn wasm_kernel(rt: &Runtime, guest: &str, layers: usize) -> Kernel {
     let specs = (0..layers)
-        .map(|i| warm("passthrough", &format!("wasm-{i}"), Value::Null))
+        .map(|i| warm(guest, &format!("wasm-{i}"), Value::Null))
         .collect();
     let plugins = rt.block_on(load(specs));
     Kernel::builder()
