@@ -1267,6 +1267,86 @@ async fn with_keys_a_client_must_present_one_and_filters_see_whose_it_is() {
     served.stop().await.unwrap();
 }
 
+/// Every API is behind the same bounds, each answering in its own error
+/// shape: a request without a key is refused from its head, before any of
+/// its body comes (with an hour's read timeout, a gateway that waited for
+/// the body would not answer at all), and is counted.
+#[tokio::test]
+async fn every_api_refuses_a_keyless_request_from_its_head_in_its_own_error_shape() {
+    let gateway = Gateway::new(
+        vec![Route::proxy(
+            "scripted",
+            kernel(vec![], ScriptedModel::answer("hi")).await,
+        )],
+        GatewayConfig {
+            read_timeout: Duration::from_secs(3600),
+            ..config()
+        },
+    );
+    gateway.set_keys(vec![shallot::ClientKey::new("ops", None, "sk-ops")]);
+    let served = Served::gateway(gateway).await;
+    let address = served.base.trim_start_matches("http://").to_owned();
+    for (path, mode, shape) in [
+        ("/v1/chat/completions", "json", "/error/message"),
+        ("/v1/responses", "json", "/error/message"),
+        ("/v1/messages", "json", "/error/type"),
+        ("/v1/embeddings", "embeddings", "/error/message"),
+    ] {
+        let mut client = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\n\r\n{{\"model\""
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        let (status, body) = answer_of(&mut client).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(body.pointer(shape).is_some(), "{path}: {body}");
+        if path == "/v1/messages" {
+            assert_eq!(body["type"], "error", "Anthropic's shape: {body}");
+            assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+        }
+        let counted =
+            format!(r#"shallot_gateway_requests_total{{model="",mode="{mode}",status="401"}}"#);
+        let (_, metrics) = served.get("/metrics").await;
+        assert!(metrics.contains(&counted), "{path}: {metrics}");
+    }
+    served.stop().await.unwrap();
+}
+
+/// Reads one HTTP/1.1 answer from `stream` (its head, then as many bytes
+/// of body as its `content-length` says): its status and its JSON body.
+/// Fails the test if it has not come within a minute.
+pub(crate) async fn answer_of(stream: &mut tokio::net::TcpStream) -> (u16, Value) {
+    let read = async {
+        let mut read = Vec::new();
+        loop {
+            let mut chunk = [0; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed before the answer: {read:?}");
+            read.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&read).into_owned();
+            let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                continue;
+            };
+            let length = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().unwrap())
+                })
+                .expect("a content-length");
+            if body.len() >= length {
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                return (status, serde_json::from_str(body).unwrap());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("an answer within a minute")
+}
+
 #[tokio::test]
 async fn a_key_limited_to_some_models_sees_and_uses_only_those() {
     let gateway = Gateway::new(

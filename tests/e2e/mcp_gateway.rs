@@ -21,7 +21,7 @@ use shallot_tests::{guest, load, mcp_python, mcp_script, mcp_test_server, target
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::gateway::{Served, read_until_closed};
+use crate::gateway::{Served, answer_of, read_until_closed};
 
 /// `ops-secret` may list and call every tool; `reader-secret` only
 /// `test_echo`, `test_add` and `test_hang`, and `tool-guard` takes
@@ -442,6 +442,37 @@ async fn a_message_that_arrives_too_slowly_is_refused_at_the_read_timeout() {
     let answer = read_until_closed(&mut slow).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("did not arrive within 300 ms"), "{answer}");
+    served.stop().await.unwrap();
+}
+
+/// `/mcp` is behind the bounds every API is: a request without a key is
+/// refused from its head, before its message comes, as JSON-RPC writes
+/// errors, and counted in `/metrics` as mode `mcp`.
+#[tokio::test]
+async fn a_keyless_message_is_refused_from_its_head_and_counted() {
+    let config = GatewayConfig {
+        read_timeout: Duration::from_secs(3600),
+        ..GatewayConfig::default()
+    };
+    let (served, _) = endpoint("mcp-keyless", "", config).await;
+    let address = served.base.trim_start_matches("http://");
+    let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                accept: application/json, text/event-stream\r\ncontent-length: 100\r\n\r\n{";
+    client.write_all(head.as_bytes()).await.unwrap();
+    let (status, body) = answer_of(&mut client).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("API key"),
+        "{body}"
+    );
+    served
+        .metric_reads(r#"shallot_gateway_requests_total{model="",mode="mcp",status="401"} 1"#)
+        .await;
     served.stop().await.unwrap();
 }
 

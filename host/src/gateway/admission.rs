@@ -28,7 +28,7 @@ impl GatewayState {
             ConcurrencyPermit {
                 _permit: permit,
                 in_progress: self.metrics.in_progress.clone(),
-                _memory: None,
+                memory: None,
             }
         };
         let shutting_down = || {
@@ -83,14 +83,21 @@ pub(super) struct ConcurrencyPermit {
     _permit: OwnedSemaphorePermit,
     in_progress: Gauge,
     /// The memory the request holds, given back with its place.
-    _memory: Option<MemoryPermit>,
+    memory: Option<MemoryPermit>,
 }
 
 impl ConcurrencyPermit {
     /// The place, holding `memory` too until it is given back.
     pub(super) fn holding(mut self, memory: MemoryPermit) -> Self {
-        self._memory = Some(memory);
+        self.memory = Some(memory);
         self
+    }
+
+    /// Gives back all but `bytes` of the memory it holds.
+    pub(super) fn shrink_to(&mut self, bytes: usize) {
+        if let Some(memory) = &mut self.memory {
+            memory.shrink_to(bytes);
+        }
     }
 }
 

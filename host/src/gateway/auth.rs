@@ -12,6 +12,11 @@ impl RouteTable {
     /// `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key`
     /// (Anthropic's).
     pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, ApiError> {
+        Ok(self.key_index(headers)?.map(|i| &self.keys[i]))
+    }
+
+    /// The same, as the key's place in [`RouteTable::keys`].
+    pub(super) fn key_index(&self, headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
         if self.keys.is_empty() {
             return Ok(None);
         }
@@ -43,7 +48,7 @@ impl RouteTable {
         };
         self.keys
             .iter()
-            .find(|key| key.matches(presented))
+            .position(|key| key.matches(presented))
             .map(Some)
             .ok_or_else(|| unauthorized(Some("invalid_api_key"), "the API key is not valid"))
     }

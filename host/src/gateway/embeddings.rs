@@ -6,58 +6,54 @@
 //! nothing of them is shown as text.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::body::Bytes;
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::GatewayState;
-use super::handlers::{caller, read_body, unspent};
+use super::bounds::{Admitted, Routed};
+use super::handlers::{caller, unspent};
 use super::wire::ApiError;
 use crate::context::Context;
 use crate::types::{ChainError, ErrorKind};
 
+/// One request, admitted by its bounds ([`bounds`](super::bounds)), which
+/// count and log what it answers.
 pub(super) async fn embeddings(
     State(gateway): State<Arc<GatewayState>>,
+    Extension(admitted): Extension<Admitted>,
     headers: HeaderMap,
-    request: Request,
+    body: Bytes,
 ) -> Response {
-    let started = Instant::now();
     let mut routed = None;
-    let response = match embed(&gateway, &headers, request, &mut routed).await {
+    let mut response = match embed(&gateway, &admitted, &headers, &body, &mut routed).await {
         Ok((answer, context)) => {
             let mut response = axum::Json(answer).into_response();
             unspent(&context, false, response.headers_mut());
             response
         }
-        Err(error) => error.into_response(),
+        Err(error) => admitted.api.refuse(error),
     };
-    let seconds = started.elapsed().as_secs_f64();
-    let status = response.status().as_u16();
-    let model = routed.unwrap_or_default();
-    gateway
-        .metrics
-        .request(&model, "embeddings", status, seconds);
-    tracing::info!(model, status, ms = seconds * 1000.0, "embedded");
+    if let Some(model) = routed {
+        response.extensions_mut().insert(Routed(model));
+    }
     response
 }
 
-/// Admitted as a chat is (its key, its body, its place and memory), then
-/// parsed.
+/// The admitted request parsed, routed and forwarded, holding its place.
 async fn embed(
     gateway: &Arc<GatewayState>,
+    admitted: &Admitted,
     headers: &HeaderMap,
-    request: Request,
+    body: &[u8],
     routed: &mut Option<String>,
 ) -> Result<(Value, Context), ApiError> {
-    let served = gateway.served();
-    let key = served.authorize(headers)?;
-    let body = read_body(gateway, request).await?;
-    let place = gateway.place().await?;
-    let _place = place.holding(gateway.memory(&body).await?);
-    let request: Value = serde_json::from_slice(&body)
+    let (served, key) = (&admitted.served, admitted.key());
+    let _place = admitted.take_place();
+    let request: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?;
     let Some(model) = request.get("model").and_then(Value::as_str) else {
         return Err(ApiError::invalid("an embeddings request names its `model`"));
@@ -67,6 +63,7 @@ async fn embed(
     }
     let route = served.route(key, model)?;
     *routed = Some(route.model.clone());
+    tracing::Span::current().record("model", route.model.as_str());
     let context = caller(&route.model, key, headers, &gateway.config)?;
     // Within the request deadline, and cut as a chat is when a drain runs
     // out (the gateway stops: retry elsewhere).

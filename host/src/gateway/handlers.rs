@@ -2,16 +2,15 @@
 //! completions up to the answer.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tracing::Instrument;
 
 use super::answer::Responder;
+use super::bounds::{Admitted, Routed};
 use super::dialect::Dialect;
 use super::responses::Keep;
 use super::wire::ApiError;
@@ -147,11 +146,6 @@ pub(super) trait ChatApi: Sized + Send {
         route: &Route,
         owner: Option<&str>,
     ) -> impl Future<Output = Result<Prepared, ApiError>> + Send;
-
-    /// An error in the API's own shape.
-    fn refuse(error: ApiError) -> Response {
-        error.into_response()
-    }
 }
 
 /// What a chat API's request comes to: the chat, how its answer is said,
@@ -164,66 +158,37 @@ pub(super) struct Prepared {
     pub keep: Option<Keep>,
 }
 
-/// One request of the chat API `A`, answered and counted.
+/// One request of the chat API `A`, admitted by its bounds
+/// ([`bounds`](super::bounds)), which count and log what it answers.
 pub(super) async fn answer<A: ChatApi>(
     State(gateway): State<Arc<GatewayState>>,
+    Extension(admitted): Extension<Admitted>,
     headers: HeaderMap,
-    request: Request,
+    body: Bytes,
 ) -> Response {
-    let started = Instant::now();
     let mut routed = None;
-    let span = tracing::info_span!(
-        "request",
-        id = tracing::field::Empty,
-        model = tracing::field::Empty
-    );
-    let response = match ask::<A>(gateway.clone(), &headers, request, &mut routed)
-        .instrument(span.clone())
-        .await
-    {
+    let mut response = match ask::<A>(gateway, &admitted, &headers, body, &mut routed).await {
         Ok(response) => response,
-        Err(error) => A::refuse(error),
+        Err(error) => admitted.api.refuse(error),
     };
-    let stream = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
-    // Labelled by the route's model, never by what a client asked for:
-    // clients do not get to make up label values.
-    let model = routed.unwrap_or_default();
-    let seconds = started.elapsed().as_secs_f64();
-    gateway.metrics.request(
-        &model,
-        if stream { "stream" } else { "json" },
-        response.status().as_u16(),
-        seconds,
-    );
-    span.in_scope(|| {
-        tracing::info!(
-            status = response.status().as_u16(),
-            stream,
-            ms = seconds * 1000.0,
-            "answered"
-        );
-    });
+    if let Some(model) = routed {
+        response.extensions_mut().insert(Routed(model));
+    }
     response
 }
 
-/// Admission comes before any work a request's body makes: its key first,
-/// then its body (within the read timeout and the body cap), then its
-/// place and the memory parsing it could take, and only then is it
-/// parsed (a JSON body becomes many times its size as a tree).
+/// The admitted request parsed (its body is weighed and its memory taken
+/// before: a JSON body becomes many times its size as a tree), routed and
+/// answered.
 async fn ask<A: ChatApi>(
     gateway: Arc<GatewayState>,
+    admitted: &Admitted,
     headers: &HeaderMap,
-    request: Request,
+    body: Bytes,
     routed: &mut Option<String>,
 ) -> Result<Response, ApiError> {
-    let served = gateway.served();
-    let key = served.authorize(headers)?;
-    let body = read_body(&gateway, request).await?;
-    let place = gateway.place().await?;
-    let mut memory = gateway.memory(&body).await?;
+    let (served, key) = (&admitted.served, admitted.key());
+    let mut place = admitted.take_place();
     let request = A::parse(&body)?;
     drop(body);
     let route = served.route(key, request.model())?;
@@ -254,7 +219,9 @@ async fn ask<A: ChatApi>(
     }
     // The tree it was parsed to is gone: what the request holds now is
     // its chat.
-    memory.shrink_to(prepared.chat.weight());
+    if let Some(place) = &mut place {
+        place.shrink_to(prepared.chat.weight());
+    }
     tracing::Span::current().record("id", prepared.id.as_str());
     let answer = Responder {
         mode: route.mode,
@@ -264,7 +231,7 @@ async fn ask<A: ChatApi>(
         context: context.clone(),
         kernel: route.kernel.clone(),
         deadline: gateway.config.request_timeout,
-        place: Some(place.holding(memory)),
+        place,
         shared: gateway.clone(),
     };
     let mut response = if stream {
@@ -299,40 +266,6 @@ pub(super) fn caller(
         }
     }
     Ok(context)
-}
-
-/// The request's body, if it arrives whole within the read timeout and
-/// the body cap. The cap is axum's `DefaultBodyLimit` layer; the timeout
-/// is written here because tower-http's `TimeoutLayer` would bound the
-/// whole response (a stream included) and its body timeout fails as a bare
-/// body error, where this bounds only the body's arrival and answers
-/// `408` in the OpenAI error shape.
-pub(super) async fn read_body(gateway: &GatewayState, request: Request) -> Result<Bytes, ApiError> {
-    let within = gateway.config.read_timeout;
-    let read = tokio::time::timeout(within, Bytes::from_request(request, &())).await;
-    let Ok(read) = read else {
-        return Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            Some("request_timeout"),
-            format!(
-                "the request body did not arrive within {} ms",
-                within.as_millis()
-            ),
-        ));
-    };
-    read.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!(
-                "the request body is larger than {} bytes",
-                gateway.config.max_body_bytes
-            )
-        } else {
-            rejection.body_text()
-        };
-        ApiError::new(status, "invalid_request_error", None, message)
-    })
 }
 
 /// The header a client names a conversation with, for filters that keep

@@ -10,11 +10,11 @@
 
 mod answer;
 
-use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use self::answer::{Messages, refused};
+use self::answer::Messages;
+pub(super) use self::answer::refused;
 use super::Route;
 use super::handlers::{ChatApi, Prepared};
 use super::wire::{ApiError, unique_id};
@@ -82,10 +82,6 @@ impl ChatApi for MessagesRequest {
             dialect: Box::new(dialect),
             keep: None,
         })
-    }
-
-    fn refuse(error: ApiError) -> Response {
-        refused(error)
     }
 }
 

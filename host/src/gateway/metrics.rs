@@ -350,7 +350,7 @@ impl Metrics {
             requests: registered(
                 &mut registry,
                 "requests",
-                "Chat completion and embeddings requests, by model, mode (json, stream, embeddings) and HTTP status",
+                "Requests of the APIs (chat, embeddings, MCP), by model, mode (json, stream, embeddings, mcp) and HTTP status",
                 Family::<Request, Counter>::default(),
             ),
             broken: registered(
@@ -416,7 +416,7 @@ impl Metrics {
     }
 
     /// A request answered with `status` after `seconds`, in `mode`
-    /// (`json`, `stream`, `embeddings`).
+    /// (`json`, `stream`, `embeddings`, `mcp`).
     pub fn request(&self, model: &str, mode: &'static str, status: u16, seconds: f64) {
         let model = model.to_owned();
         self.requests

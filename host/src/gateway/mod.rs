@@ -46,6 +46,7 @@
 mod admission;
 mod answer;
 mod auth;
+mod bounds;
 mod build;
 mod chunk;
 mod dialect;

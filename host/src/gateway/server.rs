@@ -9,6 +9,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -18,12 +19,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Gateway;
+use super::bounds::{Api, bounds};
 use super::embeddings::embeddings;
 use super::handlers::{answer, exposition, model, models, ready};
 use super::messages::MessagesRequest;
 use super::responses::ResponsesRequest;
 use super::wire::{ApiError, CompletionRequest};
-use super::{mcp, openapi};
+use super::{mcp, messages, openapi};
 
 impl Gateway {
     /// Serves on `listener` until `shutdown` resolves, then stops accepting
@@ -80,17 +82,44 @@ impl Gateway {
         Ok(())
     }
 
+    /// Every API route behind its [`bounds`](super::bounds) (its key, its
+    /// body, its place and memory, its metrics and log line), each with
+    /// its API's way of writing errors.
     pub(super) fn router(&self) -> Router {
-        let (mcp, sessions) = mcp::service(self.shared.clone());
-        let admitted = (self.shared.clone(), sessions);
+        let shared = &self.shared;
+        let bounded = |api: Api| middleware::from_fn_with_state((shared.clone(), api), bounds);
+        let chats = Api::chat(ApiError::into_response);
+        let (mcp, sessions) = mcp::service(shared.clone());
         let mcp = Router::new()
             .route_service("/mcp", mcp)
-            .layer(middleware::from_fn_with_state(admitted, mcp::admit::admit));
+            .layer(middleware::from_fn_with_state(
+                (shared.clone(), sessions),
+                mcp::admit::admit,
+            ))
+            .layer(bounded(Api::mcp(mcp::admit::refused)))
+            .layer(middleware::from_fn_with_state(
+                shared.clone(),
+                mcp::admit::gate,
+            ));
+        let api = Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(answer::<CompletionRequest>).route_layer(bounded(chats)),
+            )
+            .route(
+                "/v1/responses",
+                post(answer::<ResponsesRequest>).route_layer(bounded(chats)),
+            )
+            .route(
+                "/v1/messages",
+                post(answer::<MessagesRequest>).route_layer(bounded(Api::chat(messages::refused))),
+            )
+            .route(
+                "/v1/embeddings",
+                post(embeddings).route_layer(bounded(Api::EMBEDDINGS)),
+            );
         Router::new()
-            .route("/v1/chat/completions", post(answer::<CompletionRequest>))
-            .route("/v1/responses", post(answer::<ResponsesRequest>))
-            .route("/v1/messages", post(answer::<MessagesRequest>))
-            .route("/v1/embeddings", post(embeddings))
+            .merge(api)
             .route("/v1/models", get(models))
             .route("/v1/models/{*model}", get(model))
             .route("/healthz", get(|| async { "ok\n" }))

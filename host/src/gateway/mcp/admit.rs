@@ -1,12 +1,13 @@
-//! What `/mcp` checks before the protocol sees a request: an endpoint
-//! served, the `Host` (against DNS rebinding), the key, the cap on open
-//! sessions or the session's opener, and the message whole within the
-//! read timeout, with the memory parsing it could take.
+//! What `/mcp` checks before the protocol sees a request, around the
+//! bounds every API request passes ([`bounds`](crate::gateway::bounds):
+//! its key, its message whole within the read timeout, the memory parsing
+//! it could take): first an endpoint served and the `Host` (against DNS
+//! rebinding, [`gate`]); then the cap on open sessions or the session's
+//! opener ([`admit`]).
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -15,18 +16,17 @@ use super::sessions::{self, SESSION_ID, Sessions};
 use super::{Caller, McpEndpoint};
 use crate::config::ClientKey;
 use crate::gateway::GatewayState;
+use crate::gateway::bounds::Admitted;
 use crate::gateway::handlers::caller;
+use crate::gateway::wire::ApiError;
 
-/// The checks before the protocol: an endpoint served, the `Host`, the
-/// key, the cap on sessions or the session's opener. What passes goes on
-/// with its [`Caller`]; a session it opens is its key's.
-pub(in crate::gateway) async fn admit(
-    State((shared, sessions)): State<(Arc<GatewayState>, Arc<Sessions>)>,
-    mut request: Request,
+/// The checks before the bounds: an endpoint served, and the `Host`.
+pub(in crate::gateway) async fn gate(
+    State(shared): State<Arc<GatewayState>>,
+    request: Request,
     next: Next,
 ) -> Response {
-    let served = shared.served();
-    let Some(endpoint) = served.mcp.clone() else {
+    let Some(endpoint) = shared.served().mcp else {
         return refuse(
             StatusCode::NOT_FOUND,
             "this gateway serves no MCP endpoint (add an [mcp_gateway] table)",
@@ -38,13 +38,25 @@ pub(in crate::gateway) async fn admit(
             "the Host is not one this endpoint answers (its allowed_hosts)",
         );
     }
-    let key = match served.authorize(request.headers()) {
-        Ok(key) => key.cloned(),
-        Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.message),
+    next.run(request).await
+}
+
+/// The checks after the bounds: the cap on sessions or the session's
+/// opener. What passes goes on with its [`Caller`]; a session it opens is
+/// its key's.
+pub(in crate::gateway) async fn admit(
+    State((shared, sessions)): State<(Arc<GatewayState>, Arc<Sessions>)>,
+    Extension(admitted): Extension<Admitted>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(endpoint) = admitted.served.mcp.clone() else {
+        return refuse(StatusCode::NOT_FOUND, "this gateway serves no MCP endpoint");
     };
+    let key = admitted.key().cloned();
     let context = match caller("mcp", key.as_ref(), request.headers(), &shared.config) {
         Ok(context) => context,
-        Err(error) => return refuse(error.status, &error.message),
+        Err(error) => return refused(error),
     };
     let sessionless = request.headers().get(SESSION_ID).is_none();
     if let Err(refused) = may_open(&sessions, &endpoint, key.as_ref(), request.headers()).await {
@@ -55,19 +67,7 @@ pub(in crate::gateway) async fn admit(
         endpoint,
         context,
     });
-    // The message whole within the read timeout, as for `/v1`; then the
-    // memory parsing it could take, before rmcp parses it (`tools/call`
-    // takes a place of its own as it runs).
-    let (parts, body) = request.into_parts();
-    let body = match read_message(&shared, body).await {
-        Ok(body) => body,
-        Err(refused) => return refused,
-    };
-    let _memory = match shared.memory(&body).await {
-        Ok(memory) => memory,
-        Err(error) => return refuse(error.status, &error.message),
-    };
-    let response = next.run(Request::from_parts(parts, body.into())).await;
+    let response = next.run(request).await;
     let opened = response.headers().get(SESSION_ID);
     if let (true, Some(id)) = (sessionless, opened.and_then(|id| id.to_str().ok())) {
         sessions.opened(id, key.as_ref()).await;
@@ -100,25 +100,15 @@ async fn may_open(
     }
 }
 
-/// The message whole within the read timeout (`408`) and the body cap
-/// (`413`).
-async fn read_message(shared: &GatewayState, body: Body) -> Result<Bytes, Response> {
-    let within = shared.config.read_timeout;
-    let body = axum::body::to_bytes(body, shared.config.max_body_bytes);
-    match tokio::time::timeout(within, body).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(_)) => Err(refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the message is over the body cap",
-        )),
-        Err(_) => {
-            let late = format!(
-                "the message did not arrive within {} ms",
-                within.as_millis()
-            );
-            Err(refuse(StatusCode::REQUEST_TIMEOUT, &late))
-        }
+/// `error` before the protocol, as JSON-RPC writes it: the errors of the
+/// `/mcp` route.
+pub(in crate::gateway) fn refused(error: ApiError) -> Response {
+    let mut response = refuse(error.status, &error.message);
+    if error.retry {
+        let after = header::HeaderValue::from_static("1");
+        response.headers_mut().insert(header::RETRY_AFTER, after);
     }
+    response
 }
 
 /// A refusal before the protocol: the status, and a JSON-RPC error saying

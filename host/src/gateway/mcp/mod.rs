@@ -103,7 +103,8 @@ struct Caller {
 }
 
 /// The `/mcp` service: the SDK's streamable-HTTP server over [`Tools`],
-/// its sessions in memory, behind [`admit::admit`]; beside it,
+/// its sessions in memory, behind [`admit::gate`], the bounds and
+/// [`admit::admit`]; beside it,
 /// [`told::tell`].
 pub(super) fn service(
     shared: Arc<GatewayState>,
@@ -115,7 +116,7 @@ pub(super) fn service(
     sessions.session_config.keep_alive = Some(SESSION_IDLE);
     sessions.session_config.init_timeout = Some(shared.config.read_timeout);
     let sessions = Arc::new(sessions);
-    // `admit` checks the Host against the endpoint being served (it can
+    // `gate` checks the Host against the endpoint being served (it can
     // change on a reload); the body is bounded as every request's.
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()

@@ -220,7 +220,9 @@ fn body(error: &ApiError) -> Value {
     json!({ "type": "error", "error": { "type": kind, "message": error.message } })
 }
 
-pub(super) fn refused(error: ApiError) -> Response {
+/// An error as Anthropic's API writes it, with `Retry-After` when a retry
+/// may succeed: the errors of the `/v1/messages` route.
+pub(in crate::gateway) fn refused(error: ApiError) -> Response {
     let mut response = (error.status, axum::Json(body(&error))).into_response();
     if error.retry {
         response
