@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -100,6 +101,23 @@ impl Admitted {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+}
+
+/// Taken out of the request (never copied: it is there for its handler
+/// alone); a route left without its bounds is the gateway's bug, `500`.
+impl<S: Sync> FromRequestParts<S> for Admitted {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        parts.extensions.remove::<Admitted>().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                "the request was not admitted".to_owned(),
+            )
+        })
     }
 }
 

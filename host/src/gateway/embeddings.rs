@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -24,7 +24,7 @@ use crate::types::{ChainError, ErrorKind};
 /// count and log what it answers.
 pub(super) async fn embeddings(
     State(gateway): State<Arc<GatewayState>>,
-    Extension(admitted): Extension<Admitted>,
+    admitted: Admitted,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -162,7 +162,7 @@ pub(super) struct Prepared {
 /// ([`bounds`](super::bounds)), which count and log what it answers.
 pub(super) async fn answer<A: ChatApi>(
     State(gateway): State<Arc<GatewayState>>,
-    Extension(admitted): Extension<Admitted>,
+    admitted: Admitted,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -46,7 +46,7 @@ pub(in crate::gateway) async fn gate(
 /// its key's.
 pub(in crate::gateway) async fn admit(
     State((shared, sessions)): State<(Arc<GatewayState>, Arc<Sessions>)>,
-    Extension(admitted): Extension<Admitted>,
+    admitted: Admitted,
     mut request: Request,
     next: Next,
 ) -> Response {
