@@ -81,8 +81,8 @@ pub mod types;
 pub use agent::{History, LoopConfig, MemoryHistory, NoHistory, OnEnvError, ToolLoop};
 pub use cache::{Cache, CacheState};
 pub use config::{
-    ClientKey, Config, PRESETS, PoolMember, RouteMode, RouteSpec, Server, Upstream, preset,
-    read_config, read_dir,
+    ClientKey, Config, PRESETS, PoolMember, RouteMode, RouteSpec, Upstream, preset, read_config,
+    read_dir,
 };
 pub use context::{
     CACHE, CANCELLED, CLIENT_KEY, CONVERSATION_ID, Context, HOPS, IDENTITY_KEYS, MAX_HOPS,
@@ -103,8 +103,8 @@ pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, STORED_NAMESPACE_CAP, open_kv
 pub use mcp::{McpConfig, McpError, McpServer};
 pub use model::{
     AnthropicConfig, AnthropicModel, BUDGET_HEADER, BUDGET_LEFT_HEADER, ChatModel, EmbeddedModel,
-    HOPS_HEADER, ModelEvent, OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits, UpstreamHealth,
-    UpstreamPool,
+    HOPS_HEADER, HttpModel, ModelEvent, OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits,
+    Server, UpstreamHealth, UpstreamPool,
 };
 pub use onion::{
     ApprovalRequest, Approver, Cancel, ChainKind, Chat, Fctx, Filter, FilterScope, Hook, Invoke,

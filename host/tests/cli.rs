@@ -341,6 +341,52 @@ fn chat_talks_to_an_openai_compatible_server() {
 }
 
 #[test]
+fn chat_talks_to_an_anthropic_server_its_model_table_names() {
+    let answer = r#"{"type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"Hi from Anthropic."}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":4}}"#;
+    let (url, served) = model_server(200, answer);
+    let dir = std::env::temp_dir().join(format!("shallot-cli-anthropic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shallot.toml");
+    std::fs::write(
+        &config,
+        "[model]\napi = \"anthropic\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"claude-x\"\nmax_tokens = 77\n",
+    )
+    .unwrap();
+    // --model-url moves the table's server, keeping its API; the key
+    // comes from ANTHROPIC_API_KEY, never OpenAI's.
+    let out = Command::new(env!("CARGO_BIN_EXE_shallot"))
+        .args(["chat", "--config"])
+        .arg(&config)
+        .args([
+            "--model-url",
+            &url,
+            "--no-tools",
+            "--system",
+            "Be brief.",
+            "hello",
+        ])
+        .env("ANTHROPIC_API_KEY", "sk-ant-from-env")
+        .env("OPENAI_API_KEY", "sk-openai-not-this")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "Hi from Anthropic.\n");
+    let (head, body) = served.join().unwrap();
+    assert!(head.starts_with("post /v1/messages"), "{head}");
+    assert!(head.contains("x-api-key: sk-ant-from-env"), "{head}");
+    assert!(head.contains("anthropic-version: 2023-06-01"), "{head}");
+    assert!(!head.contains("sk-openai-not-this"), "{head}");
+    assert_eq!(body["model"], "claude-x");
+    assert_eq!(body["max_tokens"], 77);
+    assert_eq!(body["system"], "Be brief.");
+    assert_eq!(
+        body["messages"],
+        serde_json::json!([{ "role": "user", "content": [{ "type": "text", "text": "hello" }] }])
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_refusing_model_server_is_a_clear_error() {
     let (url, served) = model_server(401, r#"{"error":{"message":"Incorrect API key"}}"#);
     let out = shallot(&["chat", "--model-url", &url, "hello"]);

@@ -361,6 +361,67 @@ async fn a_model_answer_with_too_many_tool_calls_is_a_typed_error_from_the_model
     );
 }
 
+/// An Anthropic upstream whose streamed tool input never ends (each event
+/// small, under the line cap) is cut at the bound on a whole answer:
+/// the client does not keep what the server sends without end.
+#[tokio::test]
+async fn an_anthropic_stream_whose_tool_input_never_ends_is_cut_at_the_answer_bound() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = sent.clone();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = [0; 4096];
+        let _ = socket.read(&mut head).await;
+        let start = concat!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,",
+            "\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}}\n\n",
+        );
+        socket.write_all(start.as_bytes()).await.unwrap();
+        let piece = "x".repeat(60_000);
+        let delta = format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"input_json_delta\",\"partial_json\":\"{piece}\"}}}}\n\n"
+        );
+        // Past four times the bound the server gives up and closes: a
+        // client without the bound sees a stream that ended, not a limit.
+        while counted.load(std::sync::atomic::Ordering::Relaxed) < 64 << 20
+            && socket.write_all(delta.as_bytes()).await.is_ok()
+        {
+            counted.fetch_add(piece.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let model = shallot::AnthropicModel::new(shallot::AnthropicConfig::new(url, "m")).unwrap();
+    let request = ChatRequest::new(vec![Message::user("go")]);
+    let mut events = model.stream(&request, &Context::new()).await.unwrap();
+    let error = loop {
+        match futures::StreamExt::next(&mut events).await {
+            Some(Ok(_)) => {
+                let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+                assert!(
+                    sent < 64 << 20,
+                    "the client kept {sent} bytes of one answer"
+                );
+            }
+            Some(Err(error)) => break error,
+            None => panic!("the stream ends with an error"),
+        }
+    };
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(
+        error.message.contains("larger than 16777216 bytes"),
+        "{error}"
+    );
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        sent < 32 << 20,
+        "the client stopped reading: {sent} bytes sent"
+    );
+}
+
 /// A filter that answers in the model's place is bounded as the model is:
 /// its 10,000 made-up calls of a tool never run (each would copy the
 /// tool's spec and run at once, past every limit on a model's answer).

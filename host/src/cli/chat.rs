@@ -15,8 +15,7 @@ use shallot::types::{
 };
 use shallot::{
     ApprovalRequest, Approver, ChainError, Config, Context, EmbeddedModel, Engine, Filter, Hook,
-    InvokeOptions, Kernel, LoopConfig, McpServer, MemoryHistory, Next, NoHistory, OpenAiModel,
-    Tool, ToolLoop,
+    InvokeOptions, Kernel, LoopConfig, McpServer, MemoryHistory, Next, NoHistory, Tool, ToolLoop,
 };
 
 use super::{ModelArgs, Source};
@@ -141,7 +140,7 @@ async fn kernel(engine: &Engine, args: &ChatArgs) -> anyhow::Result<Kernel> {
     };
     let mut builder = Kernel::builder().plugins(&plugins).turn_terminal(tool_loop);
     builder = match args.model.server(file.as_ref())? {
-        Some(server) => builder.model(OpenAiModel::new(server)?),
+        Some(server) => builder.model(server.connect()?),
         None => builder.model(EmbeddedModel::new().with_delay(Duration::from_millis(args.pace))),
     };
     if !args.no_tools {

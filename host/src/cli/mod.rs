@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use shallot::{Config, Engine, EngineConfig, FilterSet, LoadEvent, OpenAiConfig};
+use shallot::{Config, Engine, EngineConfig, FilterSet, LoadEvent, OpenAiConfig, Server};
 
 /// shallot: run LLM agent filters as sandboxed WebAssembly plugins.
 ///
@@ -121,8 +121,10 @@ pub(crate) struct ModelArgs {
     /// embedded model, e.g. http://localhost:11434/v1 (Ollama),
     /// http://localhost:8000/v1 (vLLM), https://api.openai.com/v1. The bearer
     /// token comes from OPENAI_API_KEY. Without this flag: the `[model]` table
-    /// of --config, then OPENAI_BASE_URL / OPENAI_API_KEY, then the embedded
-    /// offline model.
+    /// of --config (`api = "anthropic"` there for Anthropic's Messages API),
+    /// then OPENAI_BASE_URL / OPENAI_API_KEY, then the embedded offline model.
+    /// With a `[model]` table, this flag moves that server to URL, keeping
+    /// its API and key.
     #[arg(long, value_name = "URL")]
     model_url: Option<String>,
     /// The model to ask the server for [default: SHALLOT_MODEL, else gpt-4o-mini].
@@ -133,26 +135,24 @@ pub(crate) struct ModelArgs {
 impl ModelArgs {
     /// The model server the flags, the config file or the environment
     /// name, in that order of precedence; `None` for the embedded model.
-    pub(crate) fn server(&self, config: Option<&Config>) -> anyhow::Result<Option<OpenAiConfig>> {
-        let configured = config.and_then(Config::model);
-        let mut server = match (&self.model_url, configured.or_else(OpenAiConfig::from_env)) {
-            (Some(url), Some(server)) => Some(OpenAiConfig {
-                base_url: url.clone(),
-                ..server
-            }),
+    pub(crate) fn server(&self, config: Option<&Config>) -> anyhow::Result<Option<Server>> {
+        let configured = config.map(Config::model).transpose()?.flatten();
+        let found = configured.or_else(|| OpenAiConfig::from_env().map(Server::OpenAi));
+        let server = match (&self.model_url, found) {
+            (Some(url), Some(server)) => Some(server.at(url)),
             (Some(url), None) => {
-                Some(OpenAiConfig::new(url, OpenAiConfig::default_model()).or_env_key())
+                let server = OpenAiConfig::new(url, OpenAiConfig::default_model()).or_env_key();
+                Some(Server::OpenAi(server))
             }
             (None, server) => server,
         };
-        match (&mut server, &self.model) {
-            (Some(server), Some(model)) => server.model = model.clone(),
+        match (server, &self.model) {
+            (Some(server), Some(model)) => Ok(Some(server.asking(model))),
             (None, Some(_)) => anyhow::bail!(
                 "--model names a model on a server: give the server with --model-url, a [model] table in --config, or OPENAI_BASE_URL"
             ),
-            _ => {}
+            (server, None) => Ok(server),
         }
-        Ok(server)
     }
 }
 

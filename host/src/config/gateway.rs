@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::Config;
 use crate::conversation::StoreSpec;
-use crate::model::{AnthropicConfig, OpenAiConfig, PoolConfig};
+use crate::model::{AnthropicConfig, OpenAiConfig, PoolConfig, Server};
 use crate::plugin::LoadError;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -23,11 +23,11 @@ pub(super) struct RouteEntry {
     store: Option<StoreSpec>,
 }
 
-/// A server table: `upstream = { ... }`, or one of `upstreams` (which
-/// may also give a `name` and a `weight`).
+/// A server table: `[model]`, `upstream = { ... }`, or one of `upstreams`
+/// (which may also give a `name` and a `weight`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ServerEntry {
+pub(super) struct ServerEntry {
     #[serde(default)]
     api: Api,
     #[serde(default)]
@@ -58,6 +58,15 @@ enum Api {
 }
 
 impl ServerEntry {
+    /// The server of a table that stands alone (`[model]`, `upstream`):
+    /// one without a pool's `name` and `weight`.
+    pub(super) fn alone(&self) -> Result<Server, String> {
+        if self.name.is_some() || self.weight.is_some() {
+            return Err("`name` and `weight` go with `upstreams`".to_owned());
+        }
+        self.server()
+    }
+
     /// The server, its key from the environment when the table has none
     /// (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`).
     fn server(&self) -> Result<Server, String> {
@@ -118,15 +127,6 @@ pub enum Upstream {
         /// When a failing one rests.
         config: PoolConfig,
     },
-}
-
-/// A model server, by the API it speaks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Server {
-    /// OpenAI's chat completions (OpenAI, vLLM, Ollama, llama.cpp, ...).
-    OpenAi(OpenAiConfig),
-    /// Anthropic's Messages (`api = "anthropic"`).
-    Anthropic(AnthropicConfig),
 }
 
 /// One server of a route's pool.
@@ -279,14 +279,7 @@ fn upstream(route: &RouteEntry) -> Result<Option<Upstream>, String> {
         }
         (Some(UpstreamEntry::Server(server)), None) => server,
     };
-    if server.name.is_some() || server.weight.is_some() {
-        return Err(format!(
-            "route '{name}': `name` and `weight` go with `upstreams`"
-        ));
-    }
-    let server = server
-        .server()
-        .map_err(|e| format!("route '{name}': {e}"))?;
+    let server = server.alone().map_err(|e| format!("route '{name}': {e}"))?;
     Ok(Some(Upstream::Server(server)))
 }
 

@@ -41,8 +41,11 @@
 //! preset = "production"
 //! ```
 //!
-//! A `[model]` table points `shallot chat` at an OpenAI-compatible server
-//! (see [`OpenAiConfig`]); without `api_key`, `OPENAI_API_KEY` is used:
+//! A `[model]` table points `shallot chat` (and the gateway's routes that
+//! name no upstream of their own) at a model server, as a route's
+//! `upstream` table does ([`Server`]): OpenAI-compatible by default,
+//! `api = "anthropic"` for Anthropic's Messages; without `api_key`,
+//! `OPENAI_API_KEY` (or `ANTHROPIC_API_KEY`) is used:
 //!
 //! ```toml
 //! [model]
@@ -59,7 +62,7 @@ use serde::Deserialize;
 use crate::conversation::StoreSpec;
 use crate::engine::Engine;
 use crate::mcp::McpConfig;
-use crate::model::OpenAiConfig;
+use crate::model::Server;
 use crate::plugin::{FilterSet, FilterSpec, Isolation, LoadError, LoadEvent};
 use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
@@ -68,8 +71,8 @@ mod gateway;
 mod keys;
 mod presets;
 
-use gateway::RouteEntry;
-pub use gateway::{LOOPBACK, McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Server, Upstream};
+pub use gateway::{LOOPBACK, McpGatewaySpec, PoolMember, RouteMode, RouteSpec, Upstream};
+use gateway::{RouteEntry, ServerEntry};
 pub use keys::ClientKey;
 use keys::KeyEntry;
 pub use presets::{PRESETS, preset};
@@ -80,7 +83,7 @@ struct ConfigFile {
     plugin_dir: Option<String>,
     #[serde(default, rename = "filter")]
     filters: Vec<toml::Spanned<FilterEntry>>,
-    model: Option<OpenAiConfig>,
+    model: Option<ServerEntry>,
     #[serde(default, rename = "key")]
     keys: Vec<KeyEntry>,
     #[serde(default, rename = "route")]
@@ -165,10 +168,16 @@ impl Config {
         }
     }
 
-    /// The `[model]` table, if there is one, a missing `api_key` filled
-    /// from `OPENAI_API_KEY`.
-    pub fn model(&self) -> Option<OpenAiConfig> {
-        self.parsed.model.clone().map(OpenAiConfig::or_env_key)
+    /// The server the `[model]` table names, as a route's `upstream` table
+    /// would (`api = "anthropic"`, a missing `api_key` from the environment).
+    pub fn model(&self) -> Result<Option<Server>, LoadError> {
+        let Some(entry) = &self.parsed.model else {
+            return Ok(None);
+        };
+        let server = entry
+            .alone()
+            .map_err(|e| self.bad(format!("[model]: {e}")))?;
+        Ok(Some(server))
     }
 
     /// The MCP servers (`[[mcp]]` tables), `${NAME}` taken from the

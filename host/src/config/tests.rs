@@ -294,3 +294,42 @@ fn the_mcp_gateway_table_needs_servers_and_keys_name_their_tools_as_patterns() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_model_table_names_a_server_of_either_api_as_an_upstream_table_does() {
+    use crate::model::{AnthropicConfig, OpenAiConfig, Server};
+    let dir = std::env::temp_dir().join(format!("shallot-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shallot.toml");
+    let model = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        Config::read(&file)?.model()
+    };
+    let anthropic = model(concat!(
+        "[model]\napi = \"anthropic\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        "model = \"claude\"\napi_key = \"k\"\nmax_tokens = 64\n",
+    ))
+    .unwrap();
+    let mut expected = AnthropicConfig::new("http://127.0.0.1:9/v1", "claude");
+    expected.api_key = Some("k".to_owned());
+    expected.max_tokens = 64;
+    assert_eq!(anthropic, Some(Server::Anthropic(expected)));
+    let openai =
+        model("[model]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key = \"k\"\n");
+    let mut expected = OpenAiConfig::new("http://127.0.0.1:9/v1", "m");
+    expected.api_key = Some("k".to_owned());
+    assert_eq!(openai.unwrap(), Some(Server::OpenAi(expected)));
+    for (table, says) in [
+        ("weight = 2\n", "`name` and `weight` go with `upstreams`"),
+        (
+            "max_tokens = 9\n",
+            "`max_tokens` is for `api = \"anthropic\"`",
+        ),
+    ] {
+        let text = format!("[model]\nbase_url = \"http://h/v1\"\nmodel = \"m\"\n{table}");
+        let error = model(&text).unwrap_err().to_string();
+        assert!(error.contains("[model]") && error.contains(says), "{error}");
+    }
+    assert_eq!(model("").unwrap(), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,13 +6,11 @@
 use std::sync::Arc;
 
 use crate::agent::{LoopConfig, NoHistory, ToolLoop};
-use crate::config::{ClientKey, Config, McpGatewaySpec, RouteMode, RouteSpec, Server, Upstream};
+use crate::config::{ClientKey, Config, McpGatewaySpec, RouteMode, RouteSpec, Upstream};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::kv::open_kv;
 use crate::mcp::{McpError, McpServer};
-use crate::model::{
-    AnthropicModel, ChatModel, EmbeddedModel, OpenAiConfig, OpenAiModel, UpstreamPool,
-};
+use crate::model::{ChatModel, EmbeddedModel, Server, UpstreamPool};
 use crate::plugin::{FilterSet, LoadError};
 use crate::types::ChainError;
 
@@ -90,7 +88,7 @@ impl Serving {
     pub async fn from_config(
         config: Option<&Config>,
         plugins: &FilterSet,
-        default: Option<OpenAiConfig>,
+        default: Option<Server>,
     ) -> Result<Serving, RouteError> {
         let mut servers = Vec::new();
         if let Some(config) = config {
@@ -109,7 +107,7 @@ impl Serving {
     pub async fn over(
         config: Option<&Config>,
         plugins: &FilterSet,
-        default: Option<OpenAiConfig>,
+        default: Option<Server>,
         servers: Vec<Arc<McpServer>>,
     ) -> Result<Serving, RouteError> {
         let (keys, specs) = match config {
@@ -121,8 +119,7 @@ impl Serving {
             Some(spec) => Some(endpoint(spec, plugins, &servers)?),
         };
         if specs.is_empty() {
-            let upstream =
-                default.map_or(Upstream::Embedded, |s| Upstream::Server(Server::OpenAi(s)));
+            let upstream = default.map_or(Upstream::Embedded, Upstream::Server);
             let (builder, model) = with_model(Kernel::builder().plugins(plugins), upstream)?;
             let routes = vec![Route::proxy(model, builder.build()?)];
             check_keys(&keys, &routes)?;
@@ -175,14 +172,12 @@ fn endpoint(
 async fn route(
     spec: RouteSpec,
     plugins: &FilterSet,
-    default: Option<&OpenAiConfig>,
+    default: Option<&Server>,
     servers: &[Arc<McpServer>],
 ) -> Result<Route, RouteError> {
     let builder = with_filters(plugins, spec.filters.as_deref(), &spec.model)?;
     let upstream = match spec.upstream.clone() {
-        None => default.map_or(Upstream::Embedded, |s| {
-            Upstream::Server(Server::OpenAi(s.clone()))
-        }),
+        None => default.map_or(Upstream::Embedded, |s| Upstream::Server(s.clone())),
         Some(upstream) => upstream,
     };
     let (mut builder, _) = with_model(builder, upstream)?;
@@ -262,39 +257,18 @@ fn with_model(
     builder: KernelBuilder,
     upstream: Upstream,
 ) -> Result<(KernelBuilder, String), RouteError> {
-    Ok(match upstream {
-        Upstream::Server(Server::OpenAi(config)) => {
-            let model = OpenAiModel::new(config).map_err(RouteError::Upstream)?;
-            let name = model.name().to_owned();
-            (builder.model(model), name)
-        }
-        Upstream::Server(Server::Anthropic(config)) => {
-            let model = AnthropicModel::new(config).map_err(RouteError::Upstream)?;
-            let name = model.name().to_owned();
-            (builder.model(model), name)
-        }
+    let model: Arc<dyn ChatModel> = match upstream {
+        Upstream::Server(server) => server.connect().map_err(RouteError::Upstream)?,
         Upstream::Pool { members, config } => {
             let mut pool = UpstreamPool::new(config);
             for member in members {
-                let (name, weight) = (member.name, member.weight);
-                pool = match member.server {
-                    Server::OpenAi(config) => {
-                        let model = OpenAiModel::new(config).map_err(RouteError::Upstream)?;
-                        pool.upstream(name, weight, model)
-                    }
-                    Server::Anthropic(config) => {
-                        let model = AnthropicModel::new(config).map_err(RouteError::Upstream)?;
-                        pool.upstream(name, weight, model)
-                    }
-                };
+                let model = member.server.connect().map_err(RouteError::Upstream)?;
+                pool = pool.upstream(member.name, member.weight, model);
             }
-            let name = pool.name().to_owned();
-            (builder.model(pool), name)
+            Arc::new(pool)
         }
-        Upstream::Embedded => {
-            let model = EmbeddedModel::new();
-            let name = model.name().to_owned();
-            (builder.model(model), name)
-        }
-    })
+        Upstream::Embedded => Arc::new(EmbeddedModel::new()),
+    };
+    let name = model.name().to_owned();
+    Ok((builder.model(model), name))
 }

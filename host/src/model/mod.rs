@@ -9,6 +9,7 @@ mod anthropic;
 mod body;
 mod embedded;
 mod failure;
+mod http;
 mod openai;
 mod pool;
 
@@ -22,6 +23,7 @@ use serde_json::Value;
 pub use crate::context::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use embedded::EmbeddedModel;
+pub use http::{HttpModel, Server};
 pub(crate) use openai::wire;
 pub use openai::{OpenAiConfig, OpenAiModel};
 pub use pool::{PoolConfig, UpstreamHealth, UpstreamPool};
@@ -87,16 +89,52 @@ pub trait ChatModel: Send + Sync + 'static {
     /// without embeddings (the default) answers `not-found`.
     async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
         let _ = (request, context);
-        Err(ChainError::new(
-            ErrorKind::NotFound,
-            format!("the model '{}' has no embeddings", self.name()),
-        ))
+        Err(no_embeddings(self.name()))
     }
 
     /// How the upstreams behind the model are doing, if it balances
     /// several (an [`UpstreamPool`]); none (the default) for one.
     fn upstreams(&self) -> Vec<UpstreamHealth> {
         Vec::new()
+    }
+}
+
+/// The error of a model without embeddings.
+fn no_embeddings(model: &str) -> ChainError {
+    let message = format!("the model '{model}' has no embeddings");
+    ChainError::new(ErrorKind::NotFound, message)
+}
+
+/// A shared model is the model it shares (as [`Server::connect`] gives
+/// one, or one model behind several kernels).
+#[async_trait]
+impl<M: ChatModel + ?Sized> ChatModel for Arc<M> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    async fn chat(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<ChatResponse, ChainError> {
+        (**self).chat(request, context).await
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        (**self).stream(request, context).await
+    }
+
+    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+        (**self).embed(request, context).await
+    }
+
+    fn upstreams(&self) -> Vec<UpstreamHealth> {
+        (**self).upstreams()
     }
 }
 

@@ -3,26 +3,20 @@
 //! translated to a Messages request and the answer back, JSON and
 //! streamed (text deltas as tokens, `tool_use` blocks as tool calls, their
 //! `input_json_delta` pieces put together), errors typed as the OpenAI
-//! client's are, and the same retries before the answer starts.
+//! client's are, and the same retries before the answer starts: the model
+//! module's one HTTP client shape (`http`) over this protocol.
 //!
 //! `wire` is the translation both ways.
 
 mod wire;
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::stream::{self, BoxStream, StreamExt};
+use eventsource_stream::Event;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::body::{self, Refused};
-use super::failure::{endpoint, http_client, send_retrying};
+use super::ResponseLimits;
+use super::http::{self, HttpModel, Protocol, Reach, Step};
 use super::openai::wire::answer;
-use super::{ChatModel, ModelEvent};
-use crate::context::HOPS_HEADER;
-use crate::context::{Context, HOPS};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind, ToolCall, Usage};
 
 /// How to reach a server of Anthropic's Messages API.
@@ -78,147 +72,75 @@ impl AnthropicConfig {
 }
 
 /// A chat model behind Anthropic's Messages API.
-pub struct AnthropicModel {
-    config: AnthropicConfig,
-    client: reqwest::Client,
-    url: reqwest::Url,
-}
+pub type AnthropicModel = HttpModel<Anthropic>;
 
 impl AnthropicModel {
     /// A client for `config`; `invalid-request` if its `base_url` makes no
     /// URL.
     pub fn new(config: AnthropicConfig) -> Result<Self, ChainError> {
-        let client = http_client(config.timeout_ms)?;
-        Ok(AnthropicModel {
-            url: endpoint(&config.base_url, "messages")?,
-            config,
-            client,
-        })
-    }
-
-    async fn send(
-        &self,
-        request: &ChatRequest,
-        stream: bool,
-        context: &Context,
-    ) -> Result<reqwest::Response, ChainError> {
-        let config = &self.config;
-        let body = wire::body(request, &config.model, config.max_tokens, stream);
-        let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
-        send_retrying(config.max_retries, context, || {
-            let mut post = self
-                .client
-                .post(self.url.clone())
-                .header(HOPS_HEADER, hops)
-                .header("anthropic-version", VERSION)
-                .json(&body);
-            if !stream {
-                post = post.timeout(Duration::from_millis(config.timeout_ms));
-            }
-            if let Some(key) = &config.api_key {
-                post = post.header("x-api-key", key);
-            }
-            post
-        })
-        .await
+        let protocol = Anthropic {
+            max_tokens: config.max_tokens,
+        };
+        let reach = Reach {
+            base_url: &config.base_url,
+            model: &config.model,
+            api_key: config.api_key.as_deref(),
+            timeout_ms: config.timeout_ms,
+            max_retries: config.max_retries,
+        };
+        HttpModel::open(protocol, reach)
     }
 }
 
-#[async_trait]
-impl ChatModel for AnthropicModel {
-    fn name(&self) -> &str {
-        &self.config.model
+/// Anthropic's Messages, as a [`Protocol`].
+pub struct Anthropic {
+    /// `max_tokens` for a request that sets none.
+    max_tokens: u64,
+}
+
+impl Protocol for Anthropic {
+    type Assembly = Assembly;
+    const CHAT: &'static str = "messages";
+    const EMBEDDINGS: Option<&'static str> = None;
+
+    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Value {
+        wire::body(request, model, self.max_tokens, stream)
     }
 
-    async fn chat(
+    fn authorized(
         &self,
-        request: &ChatRequest,
-        context: &Context,
-    ) -> Result<ChatResponse, ChainError> {
-        let response = self.send(request, false, context).await?;
-        wire::message(&body::read(response, body::answer_cap()).await?)
+        post: reqwest::RequestBuilder,
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let post = post.header("anthropic-version", VERSION);
+        match key {
+            Some(key) => post.header("x-api-key", key),
+            None => post,
+        }
     }
 
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        context: &Context,
-    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let response = self.send(request, true, context).await?;
-        let bytes = body::checked(response.bytes_stream(), body::line_cap());
-        let events = bytes.eventsource().boxed();
-        let state = (events, Some(Assembly::default()));
-        let stream = stream::unfold(state, |(mut events, mut assembly)| async move {
-            loop {
-                let building = assembly.as_mut()?;
-                match building.step(events.next().await) {
-                    Ok(Step::Skip) => continue,
-                    Ok(Step::Token(text)) => {
-                        let token = ModelEvent::Token { text, meta: None };
-                        return Some((Ok(token), (events, assembly)));
-                    }
-                    Ok(Step::Done) => {
-                        let done = std::mem::take(building).finish();
-                        return Some((Ok(ModelEvent::Done(done)), (events, None)));
-                    }
-                    Err(error) => return Some((Err(error), (events, None))),
-                }
-            }
-        });
-        Ok(stream.boxed())
+    fn answer(&self, body: &[u8]) -> Result<ChatResponse, ChainError> {
+        wire::message(body)
     }
 }
 
-/// What one event makes of the answer being assembled.
-enum Step {
-    Skip,
-    Token(String),
-    Done,
-}
-
-/// A streamed answer, put together event by event.
+/// A streamed answer, put together event by event, bounded by the
+/// default [`ResponseLimits`] as it grows.
 #[derive(Default)]
-struct Assembly {
+pub struct Assembly {
     model: String,
     text: String,
     calls: Vec<ToolCall>,
     /// The content block each call was started in.
     call_blocks: Vec<u64>,
+    /// Bytes of text and tool calls so far.
+    bytes: usize,
     stop_reason: Option<String>,
     usage: Usage,
 }
 
-type StreamEvent = Result<eventsource_stream::Event, EventStreamError<Refused>>;
-
-/// The event that arrived, or the error for a stream that broke or ended
-/// before the answer did.
-fn arrived(event: Option<StreamEvent>) -> Result<eventsource_stream::Event, ChainError> {
-    match event {
-        Some(Ok(event)) => Ok(event),
-        Some(Err(EventStreamError::Transport(Refused::Transport(e)))) if e.is_timeout() => {
-            let message = format!("the model stream fell silent: {e}");
-            Err(ChainError::new(ErrorKind::Timeout, message))
-        }
-        Some(Err(EventStreamError::Transport(e @ Refused::LineTooLong(_)))) => {
-            Err(ChainError::new(ErrorKind::LimitExceeded, e.to_string()))
-        }
-        Some(Err(e)) => {
-            let message = format!("the model stream broke: {e}");
-            Err(ChainError::new(ErrorKind::Transient, message))
-        }
-        None => {
-            let message = "the model stream ended before the answer did";
-            Err(ChainError::new(ErrorKind::Transient, message))
-        }
-    }
-}
-
-impl Assembly {
-    fn step(&mut self, event: Option<StreamEvent>) -> Result<Step, ChainError> {
-        let event = arrived(event)?;
-        if event.data.trim().is_empty() {
-            return Ok(Step::Skip);
-        }
+impl http::Assembly for Assembly {
+    fn event(&mut self, event: &Event) -> Result<Step, ChainError> {
         let data: Value = serde_json::from_str(&event.data)
             .map_err(|e| wire::unreadable(format!("an event that is not JSON: {e}")))?;
         let index = data["index"].as_u64().unwrap_or_default();
@@ -230,31 +152,20 @@ impl Assembly {
             }
             "content_block_start" if data["content_block"]["type"] == "tool_use" => {
                 let block = &data["content_block"];
-                self.calls.push(ToolCall {
+                let call = ToolCall {
                     id: block["id"].as_str().unwrap_or_default().to_owned(),
                     name: block["name"].as_str().unwrap_or_default().to_owned(),
                     arguments: String::new(),
-                });
+                };
+                let bytes = call.id.len() + call.name.len();
+                self.calls.push(call);
                 self.call_blocks.push(index);
+                self.grow(bytes)?;
             }
             "content_block_start" if data["content_block"]["type"] == "text" => {
-                return Ok(self.text(data["content_block"]["text"].as_str()));
+                return self.text(data["content_block"]["text"].as_str());
             }
-            "content_block_delta" => {
-                let delta = &data["delta"];
-                match delta["type"].as_str() {
-                    Some("text_delta") => return Ok(self.text(delta["text"].as_str())),
-                    Some("input_json_delta") => {
-                        let at = self.call_blocks.iter().position(|b| *b == index);
-                        let call = at.and_then(|at| self.calls.get_mut(at)).ok_or_else(|| {
-                            wire::unreadable("a tool input delta for no tool_use block".to_owned())
-                        })?;
-                        call.arguments
-                            .push_str(delta["partial_json"].as_str().unwrap_or_default());
-                    }
-                    _ => {}
-                }
-            }
+            "content_block_delta" => return self.delta(index, &data["delta"]),
             "message_delta" => {
                 if let Some(reason) = data["delta"]["stop_reason"].as_str() {
                     self.stop_reason = Some(reason.to_owned());
@@ -273,18 +184,46 @@ impl Assembly {
         Ok(Step::Skip)
     }
 
-    fn text(&mut self, text: Option<&str>) -> Step {
-        match text {
-            Some(text) if !text.is_empty() => {
-                self.text.push_str(text);
-                Step::Token(text.to_owned())
-            }
-            _ => Step::Skip,
-        }
-    }
-
     fn finish(self) -> ChatResponse {
         let reason = wire::finish(self.stop_reason.as_deref());
         answer(Some(self.text), self.calls, reason, self.usage, self.model)
+    }
+}
+
+impl Assembly {
+    /// A content block's delta: text, or a piece of a tool call's input.
+    fn delta(&mut self, index: u64, delta: &Value) -> Result<Step, ChainError> {
+        match delta["type"].as_str() {
+            Some("text_delta") => self.text(delta["text"].as_str()),
+            Some("input_json_delta") => {
+                let piece = delta["partial_json"].as_str().unwrap_or_default();
+                self.grow(piece.len())?;
+                let at = self.call_blocks.iter().position(|b| *b == index);
+                let call = at.and_then(|at| self.calls.get_mut(at)).ok_or_else(|| {
+                    wire::unreadable("a tool input delta for no tool_use block".to_owned())
+                })?;
+                call.arguments.push_str(piece);
+                Ok(Step::Skip)
+            }
+            _ => Ok(Step::Skip),
+        }
+    }
+
+    fn text(&mut self, text: Option<&str>) -> Result<Step, ChainError> {
+        match text {
+            Some(text) if !text.is_empty() => {
+                self.grow(text.len())?;
+                self.text.push_str(text);
+                Ok(Step::Token(text.to_owned()))
+            }
+            _ => Ok(Step::Skip),
+        }
+    }
+
+    /// Counts `bytes` more of the answer; fails once it goes past the
+    /// default [`ResponseLimits`].
+    fn grow(&mut self, bytes: usize) -> Result<(), ChainError> {
+        self.bytes += bytes;
+        ResponseLimits::default().check(self.calls.len(), self.bytes)
     }
 }

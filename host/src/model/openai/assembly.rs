@@ -4,14 +4,18 @@
 
 use std::collections::BTreeMap;
 
+use eventsource_stream::Event;
+
 use super::super::ResponseLimits;
+use super::super::http::{self, Step};
+use super::said_error;
 use super::wire::{Chunk, answer, finish, refused};
-use crate::types::ChainError;
+use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatResponse, ToolCall, Usage};
 
 /// A streamed answer as it is put together, chunk by chunk.
 #[derive(Default)]
-pub(super) struct Assembly {
+pub struct Assembly {
     text: String,
     /// Bytes of text and tool calls so far, checked as chunks arrive.
     bytes: usize,
@@ -26,7 +30,7 @@ pub(super) struct Assembly {
 impl Assembly {
     /// Folds a chunk in and returns its text, if any; fails once the
     /// answer goes past the default [`ResponseLimits`].
-    pub(super) fn add(&mut self, chunk: Chunk) -> Result<Option<String>, ChainError> {
+    fn add(&mut self, chunk: Chunk) -> Result<Option<String>, ChainError> {
         let limits = ResponseLimits::default();
         if !chunk.model.is_empty() {
             self.model = chunk.model;
@@ -85,13 +89,29 @@ impl Assembly {
             Some((last, _)) => *last,
         }
     }
+}
+
+impl http::Assembly for Assembly {
+    fn event(&mut self, event: &Event) -> Result<Step, ChainError> {
+        if event.data.trim() == "[DONE]" {
+            return Ok(Step::Done);
+        }
+        let chunk: Chunk = serde_json::from_str(&event.data).map_err(|e| {
+            let message = format!("the model stream sent an unreadable chunk: {e}");
+            ChainError::new(ErrorKind::Transient, message)
+        })?;
+        if let Some(error) = &chunk.error {
+            return Err(said_error("broke off the stream with an error", error));
+        }
+        Ok(self.add(chunk)?.map_or(Step::Skip, Step::Token))
+    }
 
     /// Whether the server already said why the answer ended.
-    pub(super) fn has_finished(&self) -> bool {
+    fn whole(&self) -> bool {
         self.reason.is_some()
     }
 
-    pub(super) fn finish(self) -> ChatResponse {
+    fn finish(self) -> ChatResponse {
         let calls: Vec<ToolCall> = self.calls.into_values().collect();
         let reason = finish(self.reason.as_deref(), !calls.is_empty());
         let reason = refused(reason, self.refused);

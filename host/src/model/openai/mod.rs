@@ -8,28 +8,20 @@
 //! stream has started, a break is an error: tokens already delivered cannot
 //! be taken back, and the token chain does not flush what it held.
 //!
-//! `wire` is the protocol's JSON (requests, answers, chunks) in our terms;
-//! `assembly` puts a streamed answer together chunk by chunk; the model
-//! module's `body` reads the server's bytes under caps, and its `failure`
-//! types the server's failures.
+//! The client is the model module's one HTTP client shape (`http`) over
+//! this protocol: `wire` is the protocol's JSON (requests, answers, chunks)
+//! in our terms; `assembly` puts a streamed answer together chunk by chunk.
 
 mod assembly;
 pub(crate) mod wire;
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::stream::{self, BoxStream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::assembly::Assembly;
-use self::wire::{Chunk, Completion, answer, finish, refused, wire_message, wire_tool};
-use super::body::{self, Refused};
-use super::failure::{endpoint, http_client, send_retrying};
-use super::{ChatModel, ModelEvent};
-use crate::context::{Context, HOPS, HOPS_HEADER};
+use self::wire::{Completion, answer, finish, refused, wire_message, wire_tool};
+use super::body;
+use super::http::{HttpModel, Protocol, Reach};
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
 
@@ -51,11 +43,6 @@ pub struct OpenAiConfig {
     #[serde(default = "super::default_retries")]
     pub max_retries: u32,
 }
-
-/// The chat completions endpoint, under the API base.
-const CHAT: &str = "chat/completions";
-/// The embeddings endpoint, under the API base.
-const EMBEDDINGS: &str = "embeddings";
 
 /// Fields of a request's body that the client writes, whatever its
 /// options say: the conversation, the tools, whether it streams, and how
@@ -111,29 +98,34 @@ impl OpenAiConfig {
 const API_KEY_VAR: &str = "OPENAI_API_KEY";
 
 /// A chat model behind an OpenAI-compatible endpoint.
-pub struct OpenAiModel {
-    config: OpenAiConfig,
-    client: reqwest::Client,
-    chat_url: reqwest::Url,
-    embeddings_url: reqwest::Url,
-}
+pub type OpenAiModel = HttpModel<OpenAi>;
 
 impl OpenAiModel {
     /// A client for `config`; `invalid-request` if its `base_url` makes no
     /// URL.
     pub fn new(config: OpenAiConfig) -> Result<Self, ChainError> {
-        let client = http_client(config.timeout_ms)?;
-        Ok(OpenAiModel {
-            chat_url: endpoint(&config.base_url, CHAT)?,
-            embeddings_url: endpoint(&config.base_url, EMBEDDINGS)?,
-            config,
-            client,
-        })
+        let reach = Reach {
+            base_url: &config.base_url,
+            model: &config.model,
+            api_key: config.api_key.as_deref(),
+            timeout_ms: config.timeout_ms,
+            max_retries: config.max_retries,
+        };
+        HttpModel::open(OpenAi, reach)
     }
+}
 
-    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
+/// OpenAI's chat completions, as a [`Protocol`].
+pub struct OpenAi;
+
+impl Protocol for OpenAi {
+    type Assembly = Assembly;
+    const CHAT: &'static str = "chat/completions";
+    const EMBEDDINGS: Option<&'static str> = Some("embeddings");
+
+    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Value {
         let mut body = json!({
-            "model": self.config.model,
+            "model": model,
             "messages": request.messages.iter().map(wire_message).collect::<Vec<_>>(),
         });
         if !request.tools.is_empty() {
@@ -154,218 +146,63 @@ impl OpenAiModel {
         body
     }
 
-    /// Sends `body`, retrying retryable failures, one gateway further than
-    /// `context`'s request came (`x-shallot-hops`).
-    async fn send(
+    fn authorized(
         &self,
-        url: &reqwest::Url,
-        body: &Value,
-        whole: bool,
-        context: &Context,
-    ) -> Result<reqwest::Response, ChainError> {
-        let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
-        send_retrying(self.config.max_retries, context, || {
-            let post = self.client.post(url.clone());
-            let mut post = post.header(HOPS_HEADER, hops).json(body);
-            if whole {
-                post = post.timeout(Duration::from_millis(self.config.timeout_ms));
-            }
-            if let Some(key) = &self.config.api_key {
-                post = post.bearer_auth(key);
-            }
-            post
-        })
-        .await
-    }
-}
-
-/// A whole answer's body as our response: the first choice, or the error
-/// a server sent with a `200`.
-fn completed(body: &[u8]) -> Result<ChatResponse, ChainError> {
-    let completion: Completion = serde_json::from_slice(body).map_err(|e| {
-        ChainError::new(
-            ErrorKind::Transient,
-            format!("the model server sent an unreadable answer: {e}"),
-        )
-    })?;
-    if let Some(error) = &completion.error {
-        let said = error["message"].as_str().or_else(|| error.as_str());
-        return Err(ChainError::new(
-            ErrorKind::Transient,
-            format!(
-                "the model server answered with an error: {}",
-                body::cut(said.unwrap_or("(no message)"))
-            ),
-        ));
-    }
-    let choice = completion.choices.into_iter().next().ok_or_else(|| {
-        ChainError::new(
-            ErrorKind::Transient,
-            "the model server sent an answer with no choices",
-        )
-    })?;
-    let calls: Vec<ToolCall> = choice
-        .message
-        .tool_calls
-        .into_iter()
-        .map(|c| ToolCall {
-            id: c.id,
-            name: c.function.name,
-            arguments: c.function.arguments,
-        })
-        .collect();
-    let reason = finish(choice.finish_reason.as_deref(), !calls.is_empty());
-    let (content, refusal) = (choice.message.content, choice.message.refusal);
-    let refused_only = content.as_deref().is_none_or(str::is_empty) && refusal.is_some();
-    let reason = refused(reason, refused_only);
-    let usage = completion.usage.map(Usage::from).unwrap_or_default();
-    let text = if refused_only { refusal } else { content };
-    Ok(answer(text, calls, reason, usage, completion.model))
-}
-
-#[async_trait]
-impl ChatModel for OpenAiModel {
-    fn name(&self) -> &str {
-        &self.config.model
-    }
-
-    async fn chat(
-        &self,
-        request: &ChatRequest,
-        context: &Context,
-    ) -> Result<ChatResponse, ChainError> {
-        let response = self
-            .send(&self.chat_url, &self.body(request, false), true, context)
-            .await?;
-        completed(&body::read(response, body::answer_cap()).await?)
-    }
-
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        context: &Context,
-    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        let response = self
-            .send(&self.chat_url, &self.body(request, true), false, context)
-            .await?;
-        let json = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
-        if json {
-            // A server that does not stream (or fails with a 200) answers
-            // whole: the answer is one token and the end.
-            let answer = completed(&body::read(response, body::answer_cap()).await?)?;
-            let text = answer.message.text();
-            let token = (!text.is_empty()).then_some(Ok(ModelEvent::Token { text, meta: None }));
-            let events = token.into_iter().chain([Ok(ModelEvent::Done(answer))]);
-            return Ok(stream::iter(events).boxed());
+        post: reqwest::RequestBuilder,
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        match key {
+            Some(key) => post.bearer_auth(key),
+            None => post,
         }
-        let bytes = body::checked(response.bytes_stream(), body::line_cap());
-        let events = bytes.eventsource().boxed();
-        let state = (events, Some(Assembly::default()));
-        let stream = stream::unfold(state, |(mut events, mut assembly)| async move {
-            loop {
-                let building = assembly.as_mut()?;
-                match step(events.next().await, building) {
-                    Step::Skip => continue,
-                    Step::Token(text) => {
-                        let token = ModelEvent::Token { text, meta: None };
-                        return Some((Ok(token), (events, assembly)));
-                    }
-                    Step::Done(done) => return Some((Ok(ModelEvent::Done(done)), (events, None))),
-                    Step::Fail(error) => return Some((Err(error), (events, None))),
-                }
-            }
-        });
-        Ok(stream.boxed())
     }
 
-    /// Forwards the request to the server's `/embeddings`, asking for
-    /// this model, and returns its answer as it is.
-    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
-        let mut body = request.clone();
-        body["model"] = json!(self.config.model);
-        let response = self
-            .send(&self.embeddings_url, &body, true, context)
-            .await?;
-        let answer = body::read(response, body::answer_cap()).await?;
-        serde_json::from_slice(&answer).map_err(|e| {
+    /// The first choice, or the error a server sent with a `200`.
+    fn answer(&self, body: &[u8]) -> Result<ChatResponse, ChainError> {
+        let completion: Completion = serde_json::from_slice(body).map_err(|e| {
             ChainError::new(
                 ErrorKind::Transient,
-                format!("the model server's embeddings are not JSON: {e}"),
+                format!("the model server sent an unreadable answer: {e}"),
             )
-        })
+        })?;
+        if let Some(error) = &completion.error {
+            return Err(said_error("answered with an error", error));
+        }
+        let choice = completion.choices.into_iter().next().ok_or_else(|| {
+            ChainError::new(
+                ErrorKind::Transient,
+                "the model server sent an answer with no choices",
+            )
+        })?;
+        let calls: Vec<ToolCall> = choice
+            .message
+            .tool_calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.function.name,
+                arguments: c.function.arguments,
+            })
+            .collect();
+        let reason = finish(choice.finish_reason.as_deref(), !calls.is_empty());
+        let (content, refusal) = (choice.message.content, choice.message.refusal);
+        let refused_only = content.as_deref().is_none_or(str::is_empty) && refusal.is_some();
+        let reason = refused(reason, refused_only);
+        let usage = completion.usage.map(Usage::from).unwrap_or_default();
+        let text = if refused_only { refusal } else { content };
+        Ok(answer(text, calls, reason, usage, completion.model))
     }
 }
 
-/// What one event of a model stream makes of the answer being assembled.
-enum Step {
-    /// Nothing to pass on yet (a keep-alive, a chunk without text).
-    Skip,
-    Token(String),
-    /// The answer is whole.
-    Done(ChatResponse),
-    /// The stream failed; it ends here.
-    Fail(ChainError),
-}
-
-type StreamEvent = Result<eventsource_stream::Event, EventStreamError<Refused>>;
-
-/// Takes the next event (`None`: the server closed the stream) into the
-/// answer being assembled.
-fn step(event: Option<StreamEvent>, building: &mut Assembly) -> Step {
-    let event = match event {
-        Some(Ok(event)) => event,
-        Some(Err(e)) => return Step::Fail(broken(e)),
-        // Some servers close without `[DONE]` after the finish reason.
-        None if building.has_finished() => return Step::Done(std::mem::take(building).finish()),
-        None => {
-            let message = "the model stream ended before the answer did";
-            return Step::Fail(ChainError::new(ErrorKind::Transient, message));
-        }
-    };
-    let data = event.data.trim();
-    if data.is_empty() {
-        return Step::Skip;
-    }
-    if data == "[DONE]" {
-        return Step::Done(std::mem::take(building).finish());
-    }
-    let chunk: Chunk = match serde_json::from_str(&event.data) {
-        Ok(chunk) => chunk,
-        Err(e) => {
-            let message = format!("the model stream sent an unreadable chunk: {e}");
-            return Step::Fail(ChainError::new(ErrorKind::Transient, message));
-        }
-    };
-    if let Some(error) = &chunk.error {
-        let said = error["message"].as_str().or_else(|| error.as_str());
-        let message = format!(
-            "the model server broke off the stream with an error: {}",
-            said.unwrap_or("(no message)")
-        );
-        return Step::Fail(ChainError::new(ErrorKind::Transient, message));
-    }
-    match building.add(chunk) {
-        Ok(Some(text)) => Step::Token(text),
-        Ok(None) => Step::Skip,
-        Err(error) => Step::Fail(error),
-    }
-}
-
-/// The error a broken model stream ends with.
-fn broken(error: EventStreamError<Refused>) -> ChainError {
-    match error {
-        EventStreamError::Transport(Refused::Transport(e)) if e.is_timeout() => ChainError::new(
-            ErrorKind::Timeout,
-            format!("the model stream fell silent: {e}"),
-        ),
-        EventStreamError::Transport(e @ Refused::LineTooLong(_)) => {
-            ChainError::new(ErrorKind::LimitExceeded, e.to_string())
-        }
-        e => ChainError::new(ErrorKind::Transient, format!("the model stream broke: {e}")),
-    }
+/// The error a server's `error` field says, cut to a readable length:
+/// `{"message": ...}` or a bare string.
+pub(super) fn said_error(what: &str, error: &Value) -> ChainError {
+    let said = error["message"].as_str().or_else(|| error.as_str());
+    let said = body::cut(said.unwrap_or("(no message)"));
+    ChainError::new(
+        ErrorKind::Transient,
+        format!("the model server {what}: {said}"),
+    )
 }
 
 #[cfg(test)]
