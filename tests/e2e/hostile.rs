@@ -371,7 +371,7 @@ async fn an_anthropic_stream_whose_tool_input_never_ends_is_cut_at_the_answer_bo
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = sent.clone();
-    tokio::spawn(async move {
+    let server = tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut head = [0; 4096];
         let _ = socket.read(&mut head).await;
@@ -399,13 +399,7 @@ async fn an_anthropic_stream_whose_tool_input_never_ends_is_cut_at_the_answer_bo
     let mut events = model.stream(&request, &Context::new()).await.unwrap();
     let error = loop {
         match futures::StreamExt::next(&mut events).await {
-            Some(Ok(_)) => {
-                let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
-                assert!(
-                    sent < 64 << 20,
-                    "the client kept {sent} bytes of one answer"
-                );
-            }
+            Some(Ok(_)) => continue,
             Some(Err(error)) => break error,
             None => panic!("the stream ends with an error"),
         }
@@ -415,11 +409,15 @@ async fn an_anthropic_stream_whose_tool_input_never_ends_is_cut_at_the_answer_bo
         error.message.contains("larger than 16777216 bytes"),
         "{error}"
     );
+    // The stream that failed let go of its connection, though its
+    // consumer still holds it: the server's writes fail and it ends.
+    server.await.unwrap();
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
         sent < 32 << 20,
         "the client stopped reading: {sent} bytes sent"
     );
+    drop(events);
 }
 
 /// A filter that answers in the model's place is bounded as the model is:

@@ -199,10 +199,12 @@ fn events<A: Assembly>(
     response: reqwest::Response,
 ) -> BoxStream<'static, Result<ModelEvent, ChainError>> {
     let bytes = body::checked(response.bytes_stream(), body::line_cap());
-    let state = (bytes.eventsource().boxed(), Some(A::default()));
-    let stream = stream::unfold(state, |(mut events, mut assembly)| async move {
+    // The state is dropped, and the connection with it, once the answer
+    // is whole or the stream failed.
+    let state = Some((bytes.eventsource().boxed(), A::default()));
+    let stream = stream::unfold(state, |state| async move {
+        let (mut events, mut building) = state?;
         loop {
-            let building = assembly.as_mut()?;
             let step = match events.next().await {
                 Some(Ok(event)) if event.data.trim().is_empty() => continue,
                 Some(Ok(event)) => building.event(&event),
@@ -217,12 +219,12 @@ fn events<A: Assembly>(
                 Ok(Step::Skip) => continue,
                 Ok(Step::Token(text)) => {
                     let token = ModelEvent::Token { text, meta: None };
-                    return Some((Ok(token), (events, assembly)));
+                    return Some((Ok(token), Some((events, building))));
                 }
-                Ok(Step::Done) => Ok(ModelEvent::Done(std::mem::take(building).finish())),
+                Ok(Step::Done) => Ok(ModelEvent::Done(building.finish())),
                 Err(error) => Err(error),
             };
-            return Some((event, (events, None)));
+            return Some((event, None));
         }
     });
     stream.boxed()
