@@ -640,21 +640,39 @@ async fn embeddings_reach_the_routes_model_and_are_counted() {
         json!({ "input": "x" }),
         json!({ "model": "scripted" }),
         json!({ "model": "scripted", "input": 5 }),
+        json!({ "model": "scripted", "input": [] }),
+        json!({ "model": "scripted", "input": [[1, 2], []] }),
+        json!({ "model": "scripted", "input": "x", "encoding_format": "hex" }),
+        // Token ids, which the embedded model cannot read.
+        json!({ "model": "scripted", "input": [17, 42] }),
     ] {
         let (status, body) = embed(&served, bad.clone()).await;
         assert_eq!(status, 400, "{bad}: {body}");
         assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     }
+    let (status, body) = embed(
+        &served,
+        json!({ "model": "scripted", "input": "a cat", "encoding_format": "base64" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let base64 = body["data"][0]["embedding"].as_str().unwrap();
+    assert_eq!(base64.len(), 88, "16 f32s in base64: {base64}");
     let (status, _) = embed(&served, json!({ "model": "nobody", "input": "x" })).await;
     assert_eq!(status, 404);
     let (_, metrics) = served.get("/metrics").await;
     let counted =
-        r#"shallot_gateway_requests_total{model="scripted",mode="embeddings",status="200"} 1"#;
+        r#"shallot_gateway_requests_total{model="scripted",mode="embeddings",status="200"} 2"#;
     assert!(metrics.contains(counted), "{metrics}");
     served.stop().await.unwrap();
 
     let vectors = json!({ "object": "list", "data": [{ "object": "embedding", "index": 0, "embedding": [0.5, 0.5] }], "model": "text-embedding-3-small", "usage": { "prompt_tokens": 2, "total_tokens": 2 } });
-    let upstream = FakeProvider::start(vec![Canned::Json(200, vectors, vec![])]).await;
+    let unreadable = json!({ "object": "list", "data": "no vectors" });
+    let upstream = FakeProvider::start(vec![
+        Canned::Json(200, vectors, vec![]),
+        Canned::Json(200, unreadable, vec![]),
+    ])
+    .await;
     let model = shallot::OpenAiModel::new(shallot::OpenAiConfig::new(
         upstream.url.clone(),
         "text-embedding-3-small",
@@ -663,7 +681,7 @@ async fn embeddings_reach_the_routes_model_and_are_counted() {
     let served = Served::start(Kernel::builder().model(model).build().unwrap(), config()).await;
     let (status, body) = embed(
         &served,
-        json!({ "model": "scripted", "input": "two words", "dimensions": 2 }),
+        json!({ "model": "scripted", "input": "two words", "dimensions": 2, "input_type": "query" }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -675,6 +693,16 @@ async fn embeddings_reach_the_routes_model_and_are_counted() {
     );
     assert_eq!(asked["input"], "two words");
     assert_eq!(asked["dimensions"], 2);
+    assert_eq!(
+        asked["input_type"], "query",
+        "a compatible server's own field"
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], 2);
+    let (status, body) = embed(&served, json!({ "model": "scripted", "input": "x" })).await;
+    assert_eq!(
+        status, 502,
+        "an upstream's answer that is not embeddings: {body}"
+    );
     served.stop().await.unwrap();
 
     let served = Served::start(
@@ -2021,7 +2049,11 @@ impl shallot::ChatModel for EndlessEmbeddings {
         ))
     }
 
-    async fn embed(&self, _: &Value, _: &shallot::Context) -> Result<Value, ChainError> {
+    async fn embed(
+        &self,
+        _: &shallot::types::EmbeddingRequest,
+        _: &shallot::Context,
+    ) -> Result<shallot::types::EmbeddingResponse, ChainError> {
         self.0.notify_one();
         std::future::pending().await
     }

@@ -11,14 +11,13 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 
 use super::GatewayState;
 use super::bounds::{Admitted, Routed};
 use super::handlers::{caller, unspent};
 use super::wire::ApiError;
 use crate::context::Context;
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{ChainError, EmbeddingRequest, EmbeddingResponse, ErrorKind};
 
 /// One request, admitted by its bounds ([`bounds`](super::bounds)), which
 /// count and log what it answers.
@@ -50,18 +49,14 @@ async fn embed(
     headers: &HeaderMap,
     body: &[u8],
     routed: &mut Option<String>,
-) -> Result<(Value, Context), ApiError> {
+) -> Result<(EmbeddingResponse, Context), ApiError> {
     let (served, key) = (&admitted.served, admitted.key());
     let _place = admitted.take_place();
-    let request: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?;
-    let Some(model) = request.get("model").and_then(Value::as_str) else {
-        return Err(ApiError::invalid("an embeddings request names its `model`"));
-    };
-    if request.get("input").is_none_or(Value::is_null) {
-        return Err(ApiError::invalid("an embeddings request has an `input`"));
-    }
-    let route = served.route(key, model)?;
+    let request = serde_json::from_slice::<EmbeddingRequest>(body)
+        .map_err(|e| ApiError::invalid(format!("the body is not an embeddings request: {e}")))?
+        .check()
+        .map_err(|e| ApiError::chain(&e))?;
+    let route = served.route(key, &request.model)?;
     *routed = Some(route.model.clone());
     tracing::Span::current().record("model", route.model.as_str());
     let context = caller(&route.model, key, headers, &gateway.config)?;
@@ -77,10 +72,10 @@ async fn embed(
         () = gateway.cut() => Err(GatewayState::cut_error()),
     }
     .map_err(|e| ApiError::chain(&e))?;
-    let mut answer = answer;
-    if answer.is_object() {
-        // Named as the client asked, as a chat completion is.
-        answer["model"] = json!(route.model);
-    }
+    // Named as the client asked, as a chat completion is.
+    let answer = EmbeddingResponse {
+        model: route.model.clone(),
+        ..answer
+    };
     Ok((answer, context))
 }

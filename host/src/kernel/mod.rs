@@ -22,10 +22,10 @@ use crate::onion::{
 use crate::plugin::{self, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, FinishReason, Origin, Resumable,
-    ToolRequest, ToolResponse, ToolSpec, TurnInterrupt, TurnRequest, TurnResult,
+    ChainError, ChatRequest, ChatResponse, Decision, EmbeddingRequest, EmbeddingResponse,
+    ErrorKind, FinishReason, Origin, Resumable, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt,
+    TurnRequest, TurnResult,
 };
-use serde_json::Value;
 
 /// A turn that paused carries its filters' private contexts and the
 /// shared context, so that the resumed turn goes on from them (a `memory`
@@ -78,9 +78,13 @@ impl Kernel {
         KernelBuilder::default()
     }
 
-    /// Embeds the inputs of `request` (an OpenAI embeddings request) with
-    /// the kernel's model, directly: embeddings go through no filter.
-    pub async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+    /// Embeds the inputs of `request` with the kernel's model, directly:
+    /// embeddings go through no filter.
+    pub async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
         self.model.embed(request, context).await
     }
 

@@ -17,6 +17,9 @@ use super::{ChatModel, ModelEvent};
 use crate::context::Context;
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, FinishReason, Message, Role, ToolCall, Usage};
+use crate::types::{
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, Vector,
+};
 
 /// The embedded default model (`shallot-echo`).
 #[derive(Debug, Clone, Default)]
@@ -239,51 +242,59 @@ impl ChatModel for EmbeddedModel {
             .boxed())
     }
 
-    /// A deterministic embedding of each input (a string or a list of
-    /// strings): 16 numbers from its SHA-256, of length 1, as numbers or
-    /// (`"encoding_format": "base64"`) as OpenAI's base64. Not a meaning,
-    /// but the same text always gets the same vector, for the demo and for
-    /// tests.
-    async fn embed(&self, request: &Value, _context: &Context) -> Result<Value, ChainError> {
-        let inputs: Vec<&str> = match &request["input"] {
-            Value::String(text) => vec![text.as_str()],
-            Value::Array(items) => items.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
-            _ => Vec::new(),
+    /// A deterministic embedding of each text: 16 numbers from its
+    /// SHA-256, of length 1, as numbers or (`"encoding_format": "base64"`)
+    /// as OpenAI's base64. Not a meaning, but the same text always gets the
+    /// same vector, for the demo and for tests. Token ids it cannot read.
+    async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        _context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
+        let texts: Vec<&str> = match &request.input {
+            EmbeddingInput::Text(text) => vec![text],
+            EmbeddingInput::Texts(texts) => texts.iter().map(String::as_str).collect(),
+            EmbeddingInput::Tokens(_) | EmbeddingInput::TokenLists(_) => {
+                return Err(ChainError::new(
+                    ErrorKind::InvalidRequest,
+                    "the embedded model embeds a string or a list of strings, not token ids",
+                ));
+            }
         };
-        let count = match &request["input"] {
-            Value::Array(items) => items.len(),
-            _ => 1,
-        };
-        if inputs.is_empty() || inputs.len() != count {
-            return Err(ChainError::new(
-                ErrorKind::InvalidRequest,
-                "the embedded model embeds a string or a list of strings",
-            ));
-        }
-        let base64 = request["encoding_format"] == "base64";
-        let data: Vec<Value> = inputs
+        let data = texts
             .iter()
-            .enumerate()
-            .map(|(index, text)| {
+            .zip(0..)
+            .map(|(text, index)| {
                 let vector = vector(text);
-                let embedding = if base64 {
+                let embedding = if request.base64() {
                     // As OpenAI sends it: the little-endian f32s, in base64.
                     use base64::Engine;
                     let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
                 } else {
-                    json!(vector)
+                    Vector::Floats(vector.into_iter().map(f64::from).collect())
                 };
-                json!({ "object": "embedding", "index": index, "embedding": embedding })
+                Embedding {
+                    object: "embedding".to_owned(),
+                    index,
+                    embedding,
+                }
             })
             .collect();
-        let tokens: usize = inputs.iter().map(|t| t.split_whitespace().count()).sum();
-        Ok(json!({
-            "object": "list",
-            "data": data,
-            "model": self.name(),
-            "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
-        }))
+        let tokens = texts
+            .iter()
+            .map(|t| t.split_whitespace().count())
+            .sum::<usize>();
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        Ok(EmbeddingResponse {
+            object: "list".to_owned(),
+            data,
+            model: self.name().to_owned(),
+            usage: EmbeddingUsage {
+                prompt_tokens: tokens,
+                total_tokens: tokens,
+            },
+        })
     }
 }
 

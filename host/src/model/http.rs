@@ -18,7 +18,9 @@ use super::body::{self, Refused};
 use super::failure::{endpoint, http_client, send_retrying};
 use super::{AnthropicConfig, ChatModel, ModelEvent, OpenAiConfig};
 use crate::context::{Context, HOPS, HOPS_HEADER};
-use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind};
+use crate::types::{
+    ChainError, ChatRequest, ChatResponse, EmbeddingRequest, EmbeddingResponse, ErrorKind,
+};
 
 /// A model server's API: its endpoints, how a request is written and
 /// authorized, how a whole answer is read, and the answer a stream's events
@@ -116,7 +118,7 @@ impl<P: Protocol> HttpModel<P> {
     async fn send(
         &self,
         url: &reqwest::Url,
-        body: &Value,
+        body: &(impl serde::Serialize + Sync),
         whole: bool,
         context: &Context,
     ) -> Result<reqwest::Response, ChainError> {
@@ -175,19 +177,25 @@ impl<P: Protocol> ChatModel for HttpModel<P> {
     }
 
     /// Forwards the request to the server's embeddings endpoint, asking
-    /// for this model, and returns its answer as it is.
-    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+    /// for this model, and reads its answer.
+    async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
         let Some(url) = &self.embeddings_url else {
             return Err(super::no_embeddings(&self.model));
         };
-        let mut body = request.clone();
-        body["model"] = Value::from(self.model.as_str());
+        let body = EmbeddingRequest {
+            model: self.model.clone(),
+            ..request.clone()
+        };
         let response = self.send(url, &body, true, context).await?;
         let answer = body::read(response, body::answer_cap()).await?;
         serde_json::from_slice(&answer).map_err(|e| {
             ChainError::new(
                 ErrorKind::Transient,
-                format!("the model server's embeddings are not JSON: {e}"),
+                format!("the model server sent unreadable embeddings: {e}"),
             )
         })
     }

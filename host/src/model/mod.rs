@@ -18,7 +18,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use serde_json::Value;
 
 pub use crate::context::{BUDGET_HEADER, BUDGET_LEFT_HEADER, HOPS_HEADER};
 pub use anthropic::{AnthropicConfig, AnthropicModel};
@@ -35,6 +34,7 @@ use crate::onion::{Chat, SideModel, Terminal};
 pub use crate::types::ResponseLimits;
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
+use crate::types::{EmbeddingRequest, EmbeddingResponse};
 
 /// A model server's default bound on a whole answer, and on the silence
 /// between two stream events.
@@ -84,10 +84,13 @@ pub trait ChatModel: Send + Sync + 'static {
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError>;
 
-    /// Embeds the inputs of `request`, an OpenAI embeddings request
-    /// (`{"input": ..., ...}`), answering in OpenAI's shape. A model
-    /// without embeddings (the default) answers `not-found`.
-    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+    /// Embeds the inputs of `request`. A model without embeddings (the
+    /// default) answers `not-found`.
+    async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
         let _ = (request, context);
         Err(no_embeddings(self.name()))
     }
@@ -129,7 +132,11 @@ impl<M: ChatModel + ?Sized> ChatModel for Arc<M> {
         (**self).stream(request, context).await
     }
 
-    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+    async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
         (**self).embed(request, context).await
     }
 

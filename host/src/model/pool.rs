@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use serde_json::Value;
 
 use super::{ChatModel, ModelEvent};
 use crate::context::{Context, UPSTREAM};
 use crate::types::{ChainError, ChatRequest, ChatResponse, ErrorKind};
+use crate::types::{EmbeddingRequest, EmbeddingResponse};
 
 /// When an upstream rests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,7 +307,11 @@ impl ChatModel for UpstreamPool {
         Err(last.unwrap_or_else(Self::empty))
     }
 
-    async fn embed(&self, request: &Value, context: &Context) -> Result<Value, ChainError> {
+    async fn embed(
+        &self,
+        request: &EmbeddingRequest,
+        context: &Context,
+    ) -> Result<EmbeddingResponse, ChainError> {
         self.answered(context, |model| model.embed(request, context))
             .await
     }

@@ -9,6 +9,7 @@
 //! what it touches.
 
 mod chat;
+mod embedding;
 pub(crate) mod error;
 mod message;
 mod token;
@@ -17,6 +18,10 @@ mod turn;
 mod weight;
 
 pub use chat::{ChatRequest, ChatResponse, FinishReason, ResponseLimits, Usage};
+pub use embedding::{
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EncodingFormat,
+    Vector,
+};
 pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use token::{Token, TokenBatch};
