@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shallot::types::{ChatRequest, Role};
+use shallot::types::{ChatRequest, Role, ToolChoice};
 use shallot::{
     AnthropicConfig, AnthropicModel, ChainError, ClientKey, ErrorKind, Gateway, Kernel, Route,
     open_kv,
@@ -116,9 +116,9 @@ async fn the_messages_api_answers_and_streams_and_round_trips_tools_as_anthropic
     assert_eq!(seen.messages[0].role, Role::System);
     assert_eq!(seen.messages[0].text(), "be brief");
     assert_eq!(seen.tools[0].name, "add");
-    assert_eq!(seen.options["max_tokens"], 64);
-    assert_eq!(seen.options["tool_choice"], "required");
-    assert_eq!(seen.options["parallel_tool_calls"], false);
+    assert_eq!(seen.options.max_tokens, Some(64));
+    assert_eq!(seen.options.tool_choice, Some(ToolChoice::Required));
+    assert_eq!(seen.options.parallel_tool_calls, Some(false));
 
     // The client runs the tool and sends its result back.
     let mut round = request.clone();

@@ -311,8 +311,16 @@ async fn tool_calls_go_to_the_model_and_come_back_to_the_client_both_ways() {
         "the client's tools reach the model"
     );
     assert!(seen.tools[0].strict, "strict as the client asked");
-    assert_eq!(seen.options["tool_choice"], "auto", "and so do its options");
-    assert_eq!(seen.options["user"], "user-7", "and its end user's id");
+    assert_eq!(
+        seen.options.tool_choice,
+        Some(shallot::types::ToolChoice::Auto),
+        "and so do its options"
+    );
+    assert_eq!(
+        seen.options.user.as_deref(),
+        Some("user-7"),
+        "and its end user's id"
+    );
 
     // The client runs the tool and sends the result back.
     let mut messages = request["messages"].as_array().unwrap().clone();
@@ -916,6 +924,25 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
             .complete(json!({ "model": "scripted", "messages": [{ "role": "user", "content": "hi" }], "n": n }))
             .await;
         assert_eq!(status, expected, "n: {n}: {body}");
+    }
+    for (option, says_what) in [
+        (json!({ "temperature": "hot" }), "temperature"),
+        (
+            json!({ "tool_choice": "sometimes" }),
+            "`tool_choice`: must be",
+        ),
+        (json!({ "stop": [1, 2] }), "stop"),
+    ] {
+        let mut request = ask("hi");
+        for (key, value) in option.as_object().unwrap() {
+            request[key] = value.clone();
+        }
+        let (status, body) = served.complete(request).await;
+        assert_eq!(
+            status, 400,
+            "an option of the wrong shape: {option}: {body}"
+        );
+        assert!(body.to_string().contains(says_what), "{option}: {body}");
     }
     let (status, body) = served.get("/v1/chat/completions").await;
     assert_eq!(status, 405, "{body}");
@@ -1678,10 +1705,10 @@ async fn routes_give_each_model_its_filters_and_an_agent_route_runs_the_tool_loo
     for request in &asked {
         assert_eq!(
             (
-                &request.options["temperature"],
-                &request.options["max_completion_tokens"]
+                request.options.temperature,
+                request.options.max_completion_tokens
             ),
-            (&json!(0.2), &json!(50)),
+            (Some(0.2), Some(50)),
             "the client's options reach each model call of the turn"
         );
     }

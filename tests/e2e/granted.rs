@@ -1191,7 +1191,14 @@ async fn cache_answers_the_same_request_again_without_the_model() {
 async fn a_request_opts_out_of_the_cache_and_the_option_never_reaches_the_model() {
     let model = ScriptedModel::new(|n, _| Reply::Text(format!("answer {n}")));
     let kernel = cached(model.clone(), ":memory:cache-opt-out").await;
-    let fresh = || ask("hi").with_option("cache", json!(false));
+    let fresh = || {
+        let mut request = ask("hi");
+        request
+            .options_mut()
+            .extra
+            .insert("cache".into(), json!(false));
+        request
+    };
     assert_eq!(
         through_cache(&kernel, fresh(), "t").await,
         (json!("skip"), "answer 1".into())
@@ -1209,7 +1216,7 @@ async fn a_request_opts_out_of_the_cache_and_the_option_never_reaches_the_model(
         model
             .requests()
             .iter()
-            .all(|r| r.options.get("cache").is_none()),
+            .all(|r| r.options.extra.get("cache").is_none()),
         "the cache's option is its own"
     );
 }
@@ -1329,7 +1336,7 @@ async fn summarize_replaces_the_older_messages_by_a_side_call_summary_keeping_to
         "kept messages are not summarized"
     );
     assert!(side.messages.iter().all(|m| m.text() != "You are helpful."));
-    assert_eq!(side.options["max_tokens"], 512);
+    assert_eq!(side.options.max_tokens, Some(512));
     let main = &requests[1];
     assert_eq!(main.messages[0].text(), "You are helpful.");
     assert_eq!(

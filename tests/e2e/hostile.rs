@@ -1947,7 +1947,7 @@ async fn model_side_calls_are_bounded_in_calls_and_tokens_per_hook_call() {
         let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
         assert_contained(&error, ErrorKind::LimitExceeded, "around-chat", says);
         assert_eq!(model.calls(), calls);
-        let asked = model.requests()[0].options["max_tokens"].as_u64().unwrap();
+        let asked = model.requests()[0].options.max_tokens.unwrap();
         assert!(asked <= 8192, "max_tokens capped: {asked}");
         innocent_chat_works(&kernel).await;
     }

@@ -95,12 +95,7 @@ fn models_asked(model: &ScriptedModel) -> Vec<Option<String>> {
     model
         .requests()
         .iter()
-        .map(|r| {
-            r.options
-                .get("model")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
+        .map(|r| r.options.model.clone())
         .collect()
 }
 
@@ -119,7 +114,7 @@ async fn fall_back(
             move |call, request: &ChatRequest| match failures.get(call - 1) {
                 Some(&kind) => Reply::Fail(ChainError::new(kind, format!("failure {call}"))),
                 None => {
-                    let model = request.options.get("model").and_then(Value::as_str);
+                    let model = request.options.model.as_deref();
                     Reply::Text(format!("answer from {}", model.unwrap_or("default")))
                 }
             },

@@ -90,6 +90,8 @@ async fn a_side_call_carries_only_options_that_shape_its_answer_within_the_grant
             json!({ "stop": ["a", "b", "c", "d", "e"] }),
             "no more than 4",
         ),
+        (json!({ "user": "someone-else" }), "unknown field `user`"),
+        (json!({ "temperature": "hot" }), "not model options"),
     ] {
         let action = json!({ "do": "side-call", "options": options });
         let kernel = side_calling(server(&provider, 0), action, 8192).await;

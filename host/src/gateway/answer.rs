@@ -165,7 +165,7 @@ pub(super) async fn run(
             };
             // The client's options (temperature, max_tokens, ...) reach
             // every model call of the turn.
-            let options = options.model_options((*chat.options).clone());
+            let options = options.model_options(Arc::unwrap_or_clone(chat.options));
             match kernel.turn(turn, options).await {
                 TurnResult::Done(done) => Ok(done.response),
                 TurnResult::Interrupt(paused) => Err(ChainError::new(

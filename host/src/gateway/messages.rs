@@ -18,7 +18,10 @@ pub(super) use self::answer::refused;
 use super::Route;
 use super::handlers::{ChatApi, Prepared};
 use super::wire::{ApiError, unique_id};
-use crate::types::{ChatRequest, Content, ContentPart, Message, Role, ToolCall, ToolSpec};
+use crate::types::{
+    ChatRequest, Content, ContentPart, Message, ModelOptions, Role, Stop, ToolCall, ToolChoice,
+    ToolSpec,
+};
 
 /// A `POST /v1/messages` body. Fields the gateway does not read
 /// (`thinking`, `service_tier`, ...) are ignored.
@@ -117,28 +120,24 @@ impl MessagesRequest {
             .enumerate()
             .map(|(i, tool)| tool_from_wire(tool).map_err(|e| format!("tools[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut request = ChatRequest::new(messages)
+        let (tool_choice, parallel) = match &self.tool_choice {
+            Some(choice) => tool_choice(choice).map(|(c, p)| (Some(c), p))?,
+            None => (None, true),
+        };
+        let options = ModelOptions {
+            max_tokens: Some(self.max_tokens),
+            tool_choice,
+            parallel_tool_calls: (!parallel).then_some(false),
+            stop: self.stop_sequences.clone().map(Stop::Any),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            user: self.user().map(str::to_owned),
+            ..ModelOptions::default()
+        };
+        let request = ChatRequest::new(messages)
             .with_tools(tools)
-            .with_option("max_tokens", json!(self.max_tokens));
-        if let Some(choice) = &self.tool_choice {
-            let (choice, parallel) = tool_choice(choice)?;
-            request = request.with_option("tool_choice", choice);
-            if !parallel {
-                request = request.with_option("parallel_tool_calls", json!(false));
-            }
-        }
-        let options = [
-            ("stop", self.stop_sequences.as_ref().map(|s| json!(s))),
-            ("temperature", self.temperature.map(|t| json!(t))),
-            ("top_p", self.top_p.map(|p| json!(p))),
-            ("top_k", self.top_k.map(|k| json!(k))),
-            ("user", self.user().map(|u| json!(u))),
-        ];
-        for (key, value) in options {
-            if let Some(value) = value {
-                request = request.with_option(key, value);
-            }
-        }
+            .with_options(options);
         Ok(request)
     }
 }
@@ -274,17 +273,17 @@ fn tool_from_wire(wire: &Value) -> Result<ToolSpec, String> {
 
 /// Anthropic's `tool_choice` as OpenAI's, and whether calls may run in
 /// parallel.
-fn tool_choice(choice: &Value) -> Result<(Value, bool), String> {
+fn tool_choice(choice: &Value) -> Result<(ToolChoice, bool), String> {
     let parallel = choice["disable_parallel_tool_use"] != json!(true);
     let choice = match choice["type"].as_str() {
-        Some("auto") => json!("auto"),
-        Some("any") => json!("required"),
-        Some("none") => json!("none"),
+        Some("auto") => ToolChoice::Auto,
+        Some("any") => ToolChoice::Required,
+        Some("none") => ToolChoice::None,
         Some("tool") => {
             let name = choice["name"]
                 .as_str()
                 .ok_or("`tool_choice` has no `name`")?;
-            json!({ "type": "function", "function": { "name": name } })
+            ToolChoice::Tool(name.to_owned())
         }
         _ => return Err("`tool_choice.type` must be auto, any, tool or none".to_owned()),
     };

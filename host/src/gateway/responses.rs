@@ -29,7 +29,8 @@ use crate::conversation::{CONVERSATION_CAP, encoded_size};
 use crate::kv::KvStore;
 use crate::model::wire::tool_from_wire;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, Message, Role, ToolCall,
+    ChainError, ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, Message, ModelOptions,
+    Role, ToolCall, ToolChoice,
 };
 
 /// A `POST /v1/responses` body. Fields the gateway does not read
@@ -159,38 +160,43 @@ impl ResponsesRequest {
                 tool_from_wire(&wire).map_err(|e| ApiError::invalid(format!("tools[{i}]: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut request = ChatRequest::new(messages).with_tools(tools);
-        if let Some(choice) = &self.tool_choice {
-            let choice = match choice {
-                Value::String(_) => choice.clone(),
-                _ if choice["type"] == "function" => {
-                    json!({ "type": "function", "function": { "name": choice["name"] } })
-                }
-                _ => {
-                    return Err(ApiError::invalid(
-                        "`tool_choice` must be auto, none, required or a function",
-                    ));
-                }
-            };
-            request = request.with_option("tool_choice", choice);
-        }
-        let options = [
-            ("max_tokens", self.max_output_tokens.map(|n| json!(n))),
-            ("temperature", self.temperature.map(|t| json!(t))),
-            ("top_p", self.top_p.map(|p| json!(p))),
-            (
-                "parallel_tool_calls",
-                self.parallel_tool_calls.map(|p| json!(p)),
-            ),
-            ("user", self.user.as_ref().map(|u| json!(u))),
-        ];
-        for (key, value) in options {
-            if let Some(value) = value {
-                request = request.with_option(key, value);
-            }
-        }
+        let tool_choice = match &self.tool_choice {
+            None => None,
+            Some(Value::String(mode)) => Some(mode_choice(mode)?),
+            Some(choice) if choice["type"] == "function" => match choice["name"].as_str() {
+                Some(name) => Some(ToolChoice::Tool(name.to_owned())),
+                None => return Err(ApiError::invalid("`tool_choice` has no `name`")),
+            },
+            Some(_) => return Err(choice_error()),
+        };
+        let options = ModelOptions {
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            tool_choice,
+            parallel_tool_calls: self.parallel_tool_calls,
+            user: self.user.clone(),
+            ..ModelOptions::default()
+        };
+        let request = ChatRequest::new(messages)
+            .with_tools(tools)
+            .with_options(options);
         Ok(request)
     }
+}
+
+/// A `tool_choice` given as a word.
+fn mode_choice(mode: &str) -> Result<ToolChoice, ApiError> {
+    match mode {
+        "auto" => Ok(ToolChoice::Auto),
+        "none" => Ok(ToolChoice::None),
+        "required" => Ok(ToolChoice::Required),
+        _ => Err(choice_error()),
+    }
+}
+
+fn choice_error() -> ApiError {
+    ApiError::invalid("`tool_choice` must be auto, none, required or a function")
 }
 
 /// The `400` of a route that keeps no responses.

@@ -20,7 +20,7 @@ use super::handlers::{ChatApi, Prepared};
 use crate::model::wire::{
     message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
 };
-use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, JsonMap};
+use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, ModelOptions};
 
 /// A `POST /v1/chat/completions` body. Fields the gateway does not handle
 /// itself (`temperature`, `max_tokens`, `tool_choice`, ...) go to the model
@@ -35,10 +35,8 @@ pub(super) struct CompletionRequest {
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    user: Option<String>,
     #[serde(flatten)]
-    options: JsonMap,
+    options: Value,
 }
 
 #[derive(Deserialize)]
@@ -56,7 +54,7 @@ impl CompletionRequest {
     }
 
     /// The request in our terms, or what is wrong with it.
-    fn chat_request(&self) -> Result<ChatRequest, String> {
+    fn chat_request(self) -> Result<ChatRequest, String> {
         if self.messages.is_empty() {
             return Err("`messages` must not be empty".to_owned());
         }
@@ -80,13 +78,9 @@ impl CompletionRequest {
             .enumerate()
             .map(|(i, t)| tool_from_wire(t).map_err(|e| format!("tools[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut request = ChatRequest::new(messages).with_tools(tools);
-        for (key, value) in &self.options {
-            request = request.with_option(key, value.clone());
-        }
-        if let Some(user) = &self.user {
-            request = request.with_option("user", Value::String(user.clone()));
-        }
+        let request = ChatRequest::new(messages)
+            .with_tools(tools)
+            .with_options(ModelOptions::from_json(&self.options)?);
         Ok(request)
     }
 }
@@ -109,10 +103,11 @@ impl ChatApi for CompletionRequest {
     }
 
     fn user(&self) -> Option<&str> {
-        self.user.as_deref()
+        self.options.get("user").and_then(Value::as_str)
     }
 
     async fn prepare(self, route: &Route, _: Option<&str>) -> Result<Prepared, ApiError> {
+        let include_usage = self.include_usage();
         let chat = self.chat_request().map_err(ApiError::invalid)?;
         let head = Head::new(&route.model);
         Ok(Prepared {
@@ -120,7 +115,7 @@ impl ChatApi for CompletionRequest {
             id: head.id.clone(),
             dialect: Box::new(Completions {
                 head,
-                include_usage: self.include_usage(),
+                include_usage,
             }),
             keep: None,
         })

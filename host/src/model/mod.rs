@@ -34,7 +34,7 @@ use crate::onion::{Chat, SideModel, Terminal};
 pub use crate::types::ResponseLimits;
 use crate::types::{ChainError, ErrorKind};
 use crate::types::{ChatRequest, ChatResponse, Message, TokenBatch, Weigh};
-use crate::types::{EmbeddingRequest, EmbeddingResponse};
+use crate::types::{EmbeddingRequest, EmbeddingResponse, ModelOptions};
 
 /// A model server's default bound on a whole answer, and on the silence
 /// between two stream events.
@@ -190,10 +190,10 @@ impl Terminal<Chat> for ModelTerminal {
 /// `request` with the invoke's model options (e.g. its route's upstream
 /// model) where it sets none of its own.
 fn with_invoke_options(mut request: ChatRequest, invoke: &Invoke) -> ChatRequest {
-    for (key, value) in invoke.model_options() {
-        if !request.options.contains_key(key) {
-            request = request.with_option(key, value.clone());
-        }
+    let defaults = invoke.model_options();
+    if *defaults != ModelOptions::default() {
+        let options = Arc::unwrap_or_clone(request.options).or(defaults);
+        request.options = Arc::new(options);
     }
     request
 }

@@ -24,8 +24,8 @@ use super::{Cancel, Fctx, Next, Onion, TokenSink};
 use crate::context::Context;
 use crate::types::{Carried, ChainError};
 use crate::types::{
-    ChatRequest, ChatResponse, Decision, JsonMap, Resumable, ToolRequest, ToolResponse, ToolSpec,
-    Weigh,
+    ChatRequest, ChatResponse, Decision, ModelOptions, Resumable, ToolRequest, ToolResponse,
+    ToolSpec, Weigh,
 };
 
 /// What a caller gives an invoke besides its request. A [`Context`]
@@ -47,7 +47,7 @@ pub struct InvokeOptions {
     /// call of the invoke, applied innermost like the system prompts: a
     /// request's own options win. A turn's tool loop makes its model calls
     /// itself; this is how a caller's options reach them.
-    pub model_options: JsonMap,
+    pub model_options: ModelOptions,
     /// What cancels the invoke's calls from outside, if anything.
     pub cancel: Option<Cancel>,
     /// Whether the answer is shown to its caller whole: set, the answer's
@@ -75,7 +75,7 @@ impl InvokeOptions {
 
     /// Sets the model options of every model call (see
     /// [`model_options`](Self::model_options)).
-    pub fn model_options(mut self, options: JsonMap) -> Self {
+    pub fn model_options(mut self, options: ModelOptions) -> Self {
         self.model_options = options;
         self
     }
@@ -133,7 +133,7 @@ pub struct Invoke {
     extensions: Extensions,
     sink: Option<Arc<dyn TokenSink>>,
     system_prompts: OnceLock<Vec<String>>,
-    model_options: JsonMap,
+    model_options: ModelOptions,
     /// A paused turn this invoke resumes, with the caller's decision.
     resumed: Mutex<Option<(Resumable, Decision)>>,
 }
@@ -167,7 +167,7 @@ impl Invoke {
         onion: Arc<Onion>,
         context: Context,
         sink: Option<Arc<dyn TokenSink>>,
-        model_options: JsonMap,
+        model_options: ModelOptions,
         extensions: Extensions,
     ) -> Self {
         let filters = onion.filters.len();
@@ -358,7 +358,7 @@ impl Invoke {
 
     /// The model options every model call of the invoke gets, under its
     /// own.
-    pub fn model_options(&self) -> &JsonMap {
+    pub fn model_options(&self) -> &ModelOptions {
         &self.model_options
     }
 

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ChainError, ErrorKind, JsonMap, Message, Origin, ToolSpec};
+use super::{ChainError, ErrorKind, JsonMap, Message, ModelOptions, Origin, ToolSpec};
 
 /// A request to the model: what the chat chain carries inward.
 #[derive(Debug, Clone, Default)]
@@ -11,8 +11,8 @@ pub struct ChatRequest {
     pub messages: Arc<Vec<Message>>,
     /// The tools offered to the model.
     pub tools: Arc<Vec<ToolSpec>>,
-    /// Model options (`model`, `temperature`, `max_tokens`, ...).
-    pub options: Arc<JsonMap>,
+    /// What shapes the answer (`temperature`, `max_tokens`, ...).
+    pub options: Arc<ModelOptions>,
 }
 
 impl ChatRequest {
@@ -30,10 +30,16 @@ impl ChatRequest {
         self
     }
 
-    /// Sets the model option `key`.
-    pub fn with_option(mut self, key: &str, value: serde_json::Value) -> Self {
-        Arc::make_mut(&mut self.options).insert(key.to_owned(), value);
+    /// Asks the model with `options`.
+    pub fn with_options(mut self, options: ModelOptions) -> Self {
+        self.options = Arc::new(options);
         self
+    }
+
+    /// The options, to change (copied first only if another layer shares
+    /// them).
+    pub fn options_mut(&mut self) -> &mut ModelOptions {
+        Arc::make_mut(&mut self.options)
     }
 
     /// The messages, to change (copied first only if another layer shares them).

@@ -12,6 +12,7 @@ mod chat;
 mod embedding;
 pub(crate) mod error;
 mod message;
+mod options;
 mod token;
 mod tool;
 mod turn;
@@ -24,6 +25,7 @@ pub use embedding::{
 };
 pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
+pub use options::{ModelOptions, Stop, ToolChoice};
 pub use token::{Token, TokenBatch};
 pub use tool::{ToolRequest, ToolResponse, ToolSpec};
 pub(crate) use turn::{Carried, Resumable};

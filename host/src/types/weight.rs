@@ -6,8 +6,9 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{
-    ChatRequest, ChatResponse, Content, ContentPart, Message, TokenBatch, ToolCall, ToolRequest,
-    ToolResponse, ToolSpec, TurnDone, TurnInterrupt, TurnRequest,
+    ChatRequest, ChatResponse, Content, ContentPart, Message, ModelOptions, Stop, TokenBatch,
+    ToolCall, ToolChoice, ToolRequest, ToolResponse, ToolSpec, TurnDone, TurnInterrupt,
+    TurnRequest,
 };
 
 /// Bytes counted for every item besides its text: a fair share of the
@@ -77,7 +78,27 @@ fn map_weight(map: &super::JsonMap) -> usize {
 
 impl Weigh for ChatRequest {
     fn weight(&self) -> usize {
-        ITEM + self.messages.weight() + self.tools.weight() + map_weight(&self.options)
+        ITEM + self.messages.weight() + self.tools.weight() + self.options.weight()
+    }
+}
+
+impl Weigh for ModelOptions {
+    fn weight(&self) -> usize {
+        let texts = [&self.model, &self.user]
+            .into_iter()
+            .flatten()
+            .map(String::len)
+            .sum::<usize>();
+        let stops = self.stop.iter().flat_map(Stop::texts).map(String::len);
+        let chosen = match &self.tool_choice {
+            Some(ToolChoice::Tool(name)) => name.len(),
+            _ => 0,
+        };
+        ITEM + texts
+            + stops.sum::<usize>()
+            + chosen
+            + self.response_format.as_ref().map_or(0, Weigh::weight)
+            + map_weight(&self.extra)
     }
 }
 

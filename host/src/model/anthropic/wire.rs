@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use crate::model::openai::wire::answer;
 use crate::types::{
     ChainError, ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Message,
-    Role, ToolCall, Usage,
+    Role, ToolCall, ToolChoice, Usage,
 };
 
 /// The Messages request for `request`: its system messages as `system`,
@@ -18,12 +18,8 @@ pub(super) fn body(request: &ChatRequest, model: &str, max_tokens: u64, stream: 
     let (system, messages) = turns(request);
     let options = &request.options;
     let mut body = json!({
-        "model": options.get("model").and_then(Value::as_str).unwrap_or(model),
-        "max_tokens": options
-            .get("max_tokens")
-            .or_else(|| options.get("max_completion_tokens"))
-            .and_then(Value::as_u64)
-            .unwrap_or(max_tokens),
+        "model": options.model.as_deref().unwrap_or(model),
+        "max_tokens": options.max_tokens.or(options.max_completion_tokens).unwrap_or(max_tokens),
         "messages": messages,
     });
     if let Some(system) = system {
@@ -37,26 +33,28 @@ pub(super) fn body(request: &ChatRequest, model: &str, max_tokens: u64, stream: 
             .collect();
         body["tools"] = Value::Array(tools);
     }
-    for key in ["temperature", "top_p", "top_k"] {
-        if let Some(value) = options.get(key) {
-            body[key] = value.clone();
-        }
+    if let Some(temperature) = options.temperature {
+        body["temperature"] = json!(temperature);
     }
-    match options.get("stop") {
-        Some(Value::String(stop)) => body["stop_sequences"] = json!([stop]),
-        Some(stop @ Value::Array(_)) => body["stop_sequences"] = stop.clone(),
-        _ => {}
+    if let Some(top_p) = options.top_p {
+        body["top_p"] = json!(top_p);
     }
-    if let Some(choice) = options.get("tool_choice").and_then(tool_choice) {
-        body["tool_choice"] = choice;
+    if let Some(top_k) = options.top_k {
+        body["top_k"] = json!(top_k);
     }
-    if options.get("parallel_tool_calls") == Some(&json!(false)) && !request.tools.is_empty() {
+    if let Some(stop) = &options.stop {
+        body["stop_sequences"] = json!(stop.texts());
+    }
+    if let Some(choice) = &options.tool_choice {
+        body["tool_choice"] = tool_choice(choice);
+    }
+    if options.parallel_tool_calls == Some(false) && !request.tools.is_empty() {
         if body["tool_choice"].is_null() {
             body["tool_choice"] = json!({ "type": "auto" });
         }
         body["tool_choice"]["disable_parallel_tool_use"] = json!(true);
     }
-    if let Some(user) = options.get("user").and_then(Value::as_str) {
+    if let Some(user) = &options.user {
         body["metadata"] = json!({ "user_id": user });
     }
     if stream {
@@ -142,16 +140,13 @@ fn part(part: &ContentPart) -> Value {
 }
 
 /// OpenAI's `tool_choice` as Anthropic's.
-fn tool_choice(choice: &Value) -> Option<Value> {
-    Some(match choice {
-        Value::String(choice) => match choice.as_str() {
-            "auto" => json!({ "type": "auto" }),
-            "required" => json!({ "type": "any" }),
-            "none" => json!({ "type": "none" }),
-            _ => return None,
-        },
-        _ => json!({ "type": "tool", "name": choice["function"]["name"].as_str()? }),
-    })
+fn tool_choice(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!({ "type": "auto" }),
+        ToolChoice::Required => json!({ "type": "any" }),
+        ToolChoice::None => json!({ "type": "none" }),
+        ToolChoice::Tool(name) => json!({ "type": "tool", "name": name }),
+    }
 }
 
 /// Anthropic's stop reason in our terms.

@@ -134,9 +134,9 @@ impl Protocol for OpenAi {
         }
         // Options shape the answer; they never replace what frames the
         // request, nor ask for more answers than the one read.
-        for (key, value) in request.options.iter() {
+        for (key, value) in request.options.to_json() {
             if !FRAMING.contains(&key.as_str()) {
-                body[key] = value.clone();
+                body[key] = value;
             }
         }
         if stream {

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use wasmtime::component::Resource;
 
 use super::HostState;
@@ -21,7 +21,7 @@ use crate::context::Tokens;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::bindings::shallot::filter::{model, model_stream};
 use crate::plugin::convert;
-use crate::types::{Call, ChatRequest, ChatResponse, JsonMap};
+use crate::types::{Call, ChatRequest, ChatResponse, JsonMap, ModelOptions};
 
 /// The `model` grant: which model a filter may call aside, by the name the
 /// kernel gives it (`default`: the model behind the filter's chain, its
@@ -140,93 +140,43 @@ impl model_stream::Host for HostState {
 /// The options a side call may carry: what shapes an answer. Anything
 /// else (`stream`, which fails the call after the model spent its tokens;
 /// `n` past 1, answers paid for and never read; `service_tier`, `model`,
-/// audio, predictions) is refused, naming it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SideOptions {
-    max_tokens: Option<u64>,
-    max_completion_tokens: Option<u64>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    top_k: Option<u64>,
-    stop: Option<Stop>,
-    seed: Option<i64>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
-    tool_choice: Option<Value>,
-    parallel_tool_calls: Option<bool>,
-    response_format: Option<Value>,
-    #[serde(default = "one")]
-    n: u64,
-    #[serde(default)]
-    stream: bool,
-}
-
-fn one() -> u64 {
-    1
-}
-
-/// Where the answer stops: a text, or at most four.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Some(Vec<String>),
-}
-
-impl SideOptions {
-    /// The options the host sends, `max_tokens` at most `most`; or why
-    /// they are refused.
-    fn sent(self, most: u64) -> Result<JsonMap, String> {
-        if self.n != 1 {
-            return Err(format!(
-                "a side call answers once: `n` must be 1, not {}",
-                self.n
-            ));
-        }
-        if self.stream {
-            return Err("a side call is never streamed: `stream` must be false".into());
-        }
-        if matches!(&self.stop, Some(Stop::Some(stops)) if stops.len() > 4) {
-            return Err("a side call stops at no more than 4 texts".into());
-        }
-        let mut options = JsonMap::new();
-        options.insert("max_tokens".into(), json!(most));
-        let mut put = |key: &str, value: Option<Value>| {
-            if let Some(value) = value {
-                options.insert(key.into(), value);
+/// `user`, audio, predictions) is refused, naming it. The options the host
+/// sends, `max_tokens` at most `most`.
+fn side_options(asked: &ModelOptions, most: u64) -> Result<ModelOptions, String> {
+    for (key, value) in &asked.extra {
+        match key.as_str() {
+            "n" if value.as_u64() == Some(1) => {}
+            "n" => {
+                return Err(format!(
+                    "a side call answers once: `n` must be 1, not {value}"
+                ));
             }
-        };
-        put("temperature", self.temperature.map(Value::from));
-        put("top_p", self.top_p.map(Value::from));
-        put("top_k", self.top_k.map(Value::from));
-        put(
-            "stop",
-            self.stop.map(|stop| match stop {
-                Stop::One(text) => json!(text),
-                Stop::Some(texts) => json!(texts),
-            }),
-        );
-        put("seed", self.seed.map(Value::from));
-        put("presence_penalty", self.presence_penalty.map(Value::from));
-        put("frequency_penalty", self.frequency_penalty.map(Value::from));
-        put("tool_choice", self.tool_choice);
-        put(
-            "parallel_tool_calls",
-            self.parallel_tool_calls.map(Value::from),
-        );
-        put("response_format", self.response_format);
-        Ok(options)
-    }
-
-    /// The longest answer it asks for (the smaller of `max_tokens` and
-    /// `max_completion_tokens`), if any.
-    fn asked(&self) -> Option<u64> {
-        match (self.max_tokens, self.max_completion_tokens) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+            "stream" if value == &json!(false) => {}
+            "stream" => return Err("a side call is never streamed: `stream` must be false".into()),
+            _ => return Err(format!("unknown field `{key}`")),
         }
     }
+    for (key, set) in [
+        ("model", asked.model.is_some()),
+        ("user", asked.user.is_some()),
+    ] {
+        if set {
+            return Err(format!("unknown field `{key}`"));
+        }
+    }
+    if asked
+        .stop
+        .as_ref()
+        .is_some_and(|stop| stop.texts().len() > 4)
+    {
+        return Err("a side call stops at no more than 4 texts".into());
+    }
+    Ok(ModelOptions {
+        max_tokens: Some(most),
+        max_completion_tokens: None,
+        extra: JsonMap::new(),
+        ..asked.clone()
+    })
 }
 
 /// About how many tokens `request` is to a model: a token per four bytes
@@ -281,11 +231,6 @@ fn side_request(
     left: u64,
     tokens: u32,
 ) -> Result<(ChatRequest, u64, u64), wit::FilterError> {
-    let options = serde_json::from_value::<SideOptions>(Value::Object((*asked.options).clone()))
-        .map_err(|e| {
-            let message = format!("a side call's options: {e}");
-            error(wit::ErrorKind::InvalidRequest, message)
-        })?;
     let prompt = prompt_tokens(asked);
     if prompt >= left {
         let message = format!(
@@ -293,12 +238,14 @@ fn side_request(
         );
         return Err(error(wit::ErrorKind::LimitExceeded, message));
     }
-    let most = options
-        .asked()
+    let most = asked
+        .options
+        .longest()
         .map_or(left - prompt, |asked| asked.min(left - prompt));
-    let sent = options
-        .sent(most)
-        .map_err(|message| error(wit::ErrorKind::InvalidRequest, message))?;
+    let sent = side_options(&asked.options, most).map_err(|e| {
+        let message = format!("a side call's options: {e}");
+        error(wit::ErrorKind::InvalidRequest, message)
+    })?;
     let request = ChatRequest {
         options: Arc::new(sent),
         ..asked.clone()

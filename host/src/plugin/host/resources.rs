@@ -11,8 +11,8 @@ use super::{HostState, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
-    ChatRequest, ChatResponse, Content, FinishReason, Message, ToolRequest, ToolResponse, ToolSpec,
-    TurnDone, TurnInterrupt, TurnRequest, Weigh, json_weight,
+    ChatRequest, ChatResponse, Content, FinishReason, Message, ModelOptions, ToolRequest,
+    ToolResponse, ToolSpec, TurnDone, TurnInterrupt, TurnRequest, Weigh, json_weight,
 };
 
 /// A request that carries a conversation: a chat or a turn request.
@@ -186,7 +186,8 @@ impl wit::HostChatRequest for HostState {
     }
 
     fn options(&mut self, this: Resource<ChatRequest>) -> wasmtime::Result<String> {
-        Ok(serde_json::Value::Object((*self.table.get(&this)?.options).clone()).to_string())
+        let options = &self.table.get(&this)?.options;
+        Ok(serde_json::to_string(&**options)?)
     }
 
     fn set_options(
@@ -194,9 +195,13 @@ impl wit::HostChatRequest for HostState {
         this: Resource<ChatRequest>,
         options: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        match self.json_object(&options, "options")? {
-            Ok(map) => {
-                self.table.get_mut(&this)?.options = Arc::new(map);
+        let read = self.parse_json(&options, "options")?.and_then(|options| {
+            ModelOptions::from_json(&options)
+                .map_err(|e| format!("options are not model options: {e}"))
+        });
+        match read {
+            Ok(options) => {
+                self.table.get_mut(&this)?.options = Arc::new(options);
                 self.recharge(&this)?;
                 Ok(Ok(()))
             }
