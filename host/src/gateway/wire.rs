@@ -252,7 +252,8 @@ impl Head {
     /// character is six bytes in JSON).
     pub fn completion(&self, mut response: ChatResponse, delivered: Option<String>) -> Body {
         response.message.content = None;
-        let mut message = wire_message(&response.message);
+        let mut message = serde_json::to_value(wire_message(&response.message))
+            .expect("a message serializes as JSON");
         if let Some(fields) = message.as_object_mut() {
             fields.remove("content");
         }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::stream::{self, BoxStream, StreamExt};
-use serde_json::Value;
 
 use super::body::{self, Refused};
 use super::failure::{endpoint, http_client, send_retrying};
@@ -33,8 +33,9 @@ pub trait Protocol: Send + Sync + 'static {
     /// The embeddings endpoint, if the API has one.
     const EMBEDDINGS: Option<&'static str>;
 
-    /// The body asking `model` to answer `request`, streamed or whole.
-    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Value;
+    /// The body asking `model` to answer `request`, streamed or whole, as
+    /// JSON: written once, however often it is sent.
+    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Bytes;
 
     /// `post` with the API's own headers and its way of giving `key`.
     fn authorized(
@@ -118,14 +119,15 @@ impl<P: Protocol> HttpModel<P> {
     async fn send(
         &self,
         url: &reqwest::Url,
-        body: &(impl serde::Serialize + Sync),
+        body: Bytes,
         whole: bool,
         context: &Context,
     ) -> Result<reqwest::Response, ChainError> {
         let hops = context.get(HOPS).and_then(|h| h.as_u64()).unwrap_or(0) + 1;
         send_retrying(self.max_retries, context, || {
-            let post = self.client.post(url.clone());
-            let mut post = post.header(HOPS_HEADER, hops).json(body);
+            let post = self.client.post(url.clone()).header(HOPS_HEADER, hops);
+            let json = post.header(reqwest::header::CONTENT_TYPE, "application/json");
+            let mut post = json.body(body.clone());
             if whole {
                 post = post.timeout(self.timeout);
             }
@@ -147,7 +149,7 @@ impl<P: Protocol> ChatModel for HttpModel<P> {
         context: &Context,
     ) -> Result<ChatResponse, ChainError> {
         let body = self.protocol.body(request, &self.model, false);
-        let response = self.send(&self.chat_url, &body, true, context).await?;
+        let response = self.send(&self.chat_url, body, true, context).await?;
         self.protocol
             .answer(&body::read(response, body::answer_cap()).await?)
     }
@@ -158,7 +160,7 @@ impl<P: Protocol> ChatModel for HttpModel<P> {
         context: &Context,
     ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
         let body = self.protocol.body(request, &self.model, true);
-        let response = self.send(&self.chat_url, &body, false, context).await?;
+        let response = self.send(&self.chat_url, body, false, context).await?;
         let json = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -190,7 +192,7 @@ impl<P: Protocol> ChatModel for HttpModel<P> {
             model: self.model.clone(),
             ..request.clone()
         };
-        let response = self.send(url, &body, true, context).await?;
+        let response = self.send(url, json_bytes(&body), true, context).await?;
         let answer = body::read(response, body::answer_cap()).await?;
         serde_json::from_slice(&answer).map_err(|e| {
             ChainError::new(
@@ -199,6 +201,12 @@ impl<P: Protocol> ChatModel for HttpModel<P> {
             )
         })
     }
+}
+
+/// `value` as JSON. What a model request holds always is JSON: its maps'
+/// keys are strings, and a number JSON cannot write is written `null`.
+pub(super) fn json_bytes(value: &impl serde::Serialize) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).expect("a model request serializes as JSON"))
 }
 
 /// A streamed answer's events, put together by an `A`: its tokens as they

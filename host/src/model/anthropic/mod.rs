@@ -10,6 +10,7 @@
 
 mod wire;
 
+use bytes::Bytes;
 use eventsource_stream::Event;
 use serde::Deserialize;
 use serde_json::Value;
@@ -103,8 +104,8 @@ impl Protocol for Anthropic {
     const CHAT: &'static str = "messages";
     const EMBEDDINGS: Option<&'static str> = None;
 
-    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Value {
-        wire::body(request, model, self.max_tokens, stream)
+    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Bytes {
+        http::json_bytes(&wire::body(request, model, self.max_tokens, stream))
     }
 
     fn authorized(

@@ -14,16 +14,22 @@
 
 mod assembly;
 pub(crate) mod wire;
+mod written;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use self::assembly::Assembly;
-use self::wire::{Completion, answer, finish, refused, wire_message, wire_tool};
+use self::wire::{
+    Completion, WireMessage, WireTool, answer, finish, refused, wire_message, wire_tool,
+};
 use super::body;
 use super::http::{HttpModel, Protocol, Reach};
 use crate::types::{ChainError, ErrorKind};
-use crate::types::{ChatRequest, ChatResponse, ToolCall, Usage};
+use crate::types::{ChatRequest, ChatResponse, ModelOptions, ToolCall, Usage};
 
 /// How to reach an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -49,6 +55,26 @@ pub struct OpenAiConfig {
 /// many answers (one: only the first is read, the others would be paid
 /// for).
 const FRAMING: [&str; 5] = ["messages", "tools", "stream", "stream_options", "n"];
+
+/// A chat request as chat completions write it, borrowed from ours.
+#[derive(Serialize)]
+struct Outgoing<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(flatten)]
+    options: Cow<'a, ModelOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<IncludeUsage>,
+}
+
+#[derive(Serialize)]
+struct IncludeUsage {
+    include_usage: bool,
+}
 
 impl OpenAiConfig {
     /// A config for `base_url` and `model`, with the default timeout and retries.
@@ -123,27 +149,35 @@ impl Protocol for OpenAi {
     const CHAT: &'static str = "chat/completions";
     const EMBEDDINGS: Option<&'static str> = Some("embeddings");
 
-    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Value {
-        let mut body = json!({
-            "model": model,
-            "messages": request.messages.iter().map(wire_message).collect::<Vec<_>>(),
-        });
-        if !request.tools.is_empty() {
-            let tools: Vec<Value> = request.tools.iter().map(wire_tool).collect();
-            body["tools"] = Value::Array(tools);
-        }
+    fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Bytes {
+        let options = &request.options;
         // Options shape the answer; they never replace what frames the
         // request, nor ask for more answers than the one read.
-        for (key, value) in request.options.to_json() {
-            if !FRAMING.contains(&key.as_str()) {
-                body[key] = value;
-            }
-        }
-        if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({ "include_usage": true });
-        }
-        body
+        let framing = options
+            .extra
+            .keys()
+            .any(|key| FRAMING.contains(&key.as_str()));
+        let shaping = if options.model.is_none() && !framing {
+            Cow::Borrowed(&**options)
+        } else {
+            let mut shaping = (**options).clone();
+            shaping.model = None;
+            shaping
+                .extra
+                .retain(|key, _| !FRAMING.contains(&key.as_str()));
+            Cow::Owned(shaping)
+        };
+        let body = Outgoing {
+            model: options.model.as_deref().unwrap_or(model),
+            messages: request.messages.iter().map(wire_message).collect(),
+            tools: request.tools.iter().map(wire_tool).collect(),
+            options: shaping,
+            stream: stream.then_some(true),
+            stream_options: stream.then_some(IncludeUsage {
+                include_usage: true,
+            }),
+        };
+        super::http::json_bytes(&body)
     }
 
     fn authorized(

@@ -6,61 +6,10 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub(crate) use super::written::{WireMessage, WireTool, wire_message, wire_tool};
 use crate::types::{
     ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, ToolSpec, Usage,
 };
-
-/// A message in the wire format.
-pub(crate) fn wire_message(m: &Message) -> Value {
-    let role = match m.role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let content = match &m.content {
-        None => Value::Null,
-        Some(Content::Text(text)) => json!(text),
-        Some(Content::Parts(parts)) => Value::Array(
-            parts
-                .iter()
-                .map(|part| match part {
-                    ContentPart::Text { text } => json!({ "type": "text", "text": text }),
-                    ContentPart::Image { url, detail } => {
-                        let mut image = json!({ "url": url });
-                        if let Some(detail) = detail {
-                            image["detail"] = json!(detail);
-                        }
-                        json!({ "type": "image_url", "image_url": image })
-                    }
-                })
-                .collect(),
-        ),
-    };
-    let mut wire = json!({ "role": role, "content": content });
-    if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
-            .collect();
-        wire["tool_calls"] = Value::Array(calls);
-    }
-    if let Some(id) = &m.tool_call_id {
-        wire["tool_call_id"] = json!(id);
-    }
-    wire
-}
-
-/// A tool in the wire format.
-pub(crate) fn wire_tool(t: &ToolSpec) -> Value {
-    let mut function =
-        json!({ "name": t.name, "description": t.description, "parameters": t.parameters });
-    if t.strict {
-        function["strict"] = Value::Bool(true);
-    }
-    json!({ "type": "function", "function": function })
-}
 
 /// A client's message, in our terms.
 pub(crate) fn message_from_wire(wire: &Value) -> Result<Message, String> {
@@ -423,12 +372,13 @@ mod tests {
             tool_calls: vec![call],
             tool_call_id: None,
         };
+        let wire = |m| serde_json::to_value(wire_message(m)).unwrap();
         assert_eq!(
-            wire_message(&asked),
+            wire(&asked),
             json!({ "role": "assistant", "content": null, "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "add", "arguments": "{\"a\":1}" } }] })
         );
         assert_eq!(
-            wire_message(&Message::tool_result("c1", "2")),
+            wire(&Message::tool_result("c1", "2")),
             json!({ "role": "tool", "content": "2", "tool_call_id": "c1" })
         );
     }
