@@ -118,14 +118,6 @@ impl ModelOptions {
             wrong.unwrap_or_else(|| error.to_string())
         })
     }
-
-    /// The options as a JSON object.
-    pub fn to_json(&self) -> JsonMap {
-        match serde_json::to_value(self) {
-            Ok(Value::Object(map)) => map,
-            _ => unreachable!("options serialize as an object"),
-        }
-    }
 }
 
 /// Where the answer stops: at a text, or at any of several.
@@ -247,7 +239,7 @@ mod tests {
         assert_eq!(options.stop, Some(Stop::Any(vec!["\n\n".into()])));
         assert_eq!(options.tool_choice, Some(ToolChoice::Tool("clock".into())));
         assert_eq!(options.extra["logprobs"], true);
-        assert_eq!(Value::Object(options.to_json()), wire);
+        assert_eq!(serde_json::to_value(&options).unwrap(), wire);
         let nulls: ModelOptions = serde_json::from_value(json!({ "top_p": null })).unwrap();
         assert_eq!(nulls, ModelOptions::default());
     }
