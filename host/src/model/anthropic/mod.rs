@@ -9,6 +9,7 @@
 //! `wire` is the translation both ways.
 
 mod wire;
+mod written;
 
 use bytes::Bytes;
 use eventsource_stream::Event;
@@ -105,7 +106,7 @@ impl Protocol for Anthropic {
     const EMBEDDINGS: Option<&'static str> = None;
 
     fn body(&self, request: &ChatRequest, model: &str, stream: bool) -> Bytes {
-        http::json_bytes(&wire::body(request, model, self.max_tokens, stream))
+        http::json_bytes(&wire::outgoing(request, model, self.max_tokens, stream))
     }
 
     fn authorized(
