@@ -775,6 +775,27 @@ async fn an_anthropic_upstream_is_reached_from_each_client_api() {
         json!({ "type": "tool_result", "tool_use_id": "toolu_1", "content": "20" })
     );
 
+    // OpenAI's options under Anthropic's names; OpenAI's own left out.
+    let mut options = ask.clone();
+    options["stop"] = json!(["END"]);
+    options["tool_choice"] = json!({ "type": "function", "function": { "name": "calculator" } });
+    options["parallel_tool_calls"] = json!(false);
+    options["user"] = json!("u-1");
+    options["temperature"] = json!(0.5);
+    options["logprobs"] = json!(true);
+    json_of(&served, "/v1/chat/completions", &options).await;
+    let (_, sent) = claude.requests().pop().unwrap();
+    assert_eq!(sent["stop_sequences"], json!(["END"]), "{sent}");
+    assert_eq!(
+        sent["tool_choice"],
+        json!({ "type": "tool", "name": "calculator", "disable_parallel_tool_use": true })
+    );
+    assert_eq!(sent["metadata"], json!({ "user_id": "u-1" }));
+    assert_eq!(sent["temperature"], 0.5);
+    for openai in ["stop", "user", "parallel_tool_calls", "logprobs", "stream"] {
+        assert!(sent.get(openai).is_none(), "{openai}: {sent}");
+    }
+
     // The Responses and Messages APIs reach it too, the key redacted.
     let secret = "my key is sk-live4f9a2b7c";
     let (_, body) = json_of(&served, "/v1/chat/completions", &chat(secret)).await;
@@ -908,13 +929,56 @@ async fn hostile_bodies_to_the_responses_and_messages_endpoints_are_400s() {
             assert!(message.is_string(), "{error}");
         }
     }
+    // Each refusal says where in the body and what is wrong.
+    let says = |body: &Value, what: &[&str]| {
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        what.iter().all(|part| message.contains(part))
+    };
     let items = json!({ "model": "scripted", "input": [{ "type": "item_reference", "id": "x" }, { "type": "computer_call" }] });
     let (status, body) = json_of(&served, "/v1/responses", &items).await;
     assert_eq!(status, 400, "{body}");
+    assert!(says(&body, &["input[0].type", "item_reference"]), "{body}");
+    let call = json!({ "model": "scripted", "input": [{ "type": "function_call", "name": "add", "arguments": "{}" }] });
+    let (status, body) = json_of(&served, "/v1/responses", &call).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        says(
+            &body,
+            &["input[0]: a 'function_call' item has no `call_id`"]
+        ),
+        "{body}"
+    );
+    let part = json!({ "model": "scripted", "input": [{ "role": "user", "content": [{ "type": "input_audio" }] }] });
+    let (status, body) = json_of(&served, "/v1/responses", &part).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        says(&body, &["input[0].content[0]", "input_audio"]),
+        "{body}"
+    );
     let blocks = json!({ "model": "scripted", "max_tokens": 5, "messages": [
         { "role": "user", "content": [{ "type": "document", "source": {} }] }] });
     let (status, body) = json_of(&served, "/v1/messages", &blocks).await;
     assert_eq!(status, 400, "{body}");
+    assert!(
+        says(&body, &["messages[0].content[0]", "document"]),
+        "{body}"
+    );
+    let misplaced = json!({ "model": "scripted", "max_tokens": 5, "messages": [
+        { "role": "user", "content": [{ "type": "tool_use", "id": "t", "name": "add", "input": {} }] }] });
+    let (status, body) = json_of(&served, "/v1/messages", &misplaced).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        says(
+            &body,
+            &["messages[0]: a user message cannot hold a 'tool_use' block"]
+        ),
+        "{body}"
+    );
+    let choice = json!({ "model": "scripted", "max_tokens": 5, "tool_choice": { "type": "some" },
+        "messages": [{ "role": "user", "content": "hi" }] });
+    let (status, body) = json_of(&served, "/v1/messages", &choice).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(says(&body, &["tool_choice.type", "`some`"]), "{body}");
     let (status, body) = json_of(&served, "/v1/messages", &message("still here?")).await;
     assert_eq!(
         (status, body["content"][0]["text"].clone()),

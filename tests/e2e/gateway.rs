@@ -862,7 +862,10 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
         )
         .await;
     assert_eq!(status, 400, "{body}");
-    assert!(says(&body, "unknown role"), "{body}");
+    assert!(
+        says(&body, "messages[0].role: unknown variant `wizard`"),
+        "says where and what: {body}"
+    );
 
     let mut request = ask("hi");
     request["tools"] = json!([{ "type": "function", "function": {
@@ -872,7 +875,7 @@ async fn failures_get_openai_errors_with_a_status_by_kind() {
     assert!(
         says(
             &body,
-            "tools[0]: tool 'add': `function.strict` must be a boolean"
+            "tools[0].function.strict: invalid type: string \"yes\", expected a boolean"
         ),
         "{body}"
     );

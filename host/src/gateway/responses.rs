@@ -13,6 +13,7 @@
 //! are the request's own and are not carried over, as OpenAI does.
 
 mod events;
+mod read;
 
 use std::sync::Arc;
 
@@ -21,16 +22,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::events::Responses;
+use self::read::{InChoice, InTool, Item};
 use super::Route;
 use super::handlers::{ChatApi, Prepared};
 use super::metrics::Metrics;
-use super::wire::{ApiError, unique_id};
+use super::wire::{ApiError, read, unique_id};
 use crate::conversation::{CONVERSATION_CAP, encoded_size};
 use crate::kv::KvStore;
-use crate::model::wire::tool_from_wire;
+use crate::model::wire::TextOr;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, Message, ModelOptions,
-    Role, ToolCall, ToolChoice,
+    ChainError, ChatRequest, ChatResponse, Content, ErrorKind, Message, ModelOptions, Role,
 };
 
 /// A `POST /v1/responses` body. Fields the gateway does not read
@@ -38,13 +39,13 @@ use crate::types::{
 #[derive(Deserialize)]
 pub(super) struct ResponsesRequest {
     model: String,
-    input: Value,
+    input: TextOr<Item>,
     #[serde(default)]
     instructions: Option<String>,
     #[serde(default)]
-    tools: Option<Vec<Value>>,
+    tools: Option<Vec<InTool>>,
     #[serde(default)]
-    tool_choice: Option<Value>,
+    tool_choice: Option<InChoice>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -67,9 +68,7 @@ pub(super) struct ResponsesRequest {
 
 impl ChatApi for ResponsesRequest {
     fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        serde_json::from_slice(body).map_err(|e| {
-            ApiError::invalid(format!("the request body is not a Responses request: {e}"))
-        })
+        read(body, "a Responses request")
     }
 
     fn model(&self) -> &str {
@@ -84,7 +83,7 @@ impl ChatApi for ResponsesRequest {
         self.user.as_deref()
     }
 
-    async fn prepare(self, route: &Route, owner: Option<&str>) -> Result<Prepared, ApiError> {
+    async fn prepare(mut self, route: &Route, owner: Option<&str>) -> Result<Prepared, ApiError> {
         let store = match (&route.store, self.store) {
             (_, Some(false)) if self.previous_response_id.is_some() => {
                 return Err(ApiError::invalid(
@@ -101,7 +100,7 @@ impl ChatApi for ResponsesRequest {
             (Some(store), Some(previous)) => earlier(store.as_ref(), owner, previous).await?,
             _ => Vec::new(),
         };
-        input(&self.input, &mut history).map_err(|e| ApiError::invalid(format!("input: {e}")))?;
+        input(std::mem::take(&mut self.input), &mut history).map_err(ApiError::invalid)?;
         let chat = self.chat_request(&history)?;
         let id = unique_id("resp_");
         let keep = store.map(|store| Keep {
@@ -112,8 +111,8 @@ impl ChatApi for ResponsesRequest {
         });
         let echoed = json!({
             "instructions": self.instructions,
-            "tools": self.tools.clone().unwrap_or_default(),
-            "tool_choice": self.tool_choice.clone().unwrap_or(json!("auto")),
+            "tools": self.tools.as_deref().unwrap_or_default(),
+            "tool_choice": self.tool_choice.as_ref().map_or(json!("auto"), |c| json!(c)),
             "parallel_tool_calls": self.parallel_tool_calls.unwrap_or(true),
             "previous_response_id": self.previous_response_id,
             "store": keep.is_some(),
@@ -151,24 +150,11 @@ impl ResponsesRequest {
             .flatten()
             .enumerate()
             .map(|(i, tool)| {
-                // OpenAI's chat tools nest what the Responses API's hold flat.
-                let mut function = tool.clone();
-                if let Some(fields) = function.as_object_mut() {
-                    fields.remove("type");
-                }
-                let wire = json!({ "type": tool["type"], "function": function });
-                tool_from_wire(&wire).map_err(|e| ApiError::invalid(format!("tools[{i}]: {e}")))
+                tool.to_tool()
+                    .map_err(|e| ApiError::invalid(format!("tools[{i}]: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let tool_choice = match &self.tool_choice {
-            None => None,
-            Some(Value::String(mode)) => Some(mode_choice(mode)?),
-            Some(choice) if choice["type"] == "function" => match choice["name"].as_str() {
-                Some(name) => Some(ToolChoice::Tool(name.to_owned())),
-                None => return Err(ApiError::invalid("`tool_choice` has no `name`")),
-            },
-            Some(_) => return Err(choice_error()),
-        };
+        let tool_choice = self.tool_choice.as_ref().map(InChoice::to_choice);
         let options = ModelOptions {
             max_tokens: self.max_output_tokens,
             temperature: self.temperature,
@@ -183,20 +169,6 @@ impl ResponsesRequest {
             .with_options(options);
         Ok(request)
     }
-}
-
-/// A `tool_choice` given as a word.
-fn mode_choice(mode: &str) -> Result<ToolChoice, ApiError> {
-    match mode {
-        "auto" => Ok(ToolChoice::Auto),
-        "none" => Ok(ToolChoice::None),
-        "required" => Ok(ToolChoice::Required),
-        _ => Err(choice_error()),
-    }
-}
-
-fn choice_error() -> ApiError {
-    ApiError::invalid("`tool_choice` must be auto, none, required or a function")
 }
 
 /// The `400` of a route that keeps no responses.
@@ -270,101 +242,18 @@ async fn earlier(
     Ok(history)
 }
 
-/// The request's `input` (a string, or items) added to `messages`: a
-/// `function_call` item joins the assistant message before it.
-fn input(input: &Value, messages: &mut Vec<Message>) -> Result<(), String> {
-    let items = match input {
-        Value::String(text) => {
-            messages.push(Message::user(text.as_str()));
-            return Ok(());
-        }
-        Value::Array(items) => items,
-        _ => return Err("must be a string or an array of items".to_owned()),
-    };
-    for (i, item) in items.iter().enumerate() {
-        item_from_wire(item, messages).map_err(|e| format!("[{i}]: {e}"))?;
-    }
-    Ok(())
-}
-
-fn item_from_wire(item: &Value, messages: &mut Vec<Message>) -> Result<(), String> {
-    let field = |name: &str| {
-        item[name]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("a '{}' item has no `{name}`", item["type"]))
-    };
-    match item["type"].as_str() {
-        None | Some("message") => messages.push(message(item)?),
-        Some("function_call") => {
-            let call = ToolCall {
-                id: field("call_id")?,
-                name: field("name")?,
-                arguments: field("arguments")?,
-            };
-            match messages.last_mut() {
-                Some(last) if last.role == Role::Assistant => last.tool_calls.push(call),
-                _ => messages.push(Message {
-                    role: Role::Assistant,
-                    content: None,
-                    tool_calls: vec![call],
-                    tool_call_id: None,
-                }),
+/// The request's `input` (a string, or items) added to `messages`.
+fn input(input: TextOr<Item>, messages: &mut Vec<Message>) -> Result<(), String> {
+    match input {
+        TextOr::Text(text) => messages.push(Message::user(text)),
+        TextOr::List(items) => {
+            for (i, item) in items.into_iter().enumerate() {
+                item.into_messages(messages)
+                    .map_err(|e| format!("input[{i}]: {e}"))?;
             }
         }
-        Some("function_call_output") => {
-            let output = match &item["output"] {
-                Value::String(text) => text.clone(),
-                Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-                _ => return Err("a function call's `output` must be a string".to_owned()),
-            };
-            messages.push(Message::tool_result(field("call_id")?, output));
-        }
-        Some("reasoning") => {}
-        Some(other) => return Err(format!("unsupported item type '{other}'")),
     }
     Ok(())
-}
-
-/// A message item: a role and a string, or input (or output) parts.
-fn message(item: &Value) -> Result<Message, String> {
-    let role = match item["role"].as_str() {
-        Some("user") => Role::User,
-        Some("system" | "developer") => Role::System,
-        Some("assistant") => Role::Assistant,
-        Some(other) => return Err(format!("unknown role '{other}'")),
-        None => return Err("a message has no `role`".to_owned()),
-    };
-    let content = match &item["content"] {
-        Value::String(text) => Content::Text(text.clone()),
-        Value::Array(parts) => Content::Parts(
-            parts
-                .iter()
-                .map(|part| match part["type"].as_str() {
-                    Some("input_text" | "output_text") => Ok(ContentPart::Text {
-                        text: part["text"].as_str().unwrap_or_default().to_owned(),
-                    }),
-                    Some("refusal") => Ok(ContentPart::Text {
-                        text: part["refusal"].as_str().unwrap_or_default().to_owned(),
-                    }),
-                    Some("input_image") => Ok(ContentPart::Image {
-                        url: part["image_url"]
-                            .as_str()
-                            .ok_or("an image part has no `image_url`")?
-                            .to_owned(),
-                        detail: part["detail"].as_str().map(str::to_owned),
-                    }),
-                    Some(other) => Err(format!("unsupported content part type '{other}'")),
-                    None => Err("a content part has no `type`".to_owned()),
-                })
-                .collect::<Result<_, String>>()?,
-        ),
-        _ => return Err("`content` must be a string or an array of parts".to_owned()),
-    };
-    Ok(Message {
-        content: Some(content),
-        ..Message::new(role, "")
-    })
 }
 
 /// Where an answered exchange is kept: the conversation so far (kept and

@@ -11,15 +11,14 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::Route;
 use super::chunk::Delta;
 use super::dialect::{Dialect, Frame};
 use super::handlers::{ChatApi, Prepared};
-use crate::model::wire::{
-    message_from_wire, tool_from_wire, wire_finish, wire_message, wire_usage,
-};
+use crate::model::wire::{InMessage, InTool, wire_finish, wire_message, wire_usage};
 use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, ModelOptions};
 
 /// A `POST /v1/chat/completions` body. Fields the gateway does not handle
@@ -28,9 +27,9 @@ use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, Model
 #[derive(Deserialize)]
 pub(super) struct CompletionRequest {
     model: String,
-    messages: Vec<Value>,
+    messages: Vec<InMessage>,
     #[serde(default)]
-    tools: Option<Vec<Value>>,
+    tools: Option<Vec<InTool>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -67,16 +66,16 @@ impl CompletionRequest {
         }
         let messages = self
             .messages
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, m)| message_from_wire(m).map_err(|e| format!("messages[{i}]: {e}")))
+            .map(|(i, m)| m.into_message().map_err(|e| format!("messages[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let tools = self
             .tools
-            .iter()
+            .into_iter()
             .flatten()
             .enumerate()
-            .map(|(i, t)| tool_from_wire(t).map_err(|e| format!("tools[{i}]: {e}")))
+            .map(|(i, t)| t.into_tool().map_err(|e| format!("tools[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let request = ChatRequest::new(messages)
             .with_tools(tools)
@@ -87,11 +86,7 @@ impl CompletionRequest {
 
 impl ChatApi for CompletionRequest {
     fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        serde_json::from_slice(body).map_err(|e| {
-            ApiError::invalid(format!(
-                "the request body is not a chat completion request: {e}"
-            ))
-        })
+        read(body, "a chat completion request")
     }
 
     fn model(&self) -> &str {
@@ -120,6 +115,25 @@ impl ChatApi for CompletionRequest {
             keep: None,
         })
     }
+}
+
+/// The request of type `T` in `body`, or a `400` saying where it is not
+/// one (`messages[2].role: unknown variant ...`). The body is read once,
+/// typed; only a body that fails is read again to find the place.
+pub(super) fn read<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let mut again = serde_json::Deserializer::from_slice(body);
+        let place = serde_path_to_error::deserialize::<_, T>(&mut again)
+            .err()
+            .map(|e| e.path().to_string())
+            .filter(|place| place != ".");
+        match place {
+            Some(place) => {
+                ApiError::invalid(format!("the request body is not {what}: {place}: {e}"))
+            }
+            None => ApiError::invalid(format!("the request body is not {what}: {e}")),
+        }
+    })
 }
 
 /// Names one answer (or one of its items): `prefix` and 128 random bits

@@ -10,9 +10,12 @@
 //!
 //! The client is the model module's one HTTP client shape (`http`) over
 //! this protocol: `wire` is the protocol's JSON (requests, answers, chunks)
-//! in our terms; `assembly` puts a streamed answer together chunk by chunk.
+//! in our terms, `written` what we send and `read` what a client sends the
+//! gateway, each a typed struct; `assembly` puts a streamed answer
+//! together chunk by chunk.
 
 mod assembly;
+mod read;
 pub(crate) mod wire;
 mod written;
 

@@ -6,119 +6,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub(crate) use super::read::{Arguments, InMessage, InTool, TextOr, function_tool};
 pub(crate) use super::written::{WireMessage, WireTool, wire_message, wire_tool};
-use crate::types::{
-    ChatResponse, Content, ContentPart, FinishReason, Message, Role, ToolCall, ToolSpec, Usage,
-};
-
-/// A client's message, in our terms.
-pub(crate) fn message_from_wire(wire: &Value) -> Result<Message, String> {
-    let role = match wire["role"].as_str() {
-        Some("system" | "developer") => Role::System,
-        Some("user") => Role::User,
-        Some("assistant") => Role::Assistant,
-        Some("tool") => Role::Tool,
-        Some(other) => return Err(format!("unknown role '{other}'")),
-        None => return Err("a message has no `role`".to_owned()),
-    };
-    let content = match &wire["content"] {
-        Value::Null => None,
-        Value::String(text) => Some(Content::Text(text.clone())),
-        Value::Array(parts) => Some(Content::Parts(
-            parts.iter().map(part_from_wire).collect::<Result<_, _>>()?,
-        )),
-        _ => return Err("`content` must be a string, an array of parts or null".to_owned()),
-    };
-    let tool_calls = match &wire["tool_calls"] {
-        Value::Null => Vec::new(),
-        Value::Array(calls) => calls
-            .iter()
-            .map(|call| {
-                let text = |v: &Value, what: &str| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("a tool call has no `{what}`"))
-                };
-                let arguments = match &call["function"]["arguments"] {
-                    Value::String(text) => text.clone(),
-                    Value::Null => "{}".to_owned(),
-                    Value::Object(_) => call["function"]["arguments"].to_string(),
-                    _ => {
-                        return Err(
-                            "a tool call's `function.arguments` must be a string".to_owned()
-                        );
-                    }
-                };
-                Ok(ToolCall {
-                    id: text(&call["id"], "id")?,
-                    name: text(&call["function"]["name"], "function.name")?,
-                    arguments,
-                })
-            })
-            .collect::<Result<_, String>>()?,
-        _ => return Err("`tool_calls` must be an array".to_owned()),
-    };
-    let tool_call_id = wire["tool_call_id"].as_str().map(str::to_owned);
-    if role == Role::Tool && tool_call_id.is_none() {
-        return Err("a tool message has no `tool_call_id`".to_owned());
-    }
-    Ok(Message {
-        role,
-        content,
-        tool_calls,
-        tool_call_id,
-    })
-}
-
-fn part_from_wire(part: &Value) -> Result<ContentPart, String> {
-    match part["type"].as_str() {
-        Some("text") => Ok(ContentPart::Text {
-            text: part["text"].as_str().unwrap_or_default().to_owned(),
-        }),
-        // An assistant's earlier refusal, sent back as history.
-        Some("refusal") => Ok(ContentPart::Text {
-            text: part["refusal"].as_str().unwrap_or_default().to_owned(),
-        }),
-        Some("image_url") => Ok(ContentPart::Image {
-            url: part["image_url"]["url"]
-                .as_str()
-                .ok_or("an image part has no `image_url.url`")?
-                .to_owned(),
-            detail: part["image_url"]["detail"].as_str().map(str::to_owned),
-        }),
-        Some(other) => Err(format!("unsupported content part type '{other}'")),
-        None => Err("a content part has no `type`".to_owned()),
-    }
-}
-
-/// A client's tool, in our terms.
-pub(crate) fn tool_from_wire(wire: &Value) -> Result<ToolSpec, String> {
-    if wire["type"] != "function" {
-        return Err("only `function` tools are supported".to_owned());
-    }
-    let function = &wire["function"];
-    let name = function["name"]
-        .as_str()
-        .ok_or("a tool has no `function.name`")?;
-    let parameters = match &function["parameters"] {
-        Value::Null => json!({ "type": "object", "properties": {} }),
-        schema => schema.clone(),
-    };
-    let description = function["description"].as_str().unwrap_or_default();
-    let strict = match &function["strict"] {
-        Value::Null => false,
-        Value::Bool(strict) => *strict,
-        _ => {
-            return Err(format!(
-                "tool '{name}': `function.strict` must be a boolean"
-            ));
-        }
-    };
-    Ok(ToolSpec {
-        strict,
-        ..ToolSpec::new(name, description, parameters)
-    })
-}
+use crate::types::{ChatResponse, Content, FinishReason, Message, Role, ToolCall, Usage};
 
 /// Our finish reason, as the wire says it.
 pub(crate) fn wire_finish(reason: FinishReason) -> &'static str {
@@ -324,37 +214,47 @@ mod tests {
 
     #[test]
     fn a_clients_messages_and_tools_come_in_in_our_terms() {
+        let message = |wire: Value| {
+            serde_json::from_value::<InMessage>(wire)
+                .map_err(|e| e.to_string())
+                .and_then(InMessage::into_message)
+        };
         let asked = json!({ "role": "assistant", "content": [{ "type": "refusal", "refusal": "no" }],
             "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "add", "arguments": { "a": 1 } } }] });
-        let message = message_from_wire(&asked).unwrap();
-        assert_eq!(message.text(), "no", "a refusal part is text");
+        let asked = message(asked).unwrap();
+        assert_eq!(asked.text(), "no", "a refusal part is text");
         assert_eq!(
-            message.tool_calls[0].arguments, r#"{"a":1}"#,
+            asked.tool_calls[0].arguments, r#"{"a":1}"#,
             "object arguments as JSON text"
         );
         let bad = json!({ "role": "assistant", "tool_calls": [{ "id": "c1", "function": { "name": "add", "arguments": 7 } }] });
+        assert!(message(bad).unwrap_err().contains("JSON string"));
         assert!(
-            message_from_wire(&bad)
-                .unwrap_err()
-                .contains("must be a string")
-        );
-        assert!(
-            message_from_wire(&json!({ "role": "tool", "content": "2" }))
+            message(json!({ "role": "tool", "content": "2" }))
                 .unwrap_err()
                 .contains("tool_call_id")
         );
         assert!(
-            message_from_wire(&json!({ "content": "hi" }))
+            message(json!({ "content": "hi" }))
                 .unwrap_err()
                 .contains("role")
         );
-        let tool =
-            tool_from_wire(&json!({ "type": "function", "function": { "name": "add" } })).unwrap();
+        let part = json!({ "role": "user", "content": [{ "type": "input_audio" }] });
+        assert!(
+            message(part).unwrap_err().contains("input_audio"),
+            "a part's own error, not \"matched neither\""
+        );
+        let tool = |wire: Value| {
+            serde_json::from_value::<InTool>(wire)
+                .map_err(|e| e.to_string())
+                .and_then(InTool::into_tool)
+        };
+        let add = tool(json!({ "type": "function", "function": { "name": "add" } })).unwrap();
         assert_eq!(
-            tool.parameters["type"], "object",
+            add.parameters["type"], "object",
             "no parameters: an empty object schema"
         );
-        assert!(tool_from_wire(&json!({ "type": "code_interpreter" })).is_err());
+        assert!(tool(json!({ "type": "code_interpreter" })).is_err());
         assert_eq!(wire_finish(FinishReason::ContentFiltered), "content_filter");
         assert_eq!(wire_finish(FinishReason::ToolUse), "tool_calls");
     }
