@@ -90,7 +90,7 @@ pub use context::{
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, IN_PROCESS_PART_CAP, LOAD_LIMIT, PART_CAP,
-    STORE_CAP, StoreSpec, open_store,
+    STORE_CAP, StoreSpec, StoreState, open_store, store_states,
 };
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_line, terminal_text};
@@ -118,4 +118,4 @@ pub use plugin::{
 };
 pub use sandbox::Limits;
 pub use tool::ToolRegistry;
-pub use types::error::{Call, ChainError, ErrorKind, Origin};
+pub use types::error::{Call, Cause, ChainError, ErrorKind, Origin};

@@ -34,6 +34,7 @@ mod schema;
 mod sdk;
 mod soak;
 mod spend;
+mod stores;
 mod stream_filters;
 mod system_prompt;
 mod tokens;

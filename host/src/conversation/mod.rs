@@ -28,10 +28,12 @@
 //! outage. Conversations of no owner (no `/`: a command line, a gateway
 //! without keys) share the rest of the store.
 
+mod health;
 mod redis;
 mod sqlite;
 
-pub(crate) use redis::connect as connect_redis;
+pub use health::{StoreState, store_states};
+pub(crate) use redis::{Connected, connect as connect_redis};
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -42,7 +44,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ChainError, ErrorKind, Message, Weigh};
+use crate::types::{Cause, ChainError, ErrorKind, Message, Weigh};
 
 /// The most messages a load returns: the conversation's latest ones.
 pub const LOAD_LIMIT: usize = 10_000;
@@ -235,6 +237,7 @@ pub(crate) fn unavailable(kind: &str, shown: &str, error: impl std::fmt::Display
         ErrorKind::Transient,
         format!("the conversation store ({kind}) failed: {error}"),
     )
+    .because(Cause::StoreUnavailable)
 }
 
 /// Conversations kept in this process, bounded like any store, in the

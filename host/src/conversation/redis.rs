@@ -10,16 +10,39 @@
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use std::sync::Arc;
+
+use super::health::{self, Health};
 use super::{
     CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, STORE_CAP,
     fits_a_conversation, full, part, part_full, row_overhead, unavailable,
 };
-use crate::types::{ChainError, Message};
+use crate::types::{Cause, ChainError, Message};
 
 pub(super) struct Redis {
-    /// The address without credentials, for messages.
-    shown: String,
-    connection: ConnectionManager,
+    server: Connected,
+}
+
+/// A connection to a Redis server: its address without credentials (for
+/// messages and `/readyz`), the connection, and the server's record of
+/// how it has answered.
+pub(crate) struct Connected {
+    pub shown: String,
+    pub connection: ConnectionManager,
+    pub health: Arc<Health>,
+}
+
+impl Connected {
+    /// Records `result` of an operation on the server: a store failure
+    /// marks it down; anything else (an answer, or a refusal such as a
+    /// full store) up.
+    pub(crate) fn answered<T>(&self, result: Result<T, ChainError>) -> Result<T, ChainError> {
+        match &result {
+            Err(e) if e.cause == Some(Cause::StoreUnavailable) => self.health.failed(&e.message),
+            _ => self.health.answered(),
+        }
+        result
+    }
 }
 
 fn key(conversation: &str) -> String {
@@ -43,7 +66,7 @@ const PART_FULL: &str = "shallot-part-full";
 /// retrying once) and checks that it answers: the address shown in
 /// messages (without credentials) and the connection, which reconnects
 /// after the server comes back. Errors name `grant`.
-pub(crate) async fn connect(url: &str, grant: &str) -> Result<(String, ConnectionManager), String> {
+pub(crate) async fn connect(url: &str, grant: &str) -> Result<Connected, String> {
     let client = redis::Client::open(url).map_err(|e| format!("{grant}: not a Redis URL: {e}"))?;
     let shown = format!("redis at {}", client.get_connection_info().addr);
     let config = ConnectionManagerConfig::new()
@@ -61,14 +84,20 @@ pub(crate) async fn connect(url: &str, grant: &str) -> Result<(String, Connectio
         .query_async(&mut connection)
         .await
         .map_err(|e| format!("{grant}: cannot reach {shown}: {e}"))?;
-    Ok((shown, connection))
+    let health = health::register(&shown);
+    Ok(Connected {
+        shown,
+        connection,
+        health,
+    })
 }
 
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
     pub(super) async fn open(url: &str) -> Result<Self, String> {
-        let (shown, connection) = connect(url, "grants.memory").await?;
-        Ok(Redis { shown, connection })
+        Ok(Redis {
+            server: connect(url, "grants.memory").await?,
+        })
     }
 
     /// Runs one operation within the timeout.
@@ -76,14 +105,16 @@ impl Redis {
         &self,
         operation: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, ChainError> {
-        match tokio::time::timeout(OPERATION_TIMEOUT, operation).await {
-            Ok(result) => result.map_err(|e| unavailable("Redis", &self.shown, e)),
+        let shown = &self.server.shown;
+        let result = match tokio::time::timeout(OPERATION_TIMEOUT, operation).await {
+            Ok(result) => result.map_err(|e| unavailable("Redis", shown, e)),
             Err(_) => Err(unavailable(
                 "Redis",
-                &self.shown,
+                shown,
                 format!("no answer within {OPERATION_TIMEOUT:?}"),
             )),
-        }
+        };
+        self.server.answered(result)
     }
 }
 
@@ -169,7 +200,7 @@ return 'OK'
 #[async_trait]
 impl ConversationStore for Redis {
     async fn load(&self, conversation: &str, max_bytes: usize) -> Result<Vec<Message>, ChainError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.server.connection.clone();
         let mut load = redis::cmd("EVAL");
         load.arg(LATEST_THAT_FIT)
             .arg(1)
@@ -183,7 +214,7 @@ impl ConversationStore for Redis {
                 serde_json::from_str(row).map_err(|e| {
                     unavailable(
                         "Redis",
-                        &self.shown,
+                        &self.server.shown,
                         format!("a stored message is not readable: {e}"),
                     )
                 })
@@ -201,7 +232,7 @@ impl ConversationStore for Redis {
             .collect();
         let overhead = row_overhead(conversation);
         fits_a_conversation(rows.iter().map(|row| row.len() + overhead).sum())?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.server.connection.clone();
         let mut append = redis::cmd("EVAL");
         append
             .arg(APPEND_WITHIN)
@@ -218,14 +249,14 @@ impl ConversationStore for Redis {
             .arg(rows);
         let answer: String = self.bounded(append.query_async(&mut connection)).await?;
         match answer.as_str() {
-            FULL => Err(full("Redis", &self.shown, STORE_CAP)),
+            FULL => Err(full("Redis", &self.server.shown, STORE_CAP)),
             PART_FULL => Err(part_full("Redis", PART_CAP)),
             _ => Ok(()),
         }
     }
 
     async fn clear(&self, conversation: &str) -> Result<(), ChainError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.server.connection.clone();
         let mut clear = redis::cmd("EVAL");
         clear
             .arg(CLEAR)

@@ -101,6 +101,10 @@ pub(super) async fn ready(State(gateway): State<Arc<GatewayState>>) -> Response 
         "routes": routes,
         "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
     });
+    let stores = crate::conversation::store_states();
+    if !stores.is_empty() {
+        ready["stores"] = json!(stores);
+    }
     if let Some(endpoint) = &served.mcp {
         let tools: Vec<String> = endpoint
             .kernel

@@ -19,7 +19,7 @@ use super::chunk::Delta;
 use super::dialect::{Dialect, Frame};
 use super::handlers::{ChatApi, Prepared};
 use crate::model::wire::{InMessage, InTool, wire_finish, wire_message, wire_usage};
-use crate::types::{Call, ChainError, ChatRequest, ChatResponse, ErrorKind, ModelOptions};
+use crate::types::{Call, Cause, ChainError, ChatRequest, ChatResponse, ErrorKind, ModelOptions};
 
 /// A `POST /v1/chat/completions` body. Fields the gateway does not handle
 /// itself (`temperature`, `max_tokens`, `tool_choice`, ...) go to the model
@@ -391,7 +391,8 @@ impl ApiError {
         )
     }
 
-    /// A failure of the chain, its status by its kind: the message names
+    /// A failure of the chain, its status by its kind (a store's failure
+    /// by its cause: `503` `store_unavailable`): the message names
     /// the filter (by name, never its plugin file) or terminal it came
     /// from. The model server refusing the
     /// gateway's own credentials is the gateway's problem, not the
@@ -412,6 +413,17 @@ impl ApiError {
                 "server_error",
                 Some("upstream_auth"),
                 "the model server refused the gateway's credentials".to_owned(),
+            );
+        }
+        if error.cause == Some(Cause::StoreUnavailable) {
+            // The store, not the model server: alerts on `upstream` must
+            // not blame the provider for it.
+            tracing::warn!("{error}");
+            let message = error.public();
+            return Self::busy(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                message,
             );
         }
         let (status, kind, code) = match error.kind {

@@ -33,7 +33,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::conversation::{OPERATION_TIMEOUT, StoreSpec};
-use crate::types::{ChainError, ErrorKind};
+use crate::types::{Cause, ChainError, ErrorKind};
 
 /// The most the in-process store holds for one namespace, in bytes (keys,
 /// values and [`ENTRY_BYTES`] each).
@@ -196,6 +196,7 @@ fn unavailable(kind: &str, shown: &str, error: impl std::fmt::Display) -> ChainE
         ErrorKind::Transient,
         format!("the key store ({kind}) failed: {error}"),
     )
+    .because(Cause::StoreUnavailable)
 }
 
 #[cfg(test)]

@@ -18,19 +18,16 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 
 use super::{
     Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, owner_cap,
     owner_full, stored_key, unavailable,
 };
-use crate::conversation::connect_redis;
+use crate::conversation::{Connected, connect_redis};
 use crate::types::{ChainError, ErrorKind};
 
 pub(super) struct Redis {
-    /// The address without credentials, for messages.
-    shown: String,
-    connection: ConnectionManager,
+    server: Connected,
 }
 
 const VERSION_KEY: &str = "shallot:kv-version";
@@ -184,17 +181,18 @@ const COUNTER_BYTES: usize = 20;
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
     pub(super) async fn open(url: &str) -> Result<Self, String> {
-        let (shown, connection) = connect_redis(url, "grants.kv").await?;
-        Ok(Redis { shown, connection })
+        Ok(Redis {
+            server: connect_redis(url, "grants.kv").await?,
+        })
     }
 
     /// Runs `command` within the timeout. What Redis refuses as a value
     /// (a counter that holds no integer, an add that overflows) is the
     /// caller's `invalid-request`; anything else is the store failing.
     async fn run<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, ChainError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.server.connection.clone();
         let answer = tokio::time::timeout(OPERATION_TIMEOUT, command.query_async(&mut connection));
-        match answer.await {
+        let result = match answer.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) if refused_value(&e) => Err(ChainError::new(
                 ErrorKind::InvalidRequest,
@@ -204,13 +202,14 @@ impl Redis {
                 ErrorKind::LimitExceeded,
                 "the key store (Redis) is full: it is past its maxmemory",
             )),
-            Ok(Err(e)) => Err(unavailable("Redis", &self.shown, e)),
+            Ok(Err(e)) => Err(unavailable("Redis", &self.server.shown, e)),
             Err(_) => Err(unavailable(
                 "Redis",
-                &self.shown,
+                &self.server.shown,
                 format!("no answer within {OPERATION_TIMEOUT:?}"),
             )),
-        }
+        };
+        self.server.answered(result)
     }
 
     /// The script `script` (after [`ACCOUNT`]) on `name` of `namespace`

@@ -171,6 +171,19 @@ impl fmt::Display for Origin {
     }
 }
 
+/// What lies behind a failure, where the host knows more than its kind
+/// says: a client can be told apart what the model server did and what a
+/// store did (the gateway answers a store's failure `503`
+/// `store_unavailable`, not `502` `upstream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// A shared store (keys, conversations, kept responses) did not
+    /// answer in time, or could not be reached: this error, or a filter's
+    /// own transient error in a call in which one of its stores failed.
+    StoreUnavailable,
+}
+
 /// A failure inside a chain, as a value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainError {
@@ -188,6 +201,8 @@ pub struct ChainError {
     /// For a turn that stopped at a limit: what it had done by then (the
     /// tool calls made, the messages so far).
     pub ran: Option<Arc<super::TurnDone>>,
+    /// What lies behind it, where the host knows ([`Cause`]).
+    pub cause: Option<Cause>,
 }
 
 impl ChainError {
@@ -199,7 +214,14 @@ impl ChainError {
             origin: None,
             detail: None,
             ran: None,
+            cause: None,
         }
+    }
+
+    /// The error, with what lies behind it.
+    pub fn because(mut self, cause: Cause) -> Self {
+        self.cause = Some(cause);
+        self
     }
 
     /// The error as a client or another filter is told it: where it came

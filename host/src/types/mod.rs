@@ -23,7 +23,7 @@ pub use embedding::{
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EncodingFormat,
     Vector,
 };
-pub(crate) use error::{Call, ChainError, ErrorKind, Origin};
+pub(crate) use error::{Call, Cause, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use options::{ModelOptions, Stop, ToolChoice};
 pub use token::{Token, TokenBatch};

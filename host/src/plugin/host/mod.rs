@@ -54,7 +54,7 @@ use crate::escape::{self, TEXT_CAP};
 use crate::onion::{Branch, Invoke, PriorValue};
 use crate::onion::{Chat, Next, Tool, Turn};
 use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits, Sandboxed};
-use crate::types::{Call, ChainError, Origin};
+use crate::types::{Call, Cause, ChainError, ErrorKind, Origin};
 use crate::types::{JsonMap, Weigh, json_weight};
 
 pub use http::{HttpGrant, HttpOrigin};
@@ -314,7 +314,11 @@ impl HostState {
             return inner.clone();
         }
         let message = escape::printable(&error.message, TEXT_CAP);
-        let error = ChainError::new(error.kind.into(), message).at(self.identity.origin(call));
+        let mut error = ChainError::new(error.kind.into(), message).at(self.identity.origin(call));
+        let stores = matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout);
+        if self.spent.stores.failed && stores {
+            error.cause = Some(Cause::StoreUnavailable);
+        }
         self.identity.stats.failed(call, error.kind);
         error
     }

@@ -35,7 +35,7 @@ use crate::context::{CLIENT_KEY, TENANT};
 use crate::plugin::Grants;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
-use crate::types::{Call, ChainError};
+use crate::types::{Call, Cause, ChainError};
 
 /// The around hooks: where a caller waits on a decision.
 pub(super) const AROUND: &[Call] = &[Call::AroundChat, Call::AroundTool, Call::AroundTurn];
@@ -132,6 +132,9 @@ pub(crate) struct Spent {
 pub(crate) struct Stores {
     pub written: usize,
     pub waited: Duration,
+    /// Whether one of them failed to answer (down, unreachable, or past
+    /// the call's wait): the filter's own transient error is then theirs.
+    pub failed: bool,
 }
 
 /// The longest one call may wait for its stores (conversations, keys) in all.
@@ -215,10 +218,16 @@ impl HostState {
         let result = tokio::time::timeout(left, operation).await;
         self.spent.stores.waited += started.elapsed();
         drop(waiting);
-        match result {
-            Ok(done) => done.map_err(|e| convert::filter_error(&e)),
-            Err(_) => Err(spent()),
-        }
+        let failed = match result {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(e)) if e.cause != Some(Cause::StoreUnavailable) => {
+                return Err(convert::filter_error(&e));
+            }
+            Ok(Err(e)) => convert::filter_error(&e),
+            Err(_) => spent(),
+        };
+        self.spent.stores.failed = true;
+        Err(failed)
     }
 
     /// Counts `bytes` more written to the stores in this call: refused

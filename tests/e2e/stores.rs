@@ -1,0 +1,199 @@
+//! A shared store's failure as a gateway's client sees it: `503`
+//! `store_unavailable`, worth retrying (`Retry-After`), in each API's own
+//! shape, never the `502` `upstream` that blames the model server; and,
+//! the store back, served again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shallot::types::ChatRequest;
+use shallot::{
+    CONVERSATION_HEADER, ChainError, ErrorKind, FilterSpec, Gateway, Grants, Kernel, Route,
+    StoreSpec, open_kv,
+};
+use shallot_tests::{RedisServer, Reply, ScriptedModel, spec};
+
+use super::gateway::{Served, config};
+
+/// A request's status, `Retry-After` and body.
+async fn post(served: &Served, path: &str, body: &Value) -> (u16, Option<String>, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}{path}", served.base))
+        .header(CONVERSATION_HEADER, "shared-store")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, retry, body)
+}
+
+/// Asks until it is served, the store back (its client reconnects within
+/// a minute): every answer before is the store's `503`.
+async fn served_again(served: &Served, path: &str, body: &Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _, answer) = post(served, path, body).await;
+        if status == 200 {
+            return;
+        }
+        assert_eq!(status, 503, "{answer}");
+        assert!(Instant::now() < deadline, "not served again: {answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What `/readyz` says of `redis`: it says the replica is ready (every
+/// replica shares the store), and how the store has answered lately.
+async fn readyz(served: &Served, redis: &RedisServer) -> Value {
+    let ready: Value = reqwest::get(format!("{}/readyz", served.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["ready"], true, "{ready}");
+    let port = redis.url().rsplit(':').next().unwrap().replace("/0", "");
+    let shown = format!("redis at 127.0.0.1:{port}");
+    ready["stores"]
+        .as_array()
+        .and_then(|stores| stores.iter().find(|store| store["store"] == shown.as_str()))
+        .unwrap_or_else(|| panic!("{shown} in {ready}"))
+        .clone()
+}
+
+fn chat(text: &str) -> Value {
+    json!({ "model": "scripted", "user": "dana", "messages": [{ "role": "user", "content": text }] })
+}
+
+fn messages(text: &str) -> Value {
+    json!({ "model": "scripted", "max_tokens": 16, "messages": [{ "role": "user", "content": text }] })
+}
+
+/// Answers "fine", or fails as a model server does when asked to.
+fn model() -> ScriptedModel {
+    ScriptedModel::new(|_, request: &ChatRequest| {
+        if request.messages.last().unwrap().text() == "break the provider" {
+            Reply::Fail(ChainError::new(
+                ErrorKind::Transient,
+                "the model server broke",
+            ))
+        } else {
+            Reply::Text("fine".into())
+        }
+    })
+}
+
+/// Each stateful filter over a Redis that goes away and comes back: the
+/// rate limit (keys) and the memory (conversations).
+#[tokio::test]
+async fn a_filters_store_that_fails_is_a_503_store_unavailable_not_the_upstreams_502() {
+    let mut redis = RedisServer::start();
+    let store = || Some(StoreSpec::from(redis.url().as_str()));
+    let limit = json!({ "requests": 1000, "window_s": 60, "by": "user" });
+    let filters = [
+        (
+            spec("rate_limit", "limit", limit),
+            Grants {
+                kv: store().map(Into::into),
+                ..Grants::default()
+            },
+        ),
+        (
+            spec("memory", "memory", json!(null)),
+            Grants {
+                memory: store(),
+                ..Grants::default()
+            },
+        ),
+    ];
+    for ((path, filter), grants) in filters {
+        let name = filter.name.clone().unwrap();
+        let plugins = shallot_tests::load(vec![(path, FilterSpec { grants, ..filter })]).await;
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model())
+            .build()
+            .unwrap();
+        let served = Served::start(kernel, config()).await;
+        let (status, _, body) = post(&served, "/v1/chat/completions", &chat("hi")).await;
+        assert_eq!(status, 200, "{name}: {body}");
+
+        redis.stop();
+        let (status, retry, body) = post(&served, "/v1/chat/completions", &chat("hi")).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (503, Some("store_unavailable")),
+            "{name}: {body}"
+        );
+        assert_eq!(retry.as_deref(), Some("1"), "worth retrying soon");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("'{name}'")), "{message}");
+        assert!(!message.contains("127.0.0.1"), "not where it is: {message}");
+        let (status, _, body) = post(&served, "/v1/messages", &messages("hi")).await;
+        assert_eq!(status, 503, "{name}: {body}");
+        assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+        let ready = readyz(&served, &redis).await;
+        assert_eq!(ready["up"], false, "{ready}");
+        assert!(
+            ready["error"].is_string() && ready["down_for_ms"].is_u64(),
+            "{ready}"
+        );
+
+        redis.resume();
+        served_again(&served, "/v1/chat/completions", &chat("hi")).await;
+        let ready = readyz(&served, &redis).await;
+        assert_eq!(ready["up"], true, "{ready}");
+        assert!(ready.get("error").is_none(), "{ready}");
+        let broken = chat("break the provider");
+        let (status, _, body) = post(&served, "/v1/chat/completions", &broken).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (502, Some("upstream")),
+            "{name}: the model server's failure is still its own: {body}"
+        );
+        served.stop().await.unwrap();
+    }
+}
+
+/// The gateway's own store: a kept response asked for while the store is
+/// down is a `503`, not "no such response".
+#[tokio::test]
+async fn kept_responses_in_a_store_that_fails_are_a_503_store_unavailable() {
+    let mut redis = RedisServer::start();
+    let store = open_kv(StoreSpec::from(redis.url().as_str()))
+        .await
+        .unwrap();
+    let kernel = Kernel::builder().model(model()).build().unwrap();
+    let route = Route {
+        store: Some(Arc::clone(&store)),
+        ..Route::proxy("scripted", kernel)
+    };
+    let served = Served::gateway(Gateway::new(vec![route], config())).await;
+    let first = json!({ "model": "scripted", "input": "hi" });
+    let (status, _, body) = post(&served, "/v1/responses", &first).await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+
+    redis.stop();
+    let next = json!({ "model": "scripted", "input": "and?", "previous_response_id": id });
+    let (status, retry, body) = post(&served, "/v1/responses", &next).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("store_unavailable")),
+        "{body}"
+    );
+    assert_eq!(retry.as_deref(), Some("1"));
+
+    redis.resume();
+    let again = json!({ "model": "scripted", "input": "again", "store": true });
+    served_again(&served, "/v1/responses", &again).await;
+    served.stop().await.unwrap();
+}
