@@ -197,3 +197,79 @@ async fn kept_responses_in_a_store_that_fails_are_a_503_store_unavailable() {
     served_again(&served, "/v1/responses", &again).await;
     served.stop().await.unwrap();
 }
+
+/// Two replicas over one Redis share a rate limit exactly: requests
+/// spread over both are admitted up to the limit and no further, each
+/// answer says what is left (OpenAI's headers and the IETF draft's), the
+/// refusal says when to retry, and another user's bucket is its own.
+#[tokio::test]
+async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
+    let redis = RedisServer::start();
+    let replica = || {
+        let url = redis.url();
+        async move {
+            let limit = json!({ "requests": 3, "window_s": 600, "by": "user" });
+            let (path, filter) = spec("rate_limit", "limit", limit);
+            let grants = Grants {
+                kv: Some(StoreSpec::from(url.as_str()).into()),
+                ..Grants::default()
+            };
+            // Each replica its own engine, as each is its own process.
+            let engine = shallot::Engine::new(shallot::EngineConfig::default()).unwrap();
+            let filters = vec![(path, FilterSpec { grants, ..filter })];
+            let plugins = shallot_tests::load_in(&engine, filters).await;
+            let kernel = Kernel::builder()
+                .plugins(&plugins)
+                .model(model())
+                .build()
+                .unwrap();
+            Served::start(kernel, config()).await
+        }
+    };
+    let (a, b) = (replica().await, replica().await);
+    let user = format!("spread-{}", std::process::id());
+    let ask = |served: &Served, user: &str| {
+        let request = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", served.base))
+            .json(&json!({ "model": "scripted", "user": user,
+                "messages": [{ "role": "user", "content": "hi" }] }));
+        async move {
+            let response = request.send().await.unwrap();
+            let header = |name: &str| {
+                let value = response.headers().get(name);
+                value.map(|v| v.to_str().unwrap().to_owned())
+            };
+            let said = [
+                "ratelimit-limit",
+                "ratelimit-remaining",
+                "x-ratelimit-remaining-requests",
+                "retry-after",
+            ]
+            .map(header);
+            let reset: u64 = header("ratelimit-reset").unwrap().parse().unwrap();
+            assert!(reset > 0 && reset <= 600, "{reset}");
+            (response.status().as_u16(), said)
+        }
+    };
+    let some = |s: &str| Some(s.to_owned());
+    for (served, left) in [(&a, "2"), (&b, "1"), (&a, "0")] {
+        let (status, said) = ask(served, &user).await;
+        assert_eq!(status, 200, "{said:?}");
+        assert_eq!(said, [some("3"), some(left), some(left), None]);
+    }
+    for served in [&b, &a] {
+        let (status, said) = ask(served, &user).await;
+        assert_eq!(status, 429, "past the limit on either replica: {said:?}");
+        assert_eq!(said[..3], [some("3"), some("0"), some("0")]);
+        let retry: u64 = said[3].as_deref().unwrap().parse().unwrap();
+        assert!(retry > 0 && retry <= 600, "{retry}");
+    }
+    let (status, said) = ask(&b, &format!("{user}-other")).await;
+    assert_eq!(
+        (status, said[1].as_deref()),
+        (200, Some("2")),
+        "a bucket of its own"
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}

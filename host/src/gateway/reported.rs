@@ -4,8 +4,10 @@
 //!
 //! The limits: `x-ratelimit-limit-requests`,
 //! `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (and
-//! the `-tokens` three) on every response, and `Retry-After` on a `429`,
-//! the longest wait of the limits left at 0 (`budget`'s too).
+//! the `-tokens` three) on every response; the IETF draft's
+//! `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (in
+//! seconds) for the limit nearest being spent (`budget`'s too); and
+//! `Retry-After` on a `429`, the longest wait of the limits left at 0.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use serde_json::Value;
@@ -29,6 +31,7 @@ fn limits(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
         return;
     };
     let mut wait_ms: Option<u64> = None;
+    let mut closest: Option<Seen> = None;
     for (what, seen) in &limits {
         let number = |field: &str| seen.get(field).and_then(Value::as_u64);
         let (Some(limit), Some(remaining), Some(reset_ms)) =
@@ -38,6 +41,14 @@ fn limits(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
         };
         if remaining == 0 {
             wait_ms = Some(wait_ms.unwrap_or(0).max(reset_ms));
+        }
+        let seen = Seen {
+            limit,
+            remaining,
+            reset_ms,
+        };
+        if closest.is_none_or(|closest| seen.closer_than(&closest)) {
+            closest = Some(seen);
         }
         // OpenAI's clients read these two; other limits (`budget`) only
         // say when to retry.
@@ -58,11 +69,41 @@ fn limits(context: &Context, status: StatusCode, headers: &mut HeaderMap) {
         );
         put(format!("x-ratelimit-reset-{what}"), duration(reset_ms));
     }
+    if let Some(closest) = closest {
+        headers.insert(RATELIMIT_LIMIT, HeaderValue::from(closest.limit));
+        headers.insert(RATELIMIT_REMAINING, HeaderValue::from(closest.remaining));
+        let reset = closest.reset_ms.div_ceil(1000);
+        headers.insert(RATELIMIT_RESET, HeaderValue::from(reset));
+    }
     if status == StatusCode::TOO_MANY_REQUESTS
         && let Some(wait_ms) = wait_ms
     {
         let seconds = wait_ms.div_ceil(1000).max(1);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+}
+
+const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+
+/// What one limit said: how much it allows, how much is left, and when
+/// its window has room again.
+#[derive(Clone, Copy)]
+struct Seen {
+    limit: u64,
+    remaining: u64,
+    reset_ms: u64,
+}
+
+impl Seen {
+    /// Whether this limit is nearer being spent than `other`: the smaller
+    /// share left (limits of requests, tokens and money compare as
+    /// shares), then the longer wait.
+    fn closer_than(&self, other: &Seen) -> bool {
+        let mine = u128::from(self.remaining) * u128::from(other.limit.max(1));
+        let theirs = u128::from(other.remaining) * u128::from(self.limit.max(1));
+        mine < theirs || (mine == theirs && self.reset_ms > other.reset_ms)
     }
 }
 
@@ -107,7 +148,7 @@ mod tests {
             "tokens": { "limit": 100, "remaining": 40, "reset_ms": 9000 },
             "budget": { "limit": 5, "remaining": 0, "reset_ms": 7000 },
         });
-        let context = Context::new().with(RATE_LIMIT, seen);
+        let context = Context::new().with(RATE_LIMIT, seen.clone());
         let mut refused = HeaderMap::new();
         headers(&context, StatusCode::TOO_MANY_REQUESTS, &mut refused);
         assert_eq!(
@@ -117,6 +158,26 @@ mod tests {
         assert!(refused.get("x-ratelimit-limit-budget").is_none());
         assert_eq!(refused["x-ratelimit-remaining-requests"], "0");
         assert_eq!(refused["x-ratelimit-reset-tokens"], "9s");
+        let standard = ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"]
+            .map(|name| refused[name].to_str().unwrap().to_owned());
+        assert_eq!(
+            standard,
+            ["5", "0", "7"],
+            "the limit nearest being spent: none left, the longest wait"
+        );
+        let tokens_closer = json!({
+            "requests": { "limit": 100, "remaining": 60, "reset_ms": 1000 },
+            "tokens": { "limit": 1000, "remaining": 100, "reset_ms": 2500 },
+        });
+        let mut shares = HeaderMap::new();
+        let context = Context::new().with(RATE_LIMIT, tokens_closer);
+        headers(&context, StatusCode::OK, &mut shares);
+        assert_eq!(
+            shares["ratelimit-remaining"], "100",
+            "a tenth left beats 60%"
+        );
+        assert_eq!(shares["ratelimit-reset"], "3", "seconds, rounded up");
+        let context = Context::new().with(RATE_LIMIT, seen);
         let mut passed = HeaderMap::new();
         headers(&context, StatusCode::OK, &mut passed);
         assert!(passed.get("retry-after").is_none());
