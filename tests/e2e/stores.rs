@@ -69,6 +69,16 @@ async fn readyz(served: &Served, redis: &RedisServer) -> Value {
         .clone()
 }
 
+/// The same server's database 0 by another URL: a store of its own in
+/// this process (stores are shared by what opens them), as another
+/// replica's would be.
+fn other_connection(redis: &RedisServer) -> String {
+    let url = redis.url();
+    url.strip_suffix("/0")
+        .expect("a URL of database 0")
+        .to_owned()
+}
+
 fn chat(text: &str) -> Value {
     json!({ "model": "scripted", "user": "dana", "messages": [{ "role": "user", "content": text }] })
 }
@@ -205,8 +215,7 @@ async fn kept_responses_in_a_store_that_fails_are_a_503_store_unavailable() {
 #[tokio::test]
 async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
     let redis = RedisServer::start();
-    let replica = || {
-        let url = redis.url();
+    let replica = |url: String| {
         async move {
             let limit = json!({ "requests": 3, "window_s": 600, "by": "user" });
             let (path, filter) = spec("rate_limit", "limit", limit);
@@ -226,7 +235,10 @@ async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
             Served::start(kernel, config()).await
         }
     };
-    let (a, b) = (replica().await, replica().await);
+    let (a, b) = (
+        replica(redis.url()).await,
+        replica(other_connection(&redis)).await,
+    );
     let user = format!("spread-{}", std::process::id());
     let ask = |served: &Served, user: &str| {
         let request = reqwest::Client::new()
@@ -270,6 +282,48 @@ async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
         (200, Some("2")),
         "a bucket of its own"
     );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// A response kept by one replica continues on another: the route's store
+/// is the Redis both use.
+#[tokio::test]
+async fn a_response_kept_by_one_replica_continues_on_another() {
+    let redis = RedisServer::start();
+    let replica = |url: String| {
+        async move {
+            let store = open_kv(StoreSpec::from(url.as_str())).await.unwrap();
+            // Answers with how many messages it was sent.
+            let model = ScriptedModel::new(|_, request: &ChatRequest| {
+                Reply::Text(format!("saw {}", request.messages.len()))
+            });
+            let kernel = Kernel::builder().model(model).build().unwrap();
+            let route = Route {
+                store: Some(store),
+                ..Route::proxy("scripted", kernel)
+            };
+            Served::gateway(Gateway::new(vec![route], config())).await
+        }
+    };
+    let (a, b) = (
+        replica(redis.url()).await,
+        replica(other_connection(&redis)).await,
+    );
+    let text = |body: &Value| body["output"][0]["content"][0]["text"].clone();
+    let first = json!({ "model": "scripted", "input": "hi" });
+    let (status, _, body) = post(&a, "/v1/responses", &first).await;
+    assert_eq!((status, text(&body)), (200, json!("saw 1")), "{body}");
+    let next = json!({ "model": "scripted", "input": "and?", "previous_response_id": body["id"] });
+    let (status, _, body) = post(&b, "/v1/responses", &next).await;
+    assert_eq!(
+        (status, text(&body)),
+        (200, json!("saw 3")),
+        "B continues what A kept: {body}"
+    );
+    let last = json!({ "model": "scripted", "input": "so?", "previous_response_id": body["id"] });
+    let (_, _, body) = post(&a, "/v1/responses", &last).await;
+    assert_eq!(text(&body), json!("saw 5"), "and A what B kept: {body}");
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
