@@ -1705,7 +1705,17 @@ async fn a_key_store_that_goes_away_is_a_transient_error_not_a_hang() {
         "key store (Redis)",
     );
     redis.resume();
-    let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+    // Known down, the store is asked again once a second: until then a
+    // call fails at once, still `transient`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let error = loop {
+        let error = kernel.chat(ask("boom"), Context::new()).await.unwrap_err();
+        if error.kind != ErrorKind::Transient || std::time::Instant::now() > deadline {
+            break error;
+        }
+        assert!(error.message.contains("key store (Redis)"), "{error}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_contained(
         &error,
         ErrorKind::InvalidRequest,

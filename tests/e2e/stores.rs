@@ -150,6 +150,20 @@ async fn a_filters_store_that_fails_is_a_503_store_unavailable_not_the_upstreams
         let (status, _, body) = post(&served, "/v1/messages", &messages("hi")).await;
         assert_eq!(status, 503, "{name}: {body}");
         assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+        // Known down, it is not waited on: the requests fail at once but
+        // one a second, which tries it again.
+        let mut fast = None;
+        for _ in 0..50 {
+            let (status, _, body) = post(&served, "/v1/chat/completions", &chat("hi")).await;
+            assert_eq!(status, 503, "{body}");
+            let message = body["error"]["message"].as_str().unwrap().to_owned();
+            if message.contains("asked again once a second") {
+                fast = Some(message);
+                break;
+            }
+        }
+        let fast = fast.expect("a request failed without waiting on the store");
+        assert!(fast.contains("has not answered for"), "{fast}");
         let ready = readyz(&served, &redis).await;
         assert_eq!(ready["up"], false, "{ready}");
         assert!(

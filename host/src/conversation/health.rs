@@ -1,11 +1,13 @@
 //! How each Redis server the stores use has answered lately, for
-//! `/readyz`: every store over one server (keys and conversations, of
-//! every filter and route) reports to one record, by the address it shows
-//! (never its credentials).
+//! `/readyz` and as a breaker: every store over one server (keys and
+//! conversations, of every filter and route) reports to one record, by the
+//! address it shows (never its credentials). While a server fails, one
+//! operation a second tries it and the others fail at once, instead of
+//! each waiting on the client's reconnection to fail.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -19,8 +21,13 @@ pub(crate) struct Health {
 
 struct Down {
     since: Instant,
+    /// When an operation last tried the server.
+    tried: Instant,
     error: String,
 }
+
+/// How often an operation tries a server that is failing.
+pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// A store's server as `/readyz` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,12 +89,35 @@ impl Health {
     /// The server failed an operation (no answer, or a broken connection).
     pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
         let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-        let since = down.as_ref().map_or_else(Instant::now, |down| down.since);
+        let now = Instant::now();
+        let since = down.as_ref().map_or(now, |down| down.since);
         *down = Some(Down {
             since,
+            tried: now,
             error: crate::escape::printable(&error.to_string(), 200),
         });
         self.failing.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an operation may try the server: always while it answers;
+    /// while it fails, one each [`RETRY_EVERY`]. `Err` says why not.
+    pub(crate) fn may_try(&self) -> Result<(), String> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(down) = down.as_mut() else {
+            return Ok(());
+        };
+        if down.tried.elapsed() >= RETRY_EVERY {
+            down.tried = Instant::now();
+            return Ok(());
+        }
+        Err(format!(
+            "it has not answered for {} ms, and is asked again once a second ({})",
+            down.since.elapsed().as_millis(),
+            down.error
+        ))
     }
 
     fn state(&self) -> StoreState {

@@ -106,6 +106,10 @@ impl Redis {
         operation: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, ChainError> {
         let shown = &self.server.shown;
+        self.server
+            .health
+            .may_try()
+            .map_err(|why| unavailable("Redis", shown, why))?;
         let result = match tokio::time::timeout(OPERATION_TIMEOUT, operation).await {
             Ok(result) => result.map_err(|e| unavailable("Redis", shown, e)),
             Err(_) => Err(unavailable(

@@ -190,6 +190,11 @@ impl Redis {
     /// (a counter that holds no integer, an add that overflows) is the
     /// caller's `invalid-request`; anything else is the store failing.
     async fn run<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, ChainError> {
+        let shown = &self.server.shown;
+        self.server
+            .health
+            .may_try()
+            .map_err(|why| unavailable("Redis", shown, why))?;
         let mut connection = self.server.connection.clone();
         let answer = tokio::time::timeout(OPERATION_TIMEOUT, command.query_async(&mut connection));
         let result = match answer.await {
@@ -202,10 +207,10 @@ impl Redis {
                 ErrorKind::LimitExceeded,
                 "the key store (Redis) is full: it is past its maxmemory",
             )),
-            Ok(Err(e)) => Err(unavailable("Redis", &self.server.shown, e)),
+            Ok(Err(e)) => Err(unavailable("Redis", shown, e)),
             Err(_) => Err(unavailable(
                 "Redis",
-                &self.server.shown,
+                shown,
                 format!("no answer within {OPERATION_TIMEOUT:?}"),
             )),
         };
