@@ -231,3 +231,59 @@ impl InChoice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{Item, TextOr};
+    use crate::types::{Message, Role};
+
+    fn read(input: serde_json::Value) -> Result<Vec<Message>, String> {
+        let input: TextOr<Item> = serde_json::from_value(input).map_err(|e| e.to_string())?;
+        let TextOr::List(items) = input else {
+            panic!("a list");
+        };
+        let mut messages = Vec::new();
+        for item in items {
+            item.into_messages(&mut messages)?;
+        }
+        Ok(messages)
+    }
+
+    /// What an agent SDK sends back as history: its own output items as
+    /// they came (ids, statuses, annotations), reasoning, calls and their
+    /// outputs.
+    #[test]
+    fn a_history_of_output_items_reads_as_messages() {
+        let messages = read(json!([
+            { "role": "user", "content": "add 1 and 2" },
+            { "type": "reasoning", "id": "rs_1", "summary": [{ "type": "summary_text", "text": "adding" }],
+              "content": [{ "type": "reasoning_text", "text": "1 + 2" }], "encrypted_content": null },
+            { "type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+              "content": [{ "type": "output_text", "text": "Let me add.", "annotations": [], "logprobs": [] }] },
+            { "type": "function_call", "id": "fc_1", "call_id": "c1", "name": "add",
+              "arguments": "{\"a\":1,\"b\":2}", "status": "completed" },
+            { "type": "function_call_output", "call_id": "c1",
+              "output": [{ "type": "input_text", "text": "3" }] },
+            { "role": "developer", "content": [{ "type": "input_text", "text": "be brief" }] },
+        ]))
+        .unwrap();
+        let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::User, Role::Assistant, Role::Tool, Role::System],
+            "reasoning left out, the call joined to the message before it"
+        );
+        assert_eq!(messages[1].text(), "Let me add.");
+        assert_eq!(messages[1].tool_calls[0].id, "c1");
+        assert_eq!(messages[2].text(), "3");
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
+        let unnamed = read(json!([{ "type": "message", "content": "hi" }])).unwrap_err();
+        assert!(unnamed.contains("no `role`"), "{unnamed}");
+        let imageless = read(
+            json!([{ "role": "user", "content": [{ "type": "input_image", "file_id": "f" }] }]),
+        );
+        assert!(imageless.unwrap_err().contains("image_url"));
+    }
+}
