@@ -126,6 +126,70 @@ pub mod kv {
     pub fn delete(key: &str) -> Result<bool, FilterError> {
         wit::delete(key).map_err(own)
     }
+
+    /// How a filter goes on when its store fails (a `kv` call's
+    /// `transient` or `timeout`: down, slow, unreachable), as its
+    /// operator says in its `on_store_error` option: `closed` fails the
+    /// request (a limit that cannot be checked refuses), `open` goes on
+    /// without the store (a cache that cannot be read is a miss).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum OnStoreError {
+        /// Go on without the store, the failure logged.
+        Open,
+        /// Fail the request.
+        Closed,
+    }
+
+    impl OnStoreError {
+        /// `result`; or, open and the store failed, `None` (the failure
+        /// logged as `what`'s). Other errors (a full store, a bad key)
+        /// are errors either way.
+        pub fn tolerate<T>(
+            self,
+            result: Result<T, FilterError>,
+            what: &str,
+        ) -> Result<Option<T>, FilterError> {
+            match result {
+                Ok(value) => Ok(Some(value)),
+                Err(e) if self == OnStoreError::Open && failed(&e) => {
+                    crate::log::warn(&format!(
+                        "{what}: the store failed, so this request goes on without it: {}",
+                        e.message
+                    ));
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    /// Whether `error` is the store failing, not refusing.
+    fn failed(error: &FilterError) -> bool {
+        use crate::ErrorKind;
+        matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout)
+    }
+
+    /// Adds `delta` to the counter at `key` for what an answer already
+    /// made cost (its tokens, its price): tried twice, and if the store
+    /// cannot take it, logged as owed, as `what`'s, never failing the
+    /// answer. The count, if it was made.
+    pub fn charge(key: &str, delta: i64, ttl_ms: u64, what: &str) -> Option<Count> {
+        let mut tried = add(key, delta, ttl_ms);
+        if tried.as_ref().is_err_and(failed) {
+            tried = add(key, delta, ttl_ms);
+        }
+        match tried {
+            Ok(count) => Some(count),
+            Err(e) => {
+                crate::log::warn(&format!(
+                    "{what}: owed: {delta} not added to {key}, the answer delivered: {}",
+                    e.message
+                ));
+                None
+            }
+        }
+    }
 }
 
 /// Side calls to a model the operator names (granted by `grants.model`):

@@ -1,7 +1,8 @@
 //! Conveniences on the contract's types.
 
 use crate::{
-    ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Message, Role, ToolResponse,
+    ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Message, Role,
+    ToolResponse, Usage,
 };
 
 impl Message {
@@ -50,6 +51,34 @@ impl Message {
                     ContentPart::Image(_) => None,
                 })
                 .collect(),
+        }
+    }
+}
+
+impl ChatRequest {
+    /// The model this request asks for (its `model` option), empty where
+    /// it names none.
+    pub fn model(&self) -> String {
+        let options: serde_json::Value = serde_json::from_str(&self.options()).unwrap_or_default();
+        options["model"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// A rough count of what this request may use, for a limit that holds
+    /// it before the model answers: its messages' text at four bytes a
+    /// token (rounded up) in, and its `max_completion_tokens` or
+    /// `max_tokens` out (or, where it sets neither, `output`).
+    pub fn estimated_usage(&self, output: u32) -> Usage {
+        let bytes: usize = self.messages().iter().map(|m| m.text().len()).sum();
+        let input_tokens = u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX);
+        let options: serde_json::Value = serde_json::from_str(&self.options()).unwrap_or_default();
+        let output_tokens = ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|name| options.get(name).and_then(serde_json::Value::as_u64))
+            .map_or(output, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        Usage {
+            input_tokens,
+            output_tokens,
+            total_tokens: input_tokens.saturating_add(output_tokens),
         }
     }
 }

@@ -3,16 +3,20 @@
 //! shape, never the `502` `upstream` that blames the model server; and,
 //! the store back, served again.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use shallot::types::ChatRequest;
+use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, Usage};
 use shallot::{
-    CONVERSATION_HEADER, ChainError, ErrorKind, FilterSpec, Gateway, Grants, Kernel, Route,
-    StoreSpec, open_kv,
+    CONVERSATION_HEADER, ChainError, ChatModel, Context, ErrorKind, FilterSpec, Gateway, Grants,
+    Kernel, ModelEvent, Route, StoreSpec, open_kv,
 };
 use shallot_tests::{RedisServer, Reply, ScriptedModel, spec};
+use tokio::sync::Semaphore;
 
 use super::gateway::{Served, config};
 
@@ -87,16 +91,45 @@ fn messages(text: &str) -> Value {
     json!({ "model": "scripted", "max_tokens": 16, "messages": [{ "role": "user", "content": text }] })
 }
 
+/// The filter `plugin` (named as it names itself), configured with
+/// `config`, its store the Redis at `url`, granted the clock where it
+/// reads the calendar.
+fn stateful(plugin: &str, config: Value, url: &str) -> (PathBuf, FilterSpec) {
+    let (path, filter) = spec(plugin, &plugin.replace('_', "-"), config);
+    let grants = Grants {
+        clock: plugin == "budget",
+        kv: Some(StoreSpec::from(url).into()),
+        ..Grants::default()
+    };
+    (path, FilterSpec { grants, ..filter })
+}
+
+/// A replica of the gateway with `filter` over `model`: its own engine,
+/// as each replica is its own process.
+async fn replica(filter: (PathBuf, FilterSpec), model: impl ChatModel + 'static) -> Served {
+    let engine = shallot::Engine::new(shallot::EngineConfig::default()).unwrap();
+    let plugins = shallot_tests::load_in(&engine, vec![filter]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(model)
+        .build()
+        .unwrap();
+    Served::start(kernel, config()).await
+}
+
 /// Answers "fine", or fails as a model server does when asked to.
 fn model() -> ScriptedModel {
     ScriptedModel::new(|_, request: &ChatRequest| {
-        if request.messages.last().unwrap().text() == "break the provider" {
-            Reply::Fail(ChainError::new(
+        match request.messages.last().unwrap().text().as_str() {
+            "break the provider" => Reply::Fail(ChainError::new(
                 ErrorKind::Transient,
                 "the model server broke",
-            ))
-        } else {
-            Reply::Text("fine".into())
+            )),
+            "ask it wrong" => Reply::Fail(ChainError::new(
+                ErrorKind::InvalidRequest,
+                "the model server cannot read this",
+            )),
+            _ => Reply::Text("fine".into()),
         }
     })
 }
@@ -229,29 +262,14 @@ async fn kept_responses_in_a_store_that_fails_are_a_503_store_unavailable() {
 #[tokio::test]
 async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
     let redis = RedisServer::start();
-    let replica = |url: String| {
-        async move {
-            let limit = json!({ "requests": 3, "window_s": 600, "by": "user" });
-            let (path, filter) = spec("rate_limit", "limit", limit);
-            let grants = Grants {
-                kv: Some(StoreSpec::from(url.as_str()).into()),
-                ..Grants::default()
-            };
-            // Each replica its own engine, as each is its own process.
-            let engine = shallot::Engine::new(shallot::EngineConfig::default()).unwrap();
-            let filters = vec![(path, FilterSpec { grants, ..filter })];
-            let plugins = shallot_tests::load_in(&engine, filters).await;
-            let kernel = Kernel::builder()
-                .plugins(&plugins)
-                .model(model())
-                .build()
-                .unwrap();
-            Served::start(kernel, config()).await
-        }
-    };
+    let limit = json!({ "requests": 3, "window_s": 600, "by": "user" });
     let (a, b) = (
-        replica(redis.url()).await,
-        replica(other_connection(&redis)).await,
+        replica(stateful("rate_limit", limit.clone(), &redis.url()), model()).await,
+        replica(
+            stateful("rate_limit", limit, &other_connection(&redis)),
+            model(),
+        )
+        .await,
     );
     let user = format!("spread-{}", std::process::id());
     let ask = |served: &Served, user: &str| {
@@ -338,6 +356,261 @@ async fn a_response_kept_by_one_replica_continues_on_another() {
     let last = json!({ "model": "scripted", "input": "so?", "previous_response_id": body["id"] });
     let (_, _, body) = post(&a, "/v1/responses", &last).await;
     assert_eq!(text(&body), json!("saw 5"), "and A what B kept: {body}");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// Each stateful filter fails open or closed while its store fails, as
+/// its `on_store_error` says (the cache open, limits and budgets closed,
+/// by default).
+#[tokio::test]
+async fn each_filter_fails_open_or_closed_as_its_operator_says() {
+    let prices = json!({ "scripted": { "input": 1.0, "output": 1.0 } });
+    let cases = [
+        ("cache", json!({}), 200),
+        ("cache", json!({ "on_store_error": "closed" }), 503),
+        ("rate_limit", json!({ "requests": 100 }), 503),
+        (
+            "rate_limit",
+            json!({ "requests": 100, "on_store_error": "open" }),
+            200,
+        ),
+        ("budget", json!({ "limit_usd": 5, "prices": prices }), 503),
+        (
+            "budget",
+            json!({ "limit_usd": 5, "prices": prices, "on_store_error": "open" }),
+            200,
+        ),
+    ];
+    for (plugin, config, down) in cases {
+        // A server of its own: the breaker's record is a server's.
+        let mut redis = RedisServer::start();
+        let what = format!("{plugin} {config}");
+        let plugins = shallot_tests::load(vec![stateful(plugin, config, &redis.url())]).await;
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model())
+            .build()
+            .unwrap();
+        let served = Served::start(kernel, self::config()).await;
+        let (status, _, body) = post(&served, "/v1/chat/completions", &chat("hi")).await;
+        assert_eq!(status, 200, "{what}: {body}");
+        redis.stop();
+        let (status, _, body) = post(&served, "/v1/chat/completions", &chat("hi")).await;
+        assert_eq!(status, down, "{what}: {body}");
+        if down == 200 {
+            assert_eq!(body["choices"][0]["message"]["content"], "fine", "{what}");
+        } else {
+            assert_eq!(body["error"]["code"], "store_unavailable", "{what}: {body}");
+        }
+        served.stop().await.unwrap();
+    }
+}
+
+/// Answers once the test opens its gate, saying when it has the request,
+/// with the usage a real model reports (so what it cost is counted).
+struct Billed {
+    reached: Arc<Semaphore>,
+    gate: Arc<Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl ChatModel for Billed {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn chat(&self, _: &ChatRequest, _: &Context) -> Result<ChatResponse, ChainError> {
+        self.reached.add_permits(1);
+        self.gate.acquire().await.expect("the gate stays").forget();
+        let mut response = ChatResponse::new(Message::assistant("made"), FinishReason::Complete);
+        response.model = "scripted".to_owned();
+        response.usage = Usage {
+            input_tokens: 1000,
+            output_tokens: 500,
+            total_tokens: 1500,
+        };
+        Ok(response)
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        context: &Context,
+    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
+        let done = self.chat(request, context).await?;
+        Ok(futures::stream::iter([Ok(ModelEvent::Done(done))]).boxed())
+    }
+}
+
+/// An answer the model made is delivered when the store fails after it:
+/// what it cost (the rate limit's tokens, the budget's price) is logged
+/// as owed, never the answer thrown away.
+#[tokio::test]
+async fn an_answer_made_is_delivered_when_the_store_fails_after_it() {
+    let prices = json!({ "scripted": { "input": 1.0, "output": 1.0 } });
+    let cases = [
+        ("rate_limit", json!({ "tokens": 100_000 })),
+        ("budget", json!({ "limit_usd": 5, "prices": prices })),
+    ];
+    for (plugin, settings) in cases {
+        let mut redis = RedisServer::start();
+        let plugins = shallot_tests::load(vec![stateful(plugin, settings, &redis.url())]).await;
+        let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+        let model = Billed {
+            reached: reached.clone(),
+            gate: gate.clone(),
+        };
+        let kernel = Kernel::builder()
+            .plugins(&plugins)
+            .model(model)
+            .build()
+            .unwrap();
+        let served = Served::start(kernel, config()).await;
+        let asked = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", served.base))
+            .json(&chat("hi"))
+            .send();
+        let asked = tokio::spawn(async move {
+            let response = asked.await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        });
+        reached.acquire().await.unwrap().forget();
+        redis.stop();
+        gate.add_permits(1);
+        let (status, body) = asked.await.unwrap();
+        assert_eq!(status, 200, "{plugin}: {body}");
+        assert_eq!(body["choices"][0]["message"]["content"], "made", "{body}");
+        served.stop().await.unwrap();
+    }
+}
+
+/// Posts `body` as a chat completion to `served`: the status.
+fn send(served: &Served, body: &Value) -> impl Future<Output = u16> + Send + 'static {
+    let request = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", served.base))
+        .json(body);
+    async move { request.send().await.unwrap().status().as_u16() }
+}
+
+/// A chat completion of `user`'s saying `text`.
+fn from(user: &str, text: &str) -> Value {
+    json!({ "model": "scripted", "user": user, "messages": [{ "role": "user", "content": text }] })
+}
+
+/// A call of `user`'s that holds exactly what [`Billed`] makes it cost:
+/// 4000 bytes of text (1000 tokens in) and `max_tokens` 500.
+fn costly(user: &str) -> Value {
+    let mut call = from(user, &"x".repeat(4000));
+    call["max_tokens"] = json!(500);
+    call
+}
+
+/// A budget holds the most each call in flight may cost, on every replica
+/// over one Redis: ten calls at once against a budget for seven serve
+/// seven, the others refused before the model is called.
+#[tokio::test]
+async fn a_budget_holds_what_calls_in_flight_may_cost_across_replicas() {
+    let redis = RedisServer::start();
+    let budget = json!({ "limit_usd": 0.0105, "by": "user",
+        "prices": { "scripted": { "input": 1.0, "output": 1.0 } } });
+    let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let billed = || Billed {
+        reached: reached.clone(),
+        gate: gate.clone(),
+    };
+    let (a, b) = (
+        replica(stateful("budget", budget.clone(), &redis.url()), billed()).await,
+        replica(
+            stateful("budget", budget, &other_connection(&redis)),
+            billed(),
+        )
+        .await,
+    );
+    let asked: Vec<_> = (0..10)
+        .map(|i| tokio::spawn(send([&a, &b][i % 2], &costly("ida"))))
+        .collect();
+    // Seven are with the model; were the others let through, they would be
+    // too, and answered when the gate opens.
+    reached.acquire_many(7).await.unwrap().forget();
+    gate.add_permits(10);
+    let mut statuses = Vec::new();
+    for asked in asked {
+        statuses.push(asked.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [[200; 7].as_slice(), &[429; 3]].concat());
+    assert_eq!(send(&b, &costly("ida")).await, 429, "seven spent it");
+    assert_eq!(send(&a, &costly("jon")).await, 200, "a budget of its own");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// A rate limit gives back the place of a request that failed through no
+/// fault of its client, on whichever replica it failed; one its client
+/// got wrong still counts.
+#[tokio::test]
+async fn a_rate_limit_gives_back_the_place_of_a_request_that_failed() {
+    let redis = RedisServer::start();
+    let limit = json!({ "requests": 2, "window_s": 600, "by": "user" });
+    let (a, b) = (
+        replica(stateful("rate_limit", limit.clone(), &redis.url()), model()).await,
+        replica(
+            stateful("rate_limit", limit, &other_connection(&redis)),
+            model(),
+        )
+        .await,
+    );
+    for served in [&a, &b, &a] {
+        let status = send(served, &from("ned", "break the provider")).await;
+        assert_eq!(status, 502, "the model server failed");
+    }
+    for served in [&b, &a] {
+        assert_eq!(send(served, &from("ned", "hi")).await, 200, "refunded");
+    }
+    assert_eq!(send(&b, &from("ned", "hi")).await, 429, "two served");
+    for served in [&a, &b] {
+        let status = send(served, &from("ole", "ask it wrong")).await;
+        assert_eq!(status, 400, "the client's request was wrong");
+    }
+    let status = send(&a, &from("ole", "hi")).await;
+    assert_eq!(status, 429, "what the client got wrong counts");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// The tokens a call in flight holds count on every replica: while one
+/// call holds a window's tokens on one replica, the other refuses.
+#[tokio::test]
+async fn tokens_held_by_a_call_in_flight_count_on_every_replica() {
+    let redis = RedisServer::start();
+    let limit = json!({ "tokens": 1500, "window_s": 600, "by": "user" });
+    let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let billed = Billed {
+        reached: reached.clone(),
+        gate: gate.clone(),
+    };
+    let (a, b) = (
+        replica(stateful("rate_limit", limit.clone(), &redis.url()), billed).await,
+        replica(
+            stateful("rate_limit", limit, &other_connection(&redis)),
+            model(),
+        )
+        .await,
+    );
+    let first = tokio::spawn(send(&a, &costly("pia")));
+    reached.acquire().await.unwrap().forget();
+    let status = send(&b, &from("pia", "hi")).await;
+    assert_eq!(status, 429, "the call in flight holds the window's tokens");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(send(&b, &from("pia", "hi")).await, 429, "and spent them");
+    assert_eq!(
+        send(&b, &from("quy", "hi")).await,
+        200,
+        "a window of its own"
+    );
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }

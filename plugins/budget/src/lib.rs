@@ -4,26 +4,36 @@
 //! gateways sharing one Redis share one budget. Streamed answers are
 //! counted too (their usage, once the stream ends).
 //!
-//! A model call is refused, before the model is called, once the
-//! bucket's spend for the period has reached the limit: `limit-exceeded`
-//! saying when the period ends. The call that crosses the limit is served
-//! (its cost is known only after it). What it saw goes to the shared
+//! Before a model call is forwarded, the most it may cost is held: its
+//! messages' text at four bytes a token in, its `max_tokens` (or
+//! `reserve_output_tokens`, 4096) out, at the price of the model it asks
+//! for (the table's highest where it does not price that one). It is
+//! refused, `limit-exceeded` saying when the period ends, once
+//! what the bucket spent this period and what calls in flight hold reach
+//! the limit; so ten calls at once against a budget for seven serve seven.
+//! When the answer comes, its cost replaces what was held (a call that
+//! fails costs nothing); the call that crosses the limit is served. What
+//! it saw goes to the shared
 //! context's `rate_limit` key as `budget` (micro-dollars), so a refusal is
 //! answered with `Retry-After` by `shallot serve`.
 //!
 //! Config: `{"limit_usd": 10, "period": "day", "by": "key", "prices":
 //! {"gpt-4o": {"input": 2.5, "output": 10}, "*": {"input": 1, "output":
-//! 1}}}`: prices in dollars per million tokens, by the model that answered
-//! (`*` for any other; a model with no price and no `*` costs nothing and
-//! is logged). Needs `grants.clock` (the period is the calendar's):
+//! 1}}, "reserve_output_tokens": 4096}`: prices in dollars per million
+//! tokens, by the model that answered (`*` for any other; a model with no
+//! price and no `*` costs nothing and is logged). Needs `grants.clock` (the period is the calendar's):
 //! without it every call is refused with an `auth` error saying so.
+//! `on_store_error` (`closed`, or `open`) says what a call gets while the
+//! store fails: refused, or let through unchecked; an answer already made
+//! is delivered and its price charged after it (or logged as owed).
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
+use shallot_guest::kv::OnStoreError;
 use shallot_guest::{
-    ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, context, kv, log,
+    ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, Usage, context, kv, log,
 };
 
 #[derive(Deserialize)]
@@ -35,14 +45,38 @@ struct Budget {
     #[serde(default = "default_by")]
     by: String,
     prices: HashMap<String, Price>,
+    /// What a request gets while the store fails: refused (`closed`), or
+    /// let through unchecked (`open`).
+    #[serde(default = "closed")]
+    on_store_error: OnStoreError,
+    /// The output tokens held for a call that sets no `max_tokens`.
+    #[serde(default = "default_reserve")]
+    reserve_output_tokens: u32,
+}
+
+fn default_reserve() -> u32 {
+    4096
+}
+
+fn closed() -> OnStoreError {
+    OnStoreError::Closed
 }
 
 /// Dollars per million tokens.
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields)]
 struct Price {
     input: f64,
     output: f64,
+}
+
+impl Price {
+    /// What `usage` costs, in micro-dollars, rounded up.
+    fn of(&self, usage: &Usage) -> u64 {
+        let cost = f64::from(usage.input_tokens) * self.input
+            + f64::from(usage.output_tokens) * self.output;
+        cost.ceil() as u64
+    }
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -115,19 +149,42 @@ impl Budget {
         (format!("spent:{}:{bucket}:{index}", self.by), end - now)
     }
 
+    /// The price of `model`, or of any other (`*`).
+    fn price(&self, model: &str) -> Option<&Price> {
+        self.prices.get(model).or_else(|| self.prices.get("*"))
+    }
+
     /// What `response` cost, in micro-dollars, rounded up.
     fn cost(&self, response: &ChatResponse) -> u64 {
         let model = response.model();
-        let Some(price) = self.prices.get(&model).or_else(|| self.prices.get("*")) else {
+        let Some(price) = self.price(&model) else {
             log::warn(&format!(
                 "budget: no price for the model '{model}'; its call costs nothing"
             ));
             return 0;
         };
-        let usage = response.usage();
-        let cost = f64::from(usage.input_tokens) * price.input
-            + f64::from(usage.output_tokens) * price.output;
-        cost.ceil() as u64
+        price.of(&response.usage())
+    }
+
+    /// The most `request` may cost, in micro-dollars: its estimated input
+    /// and its `max_tokens` (or `reserve_output_tokens`) at the price of
+    /// the model it asks for (its `model` option, else the one the client
+    /// named, the context's `model`), or where the table prices neither,
+    /// at the table's highest prices.
+    fn worst_case(&self, request: &ChatRequest) -> u64 {
+        let named = [
+            request.model(),
+            context::get_text("model").unwrap_or_default(),
+        ];
+        let highest = || Price {
+            input: self.prices.values().map(|p| p.input).fold(0.0, f64::max),
+            output: self.prices.values().map(|p| p.output).fold(0.0, f64::max),
+        };
+        let price = named
+            .iter()
+            .find_map(|model| self.prices.get(model.as_str()))
+            .map_or_else(highest, |price| *price);
+        price.of(&request.estimated_usage(self.reserve_output_tokens))
     }
 }
 
@@ -159,9 +216,28 @@ impl Filter for Budget {
         // Kept a day past its period, so a clock a little behind another
         // host's still finds it.
         let keep = reset_ms + DAY_MS;
-        let spent = kv::add(&key, 0, keep)?.value.max(0) as u64;
+        // The worst this call may cost is held before it is forwarded, so
+        // that calls in flight count against the budget: a call is refused
+        // once what was spent and what others hold reach the limit.
+        let worst = self.worst_case(request);
+        let read = kv::add(&key, worst as i64, keep);
+        let (spent, held) = match self.on_store_error.tolerate(read, "budget")? {
+            Some(count) => ((count.value.max(0) as u64).saturating_sub(worst), worst),
+            None => (0, 0),
+        };
         context::report_limit("budget", limit, limit.saturating_sub(spent), reset_ms);
+        let settle = |cost: u64| {
+            let delta = cost as i64 - held as i64;
+            if delta == 0 {
+                return;
+            }
+            if let Some(count) = kv::charge(&key, delta, keep, "budget") {
+                let spent = count.value.max(0) as u64;
+                context::report_limit("budget", limit, limit.saturating_sub(spent), reset_ms);
+            }
+        };
         if spent >= limit {
+            settle(0);
             return Err(FilterError::new(
                 ErrorKind::LimitExceeded,
                 format!(
@@ -176,12 +252,11 @@ impl Filter for Budget {
                 ),
             ));
         }
-        let response = next.chat(request)?;
-        let cost = self.cost(&response);
-        if cost > 0 {
-            let spent = kv::add(&key, cost as i64, keep)?.value.max(0) as u64;
-            context::report_limit("budget", limit, limit.saturating_sub(spent), reset_ms);
-        }
+        // What the answer cost replaces what was held (nothing, when it
+        // failed); the answer is delivered whatever the store does (a charge
+        // it cannot take is logged as owed).
+        let response = next.chat(request).inspect_err(|_| settle(0))?;
+        settle(self.cost(&response));
         Ok(response)
     }
 }

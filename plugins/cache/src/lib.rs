@@ -15,7 +15,10 @@
 //! context's `cache` key, which `shallot serve` answers as the
 //! `x-shallot-cache` header.
 //!
-//! Config: `{"ttl_s": 3600, "max_bytes": 262144, "by": "tenant"}`. The key
+//! Config: `{"ttl_s": 3600, "max_bytes": 262144, "by": "tenant",
+//! "on_store_error": "open"}`: while the store fails, `open` answers as on
+//! a miss, `closed` fails the request; an answer made is delivered whether
+//! or not it can be kept. The key
 //! is a SHA-256 of the request as the filter sees it (its `user` option
 //! aside), so a new version of the plugin may miss what an older one
 //! cached; nothing else is lost.
@@ -23,6 +26,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use shallot_guest::kv::OnStoreError;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Next, Usage, context,
     kv, log,
@@ -37,6 +41,14 @@ struct Cache {
     max_bytes: usize,
     #[serde(default = "default_by")]
     by: String,
+    /// What a request gets while the store fails: the model's answer, as
+    /// on a miss (`open`), or an error (`closed`).
+    #[serde(default = "open")]
+    on_store_error: OnStoreError,
+}
+
+fn open() -> OnStoreError {
+    OnStoreError::Open
 }
 
 fn default_ttl() -> u32 {
@@ -167,7 +179,8 @@ impl Filter for Cache {
             said(&response, "skip")?;
             return Ok(response);
         }
-        if let Some(entry) = kv::get(&key)?
+        let found = self.on_store_error.tolerate(kv::get(&key), "cache")?;
+        if let Some(entry) = found.flatten()
             && let Ok(kept) = serde_json::from_str::<Kept>(&entry.value)
         {
             let response = answer(kept);
@@ -175,15 +188,13 @@ impl Filter for Cache {
             return Ok(response);
         }
         let response = next.chat(request)?;
-        if let Some(value) = self.keepable(&response) {
-            match kv::set(&key, &value, u64::from(self.ttl_s) * 1000) {
-                // A full namespace keeps no more answers until some expire:
-                // the answer the model made is delivered, not kept.
-                Err(full) if full.kind == ErrorKind::LimitExceeded => {
-                    log::warn(&format!("cache: not kept: {}", full.message));
-                }
-                kept => kept.map(drop)?,
-            }
+        // The answer the model made is delivered whether or not it is kept
+        // (a full namespace keeps no more until some expire; a failing
+        // store keeps none).
+        if let Some(value) = self.keepable(&response)
+            && let Err(e) = kv::set(&key, &value, u64::from(self.ttl_s) * 1000)
+        {
+            log::warn(&format!("cache: not kept: {}", e.message));
         }
         said(&response, "miss")?;
         Ok(response)

@@ -9,9 +9,14 @@
 //! not, leaves what it saw in the shared context's `rate_limit` key
 //! (`{"requests": {"limit", "remaining", "reset_ms"}, "tokens": {...}}`),
 //! which `shallot serve` answers as OpenAI's `x-ratelimit-*` headers and,
-//! on a refusal, `Retry-After`. Tokens are the usage the model reports,
-//! counted after each answer; a request is refused once the window's
-//! tokens are spent.
+//! on a refusal, `Retry-After`. Tokens are held before each model call
+//! (its messages' text at four bytes a token, plus its `max_tokens`) and
+//! settled with the usage the model reports after it, so that calls in
+//! flight count and a stream cut short is charged what was held; a request
+//! is refused once the window's tokens are spent or held. A request that
+//! fails gives its tokens back, and its place in the window too unless its
+//! client got it wrong (`invalid-request`, `content-filtered`, `auth`,
+//! `not-found` still count).
 //!
 //! A `fixed` window is one counter per bucket that expires with its
 //! window (one `kv.add`). A `sliding` window weighs the previous window's
@@ -22,10 +27,15 @@
 //! "fixed", "by": "key"}`: `requests` or `tokens` (or both); `by`
 //! is the context key whose value is the bucket (`key`: the client key's name, `tenant`,
 //! `user`, or any other); requests without it share one bucket.
+//! `on_store_error` (`closed`, or `open`) says what a request gets while
+//! the store fails: refused, or let through uncounted. An answer already
+//! made is delivered whatever the store does (a count it cannot take is
+//! logged as owed).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use shallot_guest::kv::OnStoreError;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, TurnRequest, TurnResult,
     context, kv,
@@ -42,6 +52,14 @@ struct RateLimit {
     window: Window,
     #[serde(default = "default_by")]
     by: String,
+    /// What a request gets while the store fails: refused (`closed`), or
+    /// let through uncounted (`open`).
+    #[serde(default = "closed")]
+    on_store_error: OnStoreError,
+}
+
+fn closed() -> OnStoreError {
+    OnStoreError::Closed
 }
 
 #[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
@@ -109,10 +127,12 @@ impl RateLimit {
         })
     }
 
-    /// Counts the request; refuses it past the limits. What it saw goes
-    /// to the shared context either way.
-    fn admit(&self) -> Result<(), FilterError> {
+    /// Counts the request and holds `reserve` tokens for it (what its
+    /// model call may use); refuses it, all or nothing, past the limits.
+    /// What it saw goes to the shared context either way.
+    fn admit(&self, reserve: u64) -> Result<Taken, FilterError> {
         let bucket = self.bucket();
+        let mut taken = Taken::default();
         let mut refused = None;
         if let Some(limit) = self.requests.map(u64::from) {
             let slot = self.window("requests", &bucket)?;
@@ -120,46 +140,167 @@ impl RateLimit {
             let used = slot.carried + count.value.max(0) as u64;
             let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
             if used > limit {
-                // A refused request is not one of the window's.
-                kv::add(&slot.key, -1, slot.ttl_ms)?;
                 refused = Some(("requests", limit, reset_ms));
             }
             context::report_limit("requests", limit, limit.saturating_sub(used), reset_ms);
+            taken.request = Some(Held::of(slot, 1));
         }
         if let Some(limit) = self.tokens {
             let slot = self.window("tokens", &bucket)?;
-            let count = kv::add(&slot.key, 0, slot.ttl_ms)?;
-            let used = slot.carried + count.value.max(0) as u64;
+            let count = kv::add(&slot.key, reserve as i64, slot.ttl_ms)?;
+            // What others used and hold: the window is spent when that is.
+            let used = (slot.carried + count.value.max(0) as u64).saturating_sub(reserve);
             let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
             if used >= limit && refused.is_none() {
                 refused = Some(("tokens", limit, reset_ms));
             }
             context::report_limit("tokens", limit, limit.saturating_sub(used), reset_ms);
+            taken.tokens = Some(Held::of(slot, reserve));
         }
-        match refused {
-            None => Ok(()),
-            Some((what, limit, reset_ms)) => Err(FilterError::new(
-                ErrorKind::LimitExceeded,
-                format!(
-                    "rate limit of {limit} {what} per {} s reached; retry in {} s",
-                    self.window_s,
-                    reset_ms.div_ceil(1000)
-                ),
-            )),
+        let Some((what, limit, reset_ms)) = refused else {
+            return Ok(taken);
+        };
+        // A refused request is not one of the window's.
+        taken.give_back();
+        Err(FilterError::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "rate limit of {limit} {what} per {} s reached; retry in {} s",
+                self.window_s,
+                reset_ms.div_ceil(1000)
+            ),
+        ))
+    }
+
+    /// Admits the request (or refuses it); while the store fails, as
+    /// `on_store_error` says (let through, nothing taken).
+    fn admitted(&self, reserve: u64) -> Result<Taken, FilterError> {
+        Ok(self
+            .on_store_error
+            .tolerate(self.admit(reserve), "rate-limit")?
+            .unwrap_or_default())
+    }
+
+    /// Holds `reserve` tokens for a model call of a turn already admitted
+    /// (no refusal: the turn was let in).
+    fn hold(&self, reserve: u64) -> Taken {
+        if self.tokens.is_none() {
+            return Taken::default();
+        }
+        let slot = self.window("tokens", &self.bucket());
+        let held = slot.and_then(|slot| {
+            kv::add(&slot.key, reserve as i64, slot.ttl_ms)?;
+            Ok(Held::of(slot, reserve))
+        });
+        match held {
+            Ok(held) => Taken {
+                request: None,
+                tokens: Some(held),
+            },
+            Err(e) => {
+                shallot_guest::log::warn(&format!(
+                    "rate-limit: {reserve} tokens not held, the call goes on: {}",
+                    e.message
+                ));
+                Taken::default()
+            }
         }
     }
 
-    /// Counts the tokens an answer used.
-    fn spent(&self, response: &ChatResponse) -> Result<(), FilterError> {
+    /// Settles the tokens an answer used against what was held for it:
+    /// the answer is delivered whatever the store does, and a count it
+    /// cannot take is logged as owed.
+    fn spent(&self, taken: &Taken, response: &ChatResponse) {
         if self.tokens.is_none() {
-            return Ok(());
+            return;
         }
-        let used = response.usage().total_tokens;
-        if used > 0 {
-            let slot = self.window("tokens", &self.bucket())?;
-            kv::add(&slot.key, used.into(), slot.ttl_ms)?;
+        let used = u64::from(response.usage().total_tokens);
+        if let Some(held) = &taken.tokens {
+            held.settle(used);
+            return;
         }
-        Ok(())
+        if used == 0 {
+            return;
+        }
+        match self.window("tokens", &self.bucket()) {
+            Ok(slot) => {
+                kv::charge(&slot.key, used as i64, slot.ttl_ms, "rate-limit");
+            }
+            Err(e) => shallot_guest::log::warn(&format!(
+                "rate-limit: owed: {used} tokens not counted, the answer delivered: {}",
+                e.message
+            )),
+        }
+    }
+}
+
+/// Whether a request that failed with `error` is given back its place in
+/// the window: one that failed through no fault of its client (the model
+/// server, the host, a store, a later limit) is; one its client got wrong
+/// (refused as invalid, filtered, unauthorized, naming nothing) still
+/// counts, so that failing requests are not a free way to reach the model.
+fn refunded(error: &FilterError) -> bool {
+    !matches!(
+        error.kind,
+        ErrorKind::InvalidRequest
+            | ErrorKind::ContentFiltered
+            | ErrorKind::Auth
+            | ErrorKind::NotFound
+    )
+}
+
+/// What admitting a request took from its windows, kept until the request
+/// ends: settled with what it used, or given back when it fails.
+#[derive(Default)]
+struct Taken {
+    request: Option<Held>,
+    tokens: Option<Held>,
+}
+
+impl Taken {
+    /// Gives back all it took.
+    fn give_back(&self) {
+        for held in [&self.request, &self.tokens].into_iter().flatten() {
+            held.settle(0);
+        }
+    }
+
+    /// What the request's failure with `error` gives back: the tokens held
+    /// for an answer that never came, and the request's place if
+    /// [`refunded`].
+    fn failed(&self, error: &FilterError) {
+        if let Some(held) = &self.tokens {
+            held.settle(0);
+        }
+        if let Some(held) = self.request.as_ref().filter(|_| refunded(error)) {
+            held.settle(0);
+        }
+    }
+}
+
+/// An amount added to one window's counter.
+struct Held {
+    key: String,
+    ttl_ms: u64,
+    amount: u64,
+}
+
+impl Held {
+    fn of(slot: Slot, amount: u64) -> Self {
+        Held {
+            key: slot.key,
+            ttl_ms: slot.ttl_ms,
+            amount,
+        }
+    }
+
+    /// Makes what was added `used`: adds the difference (tried twice, a
+    /// failure logged as owed).
+    fn settle(&self, used: u64) {
+        let delta = used as i64 - self.amount as i64;
+        if delta != 0 {
+            kv::charge(&self.key, delta, self.ttl_ms, "rate-limit");
+        }
     }
 }
 
@@ -194,11 +335,16 @@ impl Filter for RateLimit {
     }
 
     fn around_turn(&self, request: &TurnRequest, next: Next<Counted>) -> TurnResult {
-        if let Err(refused) = self.admit() {
-            return TurnResult::Error(refused);
-        }
+        let taken = match self.admitted(0) {
+            Ok(taken) => taken,
+            Err(refused) => return TurnResult::Error(refused),
+        };
         next.fctx().set(&Counted { counted: true });
-        next.turn(request)
+        let result = next.turn(request);
+        if let TurnResult::Error(e) = &result {
+            taken.failed(e);
+        }
+        result
     }
 
     fn around_chat(
@@ -206,11 +352,24 @@ impl Filter for RateLimit {
         request: &ChatRequest,
         next: Next<Counted>,
     ) -> Result<ChatResponse, FilterError> {
-        if !next.fctx().get().counted {
-            self.admit()?;
+        let reserve = match self.tokens {
+            Some(_) => u64::from(request.estimated_usage(0).total_tokens),
+            None => 0,
+        };
+        let taken = if next.fctx().get().counted {
+            self.hold(reserve)
+        } else {
+            self.admitted(reserve)?
+        };
+        match next.chat(request) {
+            Ok(response) => {
+                self.spent(&taken, &response);
+                Ok(response)
+            }
+            Err(e) => {
+                taken.failed(&e);
+                Err(e)
+            }
         }
-        let response = next.chat(request)?;
-        self.spent(&response)?;
-        Ok(response)
     }
 }
