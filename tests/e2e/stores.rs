@@ -12,8 +12,8 @@ use futures::stream::BoxStream;
 use serde_json::{Value, json};
 use shallot::types::{ChatRequest, ChatResponse, FinishReason, Message, Usage};
 use shallot::{
-    CONVERSATION_HEADER, ChainError, ChatModel, Context, ErrorKind, FilterSpec, Gateway, Grants,
-    Kernel, ModelEvent, Route, StoreSpec, open_kv,
+    CONVERSATION_HEADER, ChainError, ChatModel, Context, ErrorKind, FilterSet, FilterSpec, Gateway,
+    Grants, Kernel, ModelEvent, Route, StoreSpec, open_kv,
 };
 use shallot_tests::{RedisServer, Reply, ScriptedModel, spec};
 use tokio::sync::Semaphore;
@@ -98,6 +98,7 @@ fn stateful(plugin: &str, config: Value, url: &str) -> (PathBuf, FilterSpec) {
     let (path, filter) = spec(plugin, &plugin.replace('_', "-"), config);
     let grants = Grants {
         clock: plugin == "budget",
+        sleep_ms: if plugin == "cache" { 30_000 } else { 0 },
         kv: Some(StoreSpec::from(url).into()),
         ..Grants::default()
     };
@@ -107,6 +108,14 @@ fn stateful(plugin: &str, config: Value, url: &str) -> (PathBuf, FilterSpec) {
 /// A replica of the gateway with `filter` over `model`: its own engine,
 /// as each replica is its own process.
 async fn replica(filter: (PathBuf, FilterSpec), model: impl ChatModel + 'static) -> Served {
+    watched(filter, model).await.0
+}
+
+/// As [`replica`], with its filters, for a test to watch.
+async fn watched(
+    filter: (PathBuf, FilterSpec),
+    model: impl ChatModel + 'static,
+) -> (Served, FilterSet) {
     let engine = shallot::Engine::new(shallot::EngineConfig::default()).unwrap();
     let plugins = shallot_tests::load_in(&engine, vec![filter]).await;
     let kernel = Kernel::builder()
@@ -114,7 +123,7 @@ async fn replica(filter: (PathBuf, FilterSpec), model: impl ChatModel + 'static)
         .model(model)
         .build()
         .unwrap();
-    Served::start(kernel, config()).await
+    (Served::start(kernel, config()).await, plugins)
 }
 
 /// Answers "fine", or fails as a model server does when asked to.
@@ -610,6 +619,68 @@ async fn tokens_held_by_a_call_in_flight_count_on_every_replica() {
         send(&b, &from("quy", "hi")).await,
         200,
         "a window of its own"
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// Identical requests that miss the cache at once, on two replicas over
+/// one Redis, make one model call: the others wait for its answer and are
+/// answered from the cache.
+#[tokio::test]
+async fn identical_misses_on_every_replica_make_one_model_call() {
+    let redis = RedisServer::start();
+    let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let billed = || Billed {
+        reached: reached.clone(),
+        gate: gate.clone(),
+    };
+    let ((a, at_a), (b, at_b)) = (
+        watched(stateful("cache", json!({}), &redis.url()), billed()).await,
+        watched(
+            stateful("cache", json!({}), &other_connection(&redis)),
+            billed(),
+        )
+        .await,
+    );
+    let ask = |served: &Served| {
+        let request = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", served.base))
+            .json(&from("rae", "the same question"));
+        async move {
+            let response = request.send().await.unwrap();
+            let said = response.headers().get("x-shallot-cache").cloned();
+            let body: Value = response.json().await.unwrap();
+            (said, body["choices"][0]["message"]["content"].clone())
+        }
+    };
+    let first = tokio::spawn(ask(&a));
+    reached.acquire().await.unwrap().forget();
+    let others: Vec<_> = [&b, &a, &b].map(|served| tokio::spawn(ask(served))).into();
+    // Every request is in its cache filter: the first with the model, the
+    // others waiting (or, were they not, on their way to the model too).
+    let in_use =
+        || at_a.filters()[0].stats().instances_in_use + at_b.filters()[0].stats().instances_in_use;
+    while in_use() < 4 {
+        tokio::task::yield_now().await;
+    }
+    gate.add_permits(4);
+    let (said, text) = first.await.unwrap();
+    assert_eq!(
+        (said.as_ref().map(|s| s.to_str().unwrap()), text),
+        (Some("miss"), json!("made"))
+    );
+    for other in others {
+        let (said, text) = other.await.unwrap();
+        assert_eq!(
+            (said.as_ref().map(|s| s.to_str().unwrap()), text),
+            (Some("hit"), json!("made"))
+        );
+    }
+    assert_eq!(
+        reached.available_permits(),
+        0,
+        "one model call for four requests"
     );
     a.stop().await.unwrap();
     b.stop().await.unwrap();

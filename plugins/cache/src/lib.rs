@@ -15,8 +15,14 @@
 //! context's `cache` key, which `shallot serve` answers as the
 //! `x-shallot-cache` header.
 //!
+//! Identical misses make one model call: the first holds a lease (for at
+//! most `coalesce_s`) while it asks the model, and the others, on any
+//! gateway sharing the store, wait for its answer while the filter may
+//! sleep (`grants.sleep_ms`), answered as hits once it is kept.
+//!
 //! Config: `{"ttl_s": 3600, "max_bytes": 262144, "by": "tenant",
-//! "on_store_error": "open"}`: while the store fails, `open` answers as on
+//! "coalesce_s": 60, "on_store_error": "open"}`: while the store fails,
+//! `open` answers as on
 //! a miss, `closed` fails the request; an answer made is delivered whether
 //! or not it can be kept. The key
 //! is a SHA-256 of the request as the filter sees it (its `user` option
@@ -29,7 +35,7 @@ use sha2::{Digest, Sha256};
 use shallot_guest::kv::OnStoreError;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Next, Usage, context,
-    kv, log,
+    kv, log, timer,
 };
 
 #[derive(Deserialize)]
@@ -45,6 +51,14 @@ struct Cache {
     /// on a miss (`open`), or an error (`closed`).
     #[serde(default = "open")]
     on_store_error: OnStoreError,
+    /// How long the first of identical misses holds the others waiting
+    /// for its answer at most, in seconds; 0 asks the model for each.
+    #[serde(default = "default_coalesce")]
+    coalesce_s: u32,
+}
+
+fn default_coalesce() -> u32 {
+    60
 }
 
 fn open() -> OnStoreError {
@@ -145,6 +159,74 @@ fn said(response: &ChatResponse, what: &str) -> Result<(), FilterError> {
     Ok(())
 }
 
+/// What a miss does about identical misses at once.
+enum Miss {
+    /// Asks the model (single flight is off).
+    Alone,
+    /// Asks the model, holding the lease (its key) the others wait on.
+    Leads(String),
+    /// Waits for the answer the lease's holder is making.
+    Follows(String),
+}
+
+impl Miss {
+    /// Ends a lead: those waiting go on, to the answer kept or to the
+    /// model.
+    fn done(&self) {
+        if let Miss::Leads(lease) = self {
+            let _ = kv::delete(lease);
+        }
+    }
+}
+
+impl Cache {
+    /// Takes the lease of `key`'s answer, or finds it taken. A store that
+    /// fails leaves the miss to lead.
+    fn miss(&self, key: &str) -> Miss {
+        if self.coalesce_s == 0 {
+            return Miss::Alone;
+        }
+        let lease = format!("making:{key}");
+        match kv::add(&lease, 1, u64::from(self.coalesce_s) * 1000) {
+            Ok(count) if count.value > 1 => Miss::Follows(lease),
+            _ => Miss::Leads(lease),
+        }
+    }
+}
+
+/// The answer kept at `key`, if the store has one and can say.
+fn kept(key: &str) -> Option<Kept> {
+    let entry = kv::get(key).ok()??;
+    serde_json::from_str(&entry.value).ok()
+}
+
+/// The first pause between looks at an answer being made, in ms; each is
+/// twice the one before, up to [`LONGEST_PAUSE`].
+const FIRST_PAUSE: u32 = 10;
+const LONGEST_PAUSE: u32 = 500;
+
+/// Waits for the answer an identical request is making (while it holds
+/// `lease`) to be kept at `key`, looking again after longer and longer
+/// pauses. `None`, for the caller to ask the model itself, once the
+/// lease is gone with nothing kept (the answer failed or was not one to
+/// keep), once the filter may sleep no longer (its `sleep_ms` grant), or
+/// when the store fails.
+fn waited(key: &str, lease: &str) -> Option<Kept> {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        timer::sleep(pause).ok()?;
+        // The lease is read first: an answer is kept before it goes.
+        let making = kv::get(lease).ok()?.is_some();
+        if let Some(kept) = kept(key) {
+            return Some(kept);
+        }
+        if !making {
+            return None;
+        }
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
+}
+
 fn answer(kept: Kept) -> ChatResponse {
     let reason = match kept.finish.as_str() {
         "length-limit" => FinishReason::LengthLimit,
@@ -187,15 +269,34 @@ impl Filter for Cache {
             said(&response, "hit")?;
             return Ok(response);
         }
-        let response = next.chat(request)?;
+        // One of identical misses asks the model; the others wait for its
+        // answer (here or on another replica sharing the store).
+        let miss = self.miss(&key);
+        let ready = match &miss {
+            Miss::Alone => None,
+            // The lease may be new because the one before it just went, its
+            // answer kept: looked for once more.
+            Miss::Leads(_) => kept(&key),
+            Miss::Follows(lease) => waited(&key, lease),
+        };
+        if let Some(kept) = ready {
+            miss.done();
+            let response = answer(kept);
+            said(&response, "hit")?;
+            return Ok(response);
+        }
+        let made = next.chat(request);
         // The answer the model made is delivered whether or not it is kept
         // (a full namespace keeps no more until some expire; a failing
         // store keeps none).
-        if let Some(value) = self.keepable(&response)
+        if let Ok(response) = &made
+            && let Some(value) = self.keepable(response)
             && let Err(e) = kv::set(&key, &value, u64::from(self.ttl_s) * 1000)
         {
             log::warn(&format!("cache: not kept: {}", e.message));
         }
+        miss.done();
+        let response = made?;
         said(&response, "miss")?;
         Ok(response)
     }
