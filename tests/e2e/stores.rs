@@ -685,3 +685,29 @@ async fn identical_misses_on_every_replica_make_one_model_call() {
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+/// Of many requests at once spread over three replicas over one Redis,
+/// exactly the limit are admitted.
+#[tokio::test]
+async fn three_replicas_admit_exactly_the_limit_of_requests_at_once() {
+    let redis = RedisServer::start();
+    let limit = json!({ "requests": 10, "window_s": 600, "by": "user" });
+    let mut replicas = Vec::new();
+    // Three spellings of one server, so that each replica connects alone.
+    let third = format!("{}/", other_connection(&redis));
+    for url in [redis.url(), other_connection(&redis), third] {
+        replicas.push(replica(stateful("rate_limit", limit.clone(), &url), model()).await);
+    }
+    let asked: Vec<_> = (0..30)
+        .map(|i| tokio::spawn(send(&replicas[i % 3], &from("sal", "hi"))))
+        .collect();
+    let mut statuses = Vec::new();
+    for asked in asked {
+        statuses.push(asked.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429; 20]].concat());
+    for served in replicas {
+        served.stop().await.unwrap();
+    }
+}
