@@ -26,7 +26,7 @@
 //! modules before it in this list (`scripts/check-layers` checks it), so
 //! data flows one way: configuration -> plugin set -> onion -> terminals.
 //!
-//! layers: escape tls context types sandbox conversation kv cache compile engine onion plugin tool mcp model agent kernel config gateway
+//! layers: escape tls context types sandbox store conversation kv cache compile engine onion plugin tool mcp model agent kernel config gateway
 //!
 //! - `escape`: text from guests, models and clients made safe for a
 //!   terminal, a log line or a JSON line.
@@ -74,6 +74,7 @@ mod model;
 mod onion;
 mod plugin;
 mod sandbox;
+mod store;
 mod tls;
 mod tool;
 pub mod types;
@@ -90,7 +91,7 @@ pub use context::{
 };
 pub use conversation::{
     CONVERSATION_CAP, ConversationStore, IN_PROCESS_CAP, IN_PROCESS_PART_CAP, LOAD_LIMIT, PART_CAP,
-    STORE_CAP, StoreSpec, StoreState, open_store, store_states,
+    STORE_CAP, open_store,
 };
 pub use engine::{Engine, EngineConfig, EngineError, MAX_MEMORY_MIB};
 pub use escape::{json_line, terminal_line, terminal_text};
@@ -117,5 +118,6 @@ pub use plugin::{
     cache_state, compile_plugin, configure_filter, read_plugin,
 };
 pub use sandbox::Limits;
+pub use store::{StoreSpec, StoreState, store_states};
 pub use tool::ToolRegistry;
 pub use types::error::{Call, Cause, ChainError, ErrorKind, Origin};

@@ -5,9 +5,9 @@
 use serde::Deserialize;
 
 use super::Config;
-use crate::conversation::StoreSpec;
 use crate::model::{AnthropicConfig, OpenAiConfig, PoolConfig, Server};
 use crate::plugin::LoadError;
+use crate::store::StoreSpec;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

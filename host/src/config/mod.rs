@@ -59,13 +59,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::conversation::StoreSpec;
 use crate::engine::Engine;
 use crate::mcp::McpConfig;
 use crate::model::Server;
 use crate::plugin::{FilterSet, FilterSpec, Isolation, LoadError, LoadEvent};
 use crate::plugin::{Grants, TraceTarget};
 use crate::sandbox::Limits;
+use crate::store::StoreSpec;
 
 mod gateway;
 mod keys;

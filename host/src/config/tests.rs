@@ -81,7 +81,7 @@ fn a_broken_config_is_placed_by_line_and_column_without_quoting_its_lines() {
 
 #[test]
 fn a_kv_grant_is_a_store_or_a_table_its_sqlite_path_relative_to_the_config() {
-    use crate::conversation::StoreSpec;
+    use crate::store::StoreSpec;
     let dir = std::env::temp_dir().join(format!("shallot-kv-grant-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("shallot.toml");

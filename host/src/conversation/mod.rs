@@ -28,22 +28,15 @@
 //! outage. Conversations of no owner (no `/`: a command line, a gateway
 //! without keys) share the rest of the store.
 
-mod health;
 mod redis;
 mod sqlite;
 
-pub use health::{StoreState, store_states};
-pub(crate) use redis::{Connected, connect as connect_redis};
-
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
+use crate::store::{Registry, StoreSpec};
 use crate::types::{Cause, ChainError, ErrorKind, Message, Weigh};
 
 /// The most messages a load returns: the conversation's latest ones.
@@ -79,9 +72,6 @@ fn part_full(kind: &str, cap: usize) -> ChainError {
     )
 }
 
-/// How long one store operation may take before it is a `transient` error.
-pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Where conversations are kept.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + 'static {
@@ -100,77 +90,17 @@ pub trait ConversationStore: Send + Sync + 'static {
     async fn clear(&self, conversation: &str) -> Result<(), ChainError>;
 }
 
-/// Which conversation store a filter's `grants.memory` names, parsed
-/// once from the operator's text: `:memory:` (or `:memory:<name>`), a
-/// `redis://` or `rediss://` URL, else a SQLite file's path.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum StoreSpec {
-    /// A store in this process, by name (`""` for `:memory:` itself).
-    InProcess(String),
-    /// A Redis server's URL.
-    Redis(String),
-    /// An SQLite file, created when the filter loads.
-    Sqlite(PathBuf),
-}
-
-impl From<&str> for StoreSpec {
-    fn from(spec: &str) -> Self {
-        if let Some(name) = spec.strip_prefix(":memory:") {
-            StoreSpec::InProcess(name.to_owned())
-        } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-            StoreSpec::Redis(spec.to_owned())
-        } else {
-            StoreSpec::Sqlite(spec.into())
-        }
-    }
-}
-
-impl From<String> for StoreSpec {
-    fn from(spec: String) -> Self {
-        StoreSpec::from(spec.as_str())
-    }
-}
-
-impl From<StoreSpec> for String {
-    fn from(spec: StoreSpec) -> Self {
-        spec.to_string()
-    }
-}
-
-impl fmt::Display for StoreSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreSpec::InProcess(name) => write!(f, ":memory:{name}"),
-            StoreSpec::Redis(url) => f.write_str(url),
-            StoreSpec::Sqlite(path) => write!(f, "{}", path.display()),
-        }
-    }
-}
-
 /// Opens the store `spec` names, or shares the one already open.
 pub async fn open_store(spec: impl Into<StoreSpec>) -> Result<Arc<dyn ConversationStore>, String> {
-    static OPEN: Mutex<Option<HashMap<StoreSpec, Weak<dyn ConversationStore>>>> = Mutex::new(None);
-    let spec = spec.into();
-    if let Some(store) = OPEN
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_default()
-        .get(&spec)
-        .and_then(Weak::upgrade)
-    {
-        return Ok(store);
-    }
-    let store: Arc<dyn ConversationStore> = match &spec {
-        StoreSpec::InProcess(_) => Arc::new(InProcess::default()),
-        StoreSpec::Redis(url) => Arc::new(redis::Redis::open(url).await?),
-        StoreSpec::Sqlite(path) => Arc::new(sqlite::Sqlite::open(path).await?),
-    };
-    OPEN.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_default()
-        .insert(spec, Arc::downgrade(&store));
-    Ok(store)
+    static OPEN: Registry<dyn ConversationStore> = Registry::new();
+    OPEN.open(spec.into(), async |spec| {
+        Ok(match spec {
+            StoreSpec::InProcess(_) => Arc::new(InProcess::default()) as Arc<dyn ConversationStore>,
+            StoreSpec::Redis(url) => Arc::new(redis::Redis::open(url).await?),
+            StoreSpec::Sqlite(path) => Arc::new(sqlite::Sqlite::open(path).await?),
+        })
+    })
+    .await
 }
 
 /// The bytes `message` takes as a store keeps it: its JSON encoding.

@@ -8,41 +8,16 @@
 //! is bounded, so Redis going away is a `transient` error, never a hang.
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use std::sync::Arc;
-
-use super::health::{self, Health};
 use super::{
-    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, STORE_CAP,
-    fits_a_conversation, full, part, part_full, row_overhead, unavailable,
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, PART_CAP, STORE_CAP, fits_a_conversation,
+    full, part, part_full, row_overhead, unavailable,
 };
-use crate::types::{Cause, ChainError, Message};
+use crate::store::{Connected, OPERATION_TIMEOUT, connect_redis};
+use crate::types::{ChainError, Message};
 
 pub(super) struct Redis {
     server: Connected,
-}
-
-/// A connection to a Redis server: its address without credentials (for
-/// messages and `/readyz`), the connection, and the server's record of
-/// how it has answered.
-pub(crate) struct Connected {
-    pub shown: String,
-    pub connection: ConnectionManager,
-    pub health: Arc<Health>,
-}
-
-impl Connected {
-    /// Records `result` of an operation on the server: a store failure
-    /// marks it down; anything else (an answer, or a refusal such as a
-    /// full store) up.
-    pub(crate) fn answered<T>(&self, result: Result<T, ChainError>) -> Result<T, ChainError> {
-        match &result {
-            Err(e) if e.cause == Some(Cause::StoreUnavailable) => self.health.failed(&e.message),
-            _ => self.health.answered(),
-        }
-        result
-    }
 }
 
 fn key(conversation: &str) -> String {
@@ -62,41 +37,11 @@ const FULL: &str = "shallot-store-full";
 /// What it answers when the owner's part is.
 const PART_FULL: &str = "shallot-part-full";
 
-/// Connects to the Redis server at `url` (within the operation timeout,
-/// retrying once) and checks that it answers: the address shown in
-/// messages (without credentials) and the connection, which reconnects
-/// after the server comes back. Errors name `grant`.
-pub(crate) async fn connect(url: &str, grant: &str) -> Result<Connected, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("{grant}: not a Redis URL: {e}"))?;
-    let shown = format!("redis at {}", client.get_connection_info().addr);
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(OPERATION_TIMEOUT)
-        .set_response_timeout(OPERATION_TIMEOUT)
-        .set_number_of_retries(1);
-    let mut connection = tokio::time::timeout(
-        OPERATION_TIMEOUT * 2,
-        client.get_connection_manager_with_config(config),
-    )
-    .await
-    .map_err(|_| format!("{grant}: {shown} did not answer within {OPERATION_TIMEOUT:?}"))?
-    .map_err(|e| format!("{grant}: cannot reach {shown}: {e}"))?;
-    let _: String = redis::cmd("PING")
-        .query_async(&mut connection)
-        .await
-        .map_err(|e| format!("{grant}: cannot reach {shown}: {e}"))?;
-    let health = health::register(&shown);
-    Ok(Connected {
-        shown,
-        connection,
-        health,
-    })
-}
-
 impl Redis {
     /// Connects (within the operation timeout) and checks the server answers.
     pub(super) async fn open(url: &str) -> Result<Self, String> {
         Ok(Redis {
-            server: connect(url, "grants.memory").await?,
+            server: connect_redis(url, "grants.memory").await?,
         })
     }
 

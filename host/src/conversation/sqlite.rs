@@ -5,15 +5,15 @@
 //! pool, one at a time per file.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, OPERATION_TIMEOUT, PART_CAP, ROW_BYTES,
-    STORE_CAP, fits_a_conversation, full, part, part_full, row_overhead, unavailable,
+    CONVERSATION_CAP, ConversationStore, LOAD_LIMIT, PART_CAP, ROW_BYTES, STORE_CAP,
+    fits_a_conversation, full, part, part_full, row_overhead, unavailable,
 };
+use crate::store::SqliteFile;
 use crate::types::{ChainError, Message};
 
 /// A row's size as the store counts it, in SQL: its message's bytes, its
@@ -23,17 +23,13 @@ fn row_size() -> String {
 }
 
 pub(super) struct Sqlite {
-    path: String,
-    connection: Arc<Mutex<Connection>>,
+    file: SqliteFile,
 }
 
-/// The file at `path`, its tables made and its sizes kept.
-fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let mut connection = Connection::open(path)?;
-    connection.busy_timeout(OPERATION_TIMEOUT)?;
+/// Makes the file's tables and keeps its sizes.
+fn made(connection: &mut Connection) -> rusqlite::Result<()> {
     connection.execute_batch(
-        "PRAGMA journal_mode = WAL;
-         CREATE TABLE IF NOT EXISTS shallot_messages (
+        "CREATE TABLE IF NOT EXISTS shallot_messages (
              seq INTEGER PRIMARY KEY AUTOINCREMENT,
              conversation TEXT NOT NULL,
              message TEXT NOT NULL
@@ -41,8 +37,7 @@ fn connect(path: &Path) -> rusqlite::Result<Connection> {
          CREATE INDEX IF NOT EXISTS shallot_messages_by_conversation
              ON shallot_messages (conversation, seq);",
     )?;
-    sized(&mut connection)?;
-    Ok(connection)
+    sized(connection)
 }
 
 /// Gives a file written before sizes were kept its sizes, once, in one
@@ -97,16 +92,8 @@ fn sized(connection: &mut Connection) -> rusqlite::Result<()> {
 impl Sqlite {
     /// Opens (creating it if needed) the file and its table.
     pub(super) async fn open(path: &Path) -> Result<Self, String> {
-        let shown = path.display().to_string();
-        let opened = path.to_owned();
-        let connection = tokio::task::spawn_blocking(move || connect(&opened))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("grants.memory: cannot open the SQLite file {shown}: {e}"))?;
-        Ok(Sqlite {
-            path: shown,
-            connection: Arc::new(Mutex::new(connection)),
-        })
+        let file = SqliteFile::open(path, "grants.memory", made).await?;
+        Ok(Sqlite { file })
     }
 
     /// Runs `work` on the connection, answering within the operation
@@ -116,21 +103,11 @@ impl Sqlite {
         &self,
         work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ChainError> {
-        let connection = self.connection.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            work(&mut connection.lock().unwrap_or_else(PoisonError::into_inner))
-        });
-        tokio::time::timeout(OPERATION_TIMEOUT, done)
-            .await
-            .map_err(|_| {
-                unavailable(
-                    "SQLite",
-                    &self.path,
-                    format!("no answer within {OPERATION_TIMEOUT:?}"),
-                )
-            })?
-            .map_err(|e| unavailable("SQLite", &self.path, e))?
-            .map_err(|e| unavailable("SQLite", &self.path, e))
+        let failed = |e: &dyn std::fmt::Display| unavailable("SQLite", &self.file.shown, e);
+        match self.file.run(work).await {
+            Err(e) => Err(failed(&e)),
+            Ok(done) => done.map_err(|e| failed(&e)),
+        }
     }
 }
 
@@ -163,7 +140,7 @@ impl ConversationStore for Sqlite {
                 serde_json::from_str(row).map_err(|e| {
                     unavailable(
                         "SQLite",
-                        &self.path,
+                        &self.file.shown,
                         format!("a stored message is not readable: {e}"),
                     )
                 })
@@ -188,7 +165,7 @@ impl ConversationStore for Sqlite {
             .await?;
         match fitted {
             Fitted::Yes => Ok(()),
-            Fitted::StoreFull => Err(full("SQLite", &self.path, STORE_CAP)),
+            Fitted::StoreFull => Err(full("SQLite", &self.file.shown, STORE_CAP)),
             Fitted::PartFull => Err(part_full("SQLite", PART_CAP)),
         }
     }

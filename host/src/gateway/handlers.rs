@@ -101,7 +101,7 @@ pub(super) async fn ready(State(gateway): State<Arc<GatewayState>>) -> Response 
         "routes": routes,
         "reloads": { "swapped": reloads.swapped, "failed": reloads.failed, "last_error": reloads.last_error },
     });
-    let stores = crate::conversation::store_states();
+    let stores = crate::store::store_states();
     if !stores.is_empty() {
         ready["stores"] = json!(stores);
     }

@@ -26,13 +26,12 @@ mod in_process;
 mod redis;
 mod sqlite;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::conversation::{OPERATION_TIMEOUT, StoreSpec};
+use crate::store::{OPERATION_TIMEOUT, Registry, StoreSpec};
 use crate::types::{Cause, ChainError, ErrorKind};
 
 /// The most the in-process store holds for one namespace, in bytes (keys,
@@ -133,25 +132,17 @@ pub trait KvStore: Send + Sync + 'static {
 
 /// Opens the key store `spec` names, or shares the one already open.
 pub async fn open_kv(spec: impl Into<StoreSpec>) -> Result<Arc<dyn KvStore>, String> {
-    static OPEN: Mutex<Option<HashMap<StoreSpec, Weak<dyn KvStore>>>> = Mutex::new(None);
-    let spec = spec.into();
-    let open = || OPEN.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(store) = open()
-        .get_or_insert_default()
-        .get(&spec)
-        .and_then(Weak::upgrade)
-    {
-        return Ok(store);
-    }
-    let store: Arc<dyn KvStore> = match &spec {
-        StoreSpec::InProcess(_) => Arc::new(in_process::InProcess::default()),
-        StoreSpec::Redis(url) => Arc::new(redis::Redis::open(url).await?),
-        StoreSpec::Sqlite(path) => Arc::new(sqlite::Sqlite::open(path).await?),
-    };
-    open()
-        .get_or_insert_default()
-        .insert(spec, Arc::downgrade(&store));
-    Ok(store)
+    static OPEN: Registry<dyn KvStore> = Registry::new();
+    OPEN.open(spec.into(), async |spec| {
+        Ok(match spec {
+            StoreSpec::InProcess(_) => {
+                Arc::new(in_process::InProcess::default()) as Arc<dyn KvStore>
+            }
+            StoreSpec::Redis(url) => Arc::new(redis::Redis::open(url).await?),
+            StoreSpec::Sqlite(path) => Arc::new(sqlite::Sqlite::open(path).await?),
+        })
+    })
+    .await
 }
 
 /// The key a shared store keeps for `key` of `namespace`: the namespace's

@@ -23,7 +23,7 @@ use super::{
     Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, owner_cap,
     owner_full, stored_key, unavailable,
 };
-use crate::conversation::{Connected, connect_redis};
+use crate::store::{Connected, connect_redis};
 use crate::types::{ChainError, ErrorKind};
 
 pub(super) struct Redis {

@@ -13,21 +13,20 @@
 //! the blocking pool, one at a time per file.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
-    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORE_CAP, STORED_NAMESPACE_CAP,
-    counter, full, owner_cap, owner_full, sum, unavailable,
+    Count, ENTRY_BYTES, Entry, KvStore, STORE_CAP, STORED_NAMESPACE_CAP, counter, full, owner_cap,
+    owner_full, sum, unavailable,
 };
+use crate::store::SqliteFile;
 use crate::types::ChainError;
 
 pub(super) struct Sqlite {
-    path: String,
-    connection: Arc<Mutex<Connection>>,
+    file: SqliteFile,
 }
 
 /// Now, in milliseconds since the Unix epoch.
@@ -221,21 +220,17 @@ fn sweep_all(db: &mut Connection) -> rusqlite::Result<()> {
     transaction.commit()
 }
 
-/// The file at `path`, its tables made and brought up to date.
-fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let connection = Connection::open(path)?;
-    connection.busy_timeout(OPERATION_TIMEOUT)?;
+/// Makes the file's tables and brings them up to date.
+fn made(connection: &mut Connection) -> rusqlite::Result<()> {
     let page: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
     connection.execute_batch(&schema(page))?;
-    owners(&connection)?;
-    Ok(connection)
+    owners(connection)
 }
 
 /// The file's settings and tables, its cap in pages of `page` bytes.
 fn schema(page: i64) -> String {
     format!(
-        "PRAGMA journal_mode = WAL;
-         PRAGMA synchronous = NORMAL;
+        "PRAGMA synchronous = NORMAL;
          PRAGMA max_page_count = {};
          CREATE TABLE IF NOT EXISTS shallot_kv (
              namespace TEXT NOT NULL,
@@ -290,16 +285,8 @@ fn owners(db: &Connection) -> rusqlite::Result<()> {
 impl Sqlite {
     /// Opens (creating it if needed) the file and its tables.
     pub(super) async fn open(path: &Path) -> Result<Self, String> {
-        let shown = path.display().to_string();
-        let opened = path.to_owned();
-        let connection = tokio::task::spawn_blocking(move || connect(&opened))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("grants.kv: cannot open the SQLite file {shown}: {e}"))?;
-        Ok(Sqlite {
-            path: shown,
-            connection: Arc::new(Mutex::new(connection)),
-        })
+        let file = SqliteFile::open(path, "grants.kv", made).await?;
+        Ok(Sqlite { file })
     }
 
     /// Runs `work` in one transaction on the blocking pool,
@@ -310,31 +297,26 @@ impl Sqlite {
         behavior: TransactionBehavior,
         work: impl Fn(&Connection, i64) -> Result<T, Failed> + Send + 'static,
     ) -> Result<T, ChainError> {
-        let connection = self.connection.clone();
         let attempt = move |db: &mut Connection| -> Result<T, Failed> {
             let transaction = db.transaction_with_behavior(behavior)?;
             let done = work(&transaction, now())?;
             transaction.commit()?;
             Ok(done)
         };
-        let done = tokio::task::spawn_blocking(move || {
-            let mut db = connection.lock().unwrap_or_else(PoisonError::into_inner);
-            match attempt(&mut db) {
-                Err(Failed::Db(e)) if is_full(&e) => {
-                    sweep_all(&mut db)?;
-                    attempt(&mut db)
-                }
-                done => done,
+        let done = self.file.run(move |db| match attempt(db) {
+            Err(Failed::Db(e)) if is_full(&e) => {
+                sweep_all(db)?;
+                attempt(db)
             }
+            done => done,
         });
-        let failed = |e: &dyn std::fmt::Display| unavailable("SQLite", &self.path, e);
-        match tokio::time::timeout(OPERATION_TIMEOUT, done).await {
-            Err(_) => Err(failed(&format!("no answer within {OPERATION_TIMEOUT:?}"))),
-            Ok(Err(e)) => Err(failed(&e)),
-            Ok(Ok(Ok(done))) => Ok(done),
-            Ok(Ok(Err(Failed::Refused(e)))) => Err(e),
-            Ok(Ok(Err(Failed::Db(e)))) if is_full(&e) => Err(full("SQLite", STORE_CAP)),
-            Ok(Ok(Err(Failed::Db(e)))) => Err(failed(&e)),
+        let failed = |e: &dyn std::fmt::Display| unavailable("SQLite", &self.file.shown, e);
+        match done.await {
+            Err(e) => Err(failed(&e)),
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(Failed::Refused(e))) => Err(e),
+            Ok(Err(Failed::Db(e))) if is_full(&e) => Err(full("SQLite", STORE_CAP)),
+            Ok(Err(Failed::Db(e))) => Err(failed(&e)),
         }
     }
 }

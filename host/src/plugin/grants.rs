@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::conversation::StoreSpec;
 use crate::plugin::host::{HttpGrant, KvGrant, ModelGrant, TraceTarget};
+use crate::store::StoreSpec;
 
 /// Capabilities an operator grants a filter beyond the default nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use super::HostState;
 use super::service::{GrantedServices, PROMPTED, Service, Spent, error};
-use crate::conversation::StoreSpec;
 use crate::kv::{KvStore, open_kv};
 use crate::plugin::bindings::shallot::filter::kv;
 use crate::plugin::bindings::shallot::filter::types as wit;
+use crate::store::StoreSpec;
 use crate::types::Call;
 
 /// The longest key, in bytes.

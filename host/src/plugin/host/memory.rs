@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use super::HostState;
 use super::service::{AROUND, GrantedServices, Service, Spent, error};
-use crate::conversation::{self, ConversationStore, StoreSpec, open_store};
+use crate::conversation::{self, ConversationStore, open_store};
 use crate::plugin::bindings::shallot::filter::memory;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
+use crate::store::StoreSpec;
 use crate::types::{Call, Weigh};
 
 /// The longest conversation id, in bytes.
