@@ -711,3 +711,34 @@ async fn three_replicas_admit_exactly_the_limit_of_requests_at_once() {
         served.stop().await.unwrap();
     }
 }
+
+/// A Redis Cluster node or a Sentinel is refused when a filter's store is
+/// opened, saying why, rather than failing every operation later with a
+/// cross-slot error.
+#[tokio::test]
+async fn a_cluster_node_or_a_sentinel_is_refused_at_load_saying_why() {
+    let nodes = std::env::temp_dir().join(format!("shallot-cluster-{}.conf", std::process::id()));
+    let nodes = nodes.to_str().unwrap().to_owned();
+    let cluster =
+        RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-config-file", &nodes]);
+    let refused = open_kv(cluster.url().as_str()).await.err().unwrap();
+    assert!(
+        refused.contains("grants.kv") && refused.contains("Redis Cluster node"),
+        "{refused}"
+    );
+    let refused = shallot::open_store(cluster.url().as_str())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        refused.contains("grants.memory") && refused.contains("not supported"),
+        "{refused}"
+    );
+    let refused = open_kv("redis+sentinel://127.0.0.1:26379/mymaster")
+        .await
+        .err()
+        .unwrap();
+    assert!(refused.contains("Sentinel is not supported"), "{refused}");
+    drop(cluster);
+    let _ = std::fs::remove_file(nodes);
+}

@@ -27,8 +27,9 @@ pub(crate) const OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Which store a grant names (a filter's `grants.memory` or `grants.kv`, a
 /// route's `store`), parsed once from the operator's text: `:memory:` (or
-/// `:memory:<name>`), a `redis://` or `rediss://` URL, else a SQLite
-/// file's path.
+/// `:memory:<name>`), a `redis://`, `rediss://` or `redis+...://` URL
+/// (`redis+unix:///path`; Sentinel's `redis+sentinel://` is refused when
+/// it is opened), else a SQLite file's path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(from = "String", into = "String")]
 pub enum StoreSpec {
@@ -44,7 +45,10 @@ impl From<&str> for StoreSpec {
     fn from(spec: &str) -> Self {
         if let Some(name) = spec.strip_prefix(":memory:") {
             StoreSpec::InProcess(name.to_owned())
-        } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        } else if spec.starts_with("redis://")
+            || spec.starts_with("rediss://")
+            || spec.starts_with("redis+")
+        {
             StoreSpec::Redis(spec.to_owned())
         } else {
             StoreSpec::Sqlite(spec.into())
