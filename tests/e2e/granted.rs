@@ -918,6 +918,41 @@ async fn rate_limit_spends_the_tokens_the_model_reports() {
     );
 }
 
+/// Several windows, each a `rate-limit` of its own (here requests per
+/// minute around tokens per day), are all or nothing: a request the inner
+/// window refuses gives back its place in the outer one.
+#[tokio::test]
+async fn stacked_windows_are_all_or_nothing() {
+    let minute = json!({ "requests": 3, "window_s": 60, "by": "user" });
+    let day = json!({ "tokens": 3, "window_s": 86_400, "by": "user" });
+    let plugins = load(vec![
+        rate_limit("per-minute", minute, ":memory:stacked"),
+        rate_limit("per-day", day, ":memory:stacked"),
+    ])
+    .await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(shallot::EmbeddedModel::new())
+        .build()
+        .unwrap();
+    // The embedded model's answer to "hi" uses 4 tokens: the day's.
+    let (first, seen) = limited(&kernel, "uma").await;
+    first.unwrap();
+    assert_eq!(seen["requests"]["remaining"], 2, "{seen}");
+    for _ in 0..3 {
+        let (refused, seen) = limited(&kernel, "uma").await;
+        let refused = refused.unwrap_err();
+        assert!(
+            refused.message.contains("3 tokens per 86400 s"),
+            "{refused}"
+        );
+        assert_eq!(
+            seen["requests"]["remaining"], 1,
+            "the minute counts only what the day let through: {seen}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn filters_naming_one_kv_namespace_share_its_keys() {
     let shared = |name: &str| {
