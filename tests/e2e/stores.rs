@@ -111,6 +111,21 @@ async fn replica(filter: (PathBuf, FilterSpec), model: impl ChatModel + 'static)
     watched(filter, model).await.0
 }
 
+/// Two replicas of the filter `plugin` configured with `config`, over
+/// `redis` on connections of their own, the first over `a`, the second
+/// over `b`.
+async fn pair(
+    plugin: &str,
+    config: Value,
+    redis: &RedisServer,
+    a: impl ChatModel + 'static,
+    b: impl ChatModel + 'static,
+) -> (Served, Served) {
+    let first = stateful(plugin, config.clone(), &redis.url());
+    let second = stateful(plugin, config, &other_connection(redis));
+    (replica(first, a).await, replica(second, b).await)
+}
+
 /// As [`replica`], with its filters, for a test to watch.
 async fn watched(
     filter: (PathBuf, FilterSpec),
@@ -272,14 +287,7 @@ async fn kept_responses_in_a_store_that_fails_are_a_503_store_unavailable() {
 async fn replicas_over_one_redis_share_a_rate_limit_and_say_what_is_left() {
     let redis = RedisServer::start();
     let limit = json!({ "requests": 3, "window_s": 600, "by": "user" });
-    let (a, b) = (
-        replica(stateful("rate_limit", limit.clone(), &redis.url()), model()).await,
-        replica(
-            stateful("rate_limit", limit, &other_connection(&redis)),
-            model(),
-        )
-        .await,
-    );
+    let (a, b) = pair("rate_limit", limit, &redis, model(), model()).await;
     let user = format!("spread-{}", std::process::id());
     let ask = |served: &Served, user: &str| {
         let request = reqwest::Client::new()
@@ -529,14 +537,7 @@ async fn a_budget_holds_what_calls_in_flight_may_cost_across_replicas() {
         reached: reached.clone(),
         gate: gate.clone(),
     };
-    let (a, b) = (
-        replica(stateful("budget", budget.clone(), &redis.url()), billed()).await,
-        replica(
-            stateful("budget", budget, &other_connection(&redis)),
-            billed(),
-        )
-        .await,
-    );
+    let (a, b) = pair("budget", budget, &redis, billed(), billed()).await;
     let asked: Vec<_> = (0..10)
         .map(|i| tokio::spawn(send([&a, &b][i % 2], &costly("ida"))))
         .collect();
@@ -563,14 +564,7 @@ async fn a_budget_holds_what_calls_in_flight_may_cost_across_replicas() {
 async fn a_rate_limit_gives_back_the_place_of_a_request_that_failed() {
     let redis = RedisServer::start();
     let limit = json!({ "requests": 2, "window_s": 600, "by": "user" });
-    let (a, b) = (
-        replica(stateful("rate_limit", limit.clone(), &redis.url()), model()).await,
-        replica(
-            stateful("rate_limit", limit, &other_connection(&redis)),
-            model(),
-        )
-        .await,
-    );
+    let (a, b) = pair("rate_limit", limit, &redis, model(), model()).await;
     for served in [&a, &b, &a] {
         let status = send(served, &from("ned", "break the provider")).await;
         assert_eq!(status, 502, "the model server failed");
@@ -600,14 +594,7 @@ async fn tokens_held_by_a_call_in_flight_count_on_every_replica() {
         reached: reached.clone(),
         gate: gate.clone(),
     };
-    let (a, b) = (
-        replica(stateful("rate_limit", limit.clone(), &redis.url()), billed).await,
-        replica(
-            stateful("rate_limit", limit, &other_connection(&redis)),
-            model(),
-        )
-        .await,
-    );
+    let (a, b) = pair("rate_limit", limit, &redis, billed, model()).await;
     let first = tokio::spawn(send(&a, &costly("pia")));
     reached.acquire().await.unwrap().forget();
     let status = send(&b, &from("pia", "hi")).await;
@@ -741,4 +728,30 @@ async fn a_cluster_node_or_a_sentinel_is_refused_at_load_saying_why() {
     assert!(refused.contains("Sentinel is not supported"), "{refused}");
     drop(cluster);
     let _ = std::fs::remove_file(nodes);
+}
+
+/// An identical request waits for the answer being made only as long as
+/// its filter may sleep (a lease whose gateway died holds it no longer),
+/// then asks the model itself.
+#[tokio::test]
+async fn identical_requests_wait_for_an_answer_only_as_long_as_they_may_sleep() {
+    let redis = RedisServer::start();
+    let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let billed = Billed {
+        reached: reached.clone(),
+        gate: gate.clone(),
+    };
+    let (path, mut filter) = stateful("cache", json!({}), &redis.url());
+    filter.grants.sleep_ms = 300;
+    let served = replica((path, filter), billed).await;
+    let first = tokio::spawn(send(&served, &from("vic", "a slow answer")));
+    reached.acquire().await.unwrap().forget();
+    let second = tokio::spawn(send(&served, &from("vic", "a slow answer")));
+    // The first still holds its lease: the second waited out its 300 ms of
+    // sleep, not the lease's 60 s, and asked the model too.
+    reached.acquire().await.unwrap().forget();
+    gate.add_permits(2);
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 200);
+    served.stop().await.unwrap();
 }
