@@ -53,6 +53,60 @@ pub(crate) struct FilterInstance {
     exports: Box<FilterWorld>,
 }
 
+/// How many times making an instance is tried while the host says it is
+/// busy.
+const BUSY_TRIES: u32 = 3;
+
+/// Makes an instance of the component in a fresh store: its start
+/// functions run under its quotas. Where the host's kernel was briefly busy
+/// (see [`host_busy`]), a fresh store tries again.
+async fn instantiate(
+    template: &InstanceTemplate,
+) -> Result<(Store<HostState>, Box<FilterWorld>), ChainError> {
+    let mut tries = 1;
+    loop {
+        let confinement = Confinement::new(&template.limits, template.grants.clock);
+        let state = HostState::new(
+            template.identity.clone(),
+            template.limits,
+            confinement,
+            template.declares,
+            template.services.clone(),
+        );
+        let mut store = Store::new(template.pre.engine(), state);
+        sandbox::prepare_store(&mut store, &template.limits);
+        let meter = store.data().confinement.meter().clone();
+        match sandbox::metered(meter, template.pre.instantiate_async(&mut store)).await {
+            Ok(exports) => return Ok((store, Box::new(exports))),
+            Err(e) if tries < BUSY_TRIES && host_busy(&e) => {
+                tracing::debug!(
+                    filter = &*template.identity.name,
+                    "making an instance: the host was busy ({:#}); trying again",
+                    e
+                );
+                tries += 1;
+            }
+            Err(e) => {
+                let origin = template.identity.origin(Call::Instantiate);
+                let state = store.data();
+                return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
+            }
+        }
+    }
+}
+
+/// Whether making an instance failed because the host was busy, not through
+/// the component. The first instance of a module puts its memory image in a
+/// sealed memfd, and Linux refuses the seal (`EBUSY`) while a page just
+/// written is still referenced elsewhere (another CPU's LRU batch); a fresh
+/// memfd a moment later takes it.
+fn host_busy(error: &wasmtime::Error) -> bool {
+    error
+        .root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::ResourceBusy)
+}
+
 /// What `describe` reported, in host terms.
 pub(crate) struct Description {
     pub name: String,
@@ -87,30 +141,8 @@ enum Quotas {
 impl FilterInstance {
     /// Instantiates the component in a fresh store and configures it.
     pub(crate) async fn create(template: &InstanceTemplate) -> Result<Self, ChainError> {
-        let confinement = Confinement::new(&template.limits, template.grants.clock);
-        let state = HostState::new(
-            template.identity.clone(),
-            template.limits,
-            confinement,
-            template.declares,
-            template.services.clone(),
-        );
-        let mut store = Store::new(template.pre.engine(), state);
-        sandbox::prepare_store(&mut store, &template.limits);
-        let meter = store.data().confinement.meter().clone();
-        let made = sandbox::metered(meter, template.pre.instantiate_async(&mut store)).await;
-        let exports = match made {
-            Ok(exports) => exports,
-            Err(e) => {
-                let origin = template.identity.origin(Call::Instantiate);
-                let state = store.data();
-                return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
-            }
-        };
-        let mut instance = FilterInstance {
-            store,
-            exports: Box::new(exports),
-        };
+        let (store, exports) = instantiate(template).await?;
+        let mut instance = FilterInstance { store, exports };
         let config = &*template.config;
         let configured = instance
             .call(
@@ -460,5 +492,23 @@ impl WasmChain for Turn {
         let state = store.data_mut();
         let _ = state.take(lent);
         state.take_turn_result(returned, Call::AroundTurn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::host_busy;
+
+    #[test]
+    fn only_a_busy_host_is_tried_again() {
+        let sealed = wasmtime::Error::new(io::Error::from_raw_os_error(16))
+            .context("cannot add seals to the memfd")
+            .context("making the memory image");
+        assert!(host_busy(&sealed));
+        let denied = wasmtime::Error::new(io::Error::from(io::ErrorKind::PermissionDenied));
+        assert!(!host_busy(&denied));
+        assert!(!host_busy(&wasmtime::Error::msg("import not found")));
     }
 }
