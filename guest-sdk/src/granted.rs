@@ -171,10 +171,26 @@ pub mod kv {
     }
 
     /// Adds `delta` to the counter at `key` for what an answer already
-    /// made cost (its tokens, its price): tried twice, and if the store
-    /// cannot take it, logged as owed, as `what`'s, never failing the
-    /// answer. The count, if it was made.
+    /// made cost (its tokens, its price), or gives back what a request
+    /// held (a negative `delta`): tried twice, and if the store cannot take
+    /// it, logged as owed, as `what`'s, never failing the answer. The count,
+    /// if it was made.
+    ///
+    /// What is given back must have been added to this counter: one that
+    /// would go below zero has lost it (its window ended, it expired, the
+    /// store evicted it), so the amount is added back rather than left as
+    /// a debt that the next window would start with.
     pub fn charge(key: &str, delta: i64, ttl_ms: u64, what: &str) -> Option<Count> {
+        let count = charged(key, delta, ttl_ms, what)?;
+        if delta >= 0 || count.value >= 0 {
+            return Some(count);
+        }
+        charged(key, -delta, ttl_ms, what)
+    }
+
+    /// `add`, tried again once where the store failed; a failure logged as
+    /// owed.
+    fn charged(key: &str, delta: i64, ttl_ms: u64, what: &str) -> Option<Count> {
         let mut tried = add(key, delta, ttl_ms);
         if tried.as_ref().is_err_and(failed) {
             tried = add(key, delta, ttl_ms);

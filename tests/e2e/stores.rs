@@ -611,6 +611,46 @@ async fn tokens_held_by_a_call_in_flight_count_on_every_replica() {
     b.stop().await.unwrap();
 }
 
+/// What a call gives back after its window ended is not taken from the
+/// next window: a call that holds a window's 2,500 tokens, its counter
+/// gone before it settles for 1,500 (as when the window ends or Redis
+/// evicts it), leaves the next window whole, not starting 1,000 in debt:
+/// two calls of 1,500 spend it.
+#[tokio::test]
+async fn tokens_given_back_after_their_window_ended_are_not_the_next_windows() {
+    let redis = RedisServer::start();
+    let limit = json!({ "tokens": 2500, "window_s": 600, "by": "user" });
+    let (reached, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let billed = Billed {
+        reached: reached.clone(),
+        gate: gate.clone(),
+    };
+    let served = replica(stateful("rate_limit", limit, &redis.url()), billed).await;
+    // 8000 bytes (2000 tokens) and 500 more for the answer: it holds 2500.
+    let mut whole = from("rae", &"x".repeat(8000));
+    whole["max_tokens"] = json!(500);
+    let first = tokio::spawn(send(&served, &whole));
+    reached.acquire().await.unwrap().forget();
+    let store = open_kv(StoreSpec::from(redis.url().as_str()))
+        .await
+        .unwrap();
+    let ended = store.delete("rate-limit", "tokens:user:rae").await.unwrap();
+    assert!(ended, "the call's hold was in the window's counter");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), 200, "settled for 1500, 1000 less");
+
+    gate.add_permits(3);
+    for _ in 0..2 {
+        assert_eq!(send(&served, &costly("rae")).await, 200);
+    }
+    assert_eq!(
+        send(&served, &from("rae", "hi")).await,
+        429,
+        "the next window's 2500 tokens are spent by its own two calls of 1500"
+    );
+    served.stop().await.unwrap();
+}
+
 /// Identical requests that miss the cache at once, on two replicas over
 /// one Redis, make one model call: the others wait for its answer and are
 /// answered from the cache.
