@@ -18,10 +18,11 @@ use super::bindings::shallot::filter::types::FilterError as WitError;
 use super::bindings::{Filter as FilterWorld, FilterPre};
 use super::convert;
 use super::host::{Continuation, GrantedServices, HostState, Identity, Scope};
+use super::making::instantiate;
 use crate::escape::{self, TEXT_CAP};
 use crate::onion::Invoke;
 use crate::onion::{ChainKind, Chat, Fctx, Hook, Next, Tool, Turn};
-use crate::sandbox::{self, Confinement, HostMemoryExceeded, Limits};
+use crate::sandbox::{self, HostMemoryExceeded, Limits};
 use crate::types::{Call, ChainError, ErrorKind};
 use crate::types::{ChatRequest, FinishReason, TokenBatch, ToolRequest, TurnRequest, Weigh};
 
@@ -51,60 +52,6 @@ pub(crate) struct FilterInstance {
     store: Store<HostState>,
     // Boxed: the export table is large and instances move (pools, leases).
     exports: Box<FilterWorld>,
-}
-
-/// How many times making an instance is tried while the host says it is
-/// busy.
-const BUSY_TRIES: u32 = 3;
-
-/// Makes an instance of the component in a fresh store: its start
-/// functions run under its quotas. Where the host's kernel was briefly busy
-/// (see [`host_busy`]), a fresh store tries again.
-async fn instantiate(
-    template: &InstanceTemplate,
-) -> Result<(Store<HostState>, Box<FilterWorld>), ChainError> {
-    let mut tries = 1;
-    loop {
-        let confinement = Confinement::new(&template.limits, template.grants.clock);
-        let state = HostState::new(
-            template.identity.clone(),
-            template.limits,
-            confinement,
-            template.declares,
-            template.services.clone(),
-        );
-        let mut store = Store::new(template.pre.engine(), state);
-        sandbox::prepare_store(&mut store, &template.limits);
-        let meter = store.data().confinement.meter().clone();
-        match sandbox::metered(meter, template.pre.instantiate_async(&mut store)).await {
-            Ok(exports) => return Ok((store, Box::new(exports))),
-            Err(e) if tries < BUSY_TRIES && host_busy(&e) => {
-                tracing::debug!(
-                    filter = &*template.identity.name,
-                    "making an instance: the host was busy ({:#}); trying again",
-                    e
-                );
-                tries += 1;
-            }
-            Err(e) => {
-                let origin = template.identity.origin(Call::Instantiate);
-                let state = store.data();
-                return Err(sandbox::fault(e, &state.confinement, &state.limits, origin));
-            }
-        }
-    }
-}
-
-/// Whether making an instance failed because the host was busy, not through
-/// the component. The first instance of a module puts its memory image in a
-/// sealed memfd, and Linux refuses the seal (`EBUSY`) while a page just
-/// written is still referenced elsewhere (another CPU's LRU batch); a fresh
-/// memfd a moment later takes it.
-fn host_busy(error: &wasmtime::Error) -> bool {
-    error
-        .root_cause()
-        .downcast_ref::<std::io::Error>()
-        .is_some_and(|e| e.kind() == std::io::ErrorKind::ResourceBusy)
 }
 
 /// What `describe` reported, in host terms.
@@ -492,23 +439,5 @@ impl WasmChain for Turn {
         let state = store.data_mut();
         let _ = state.take(lent);
         state.take_turn_result(returned, Call::AroundTurn)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io;
-
-    use super::host_busy;
-
-    #[test]
-    fn only_a_busy_host_is_tried_again() {
-        let sealed = wasmtime::Error::new(io::Error::from_raw_os_error(16))
-            .context("cannot add seals to the memfd")
-            .context("making the memory image");
-        assert!(host_busy(&sealed));
-        let denied = wasmtime::Error::new(io::Error::from(io::ErrorKind::PermissionDenied));
-        assert!(!host_busy(&denied));
-        assert!(!host_busy(&wasmtime::Error::msg("import not found")));
     }
 }

@@ -18,6 +18,7 @@ mod grants;
 pub(crate) mod host;
 mod instance;
 mod loader;
+mod making;
 mod metrics;
 mod set;
 mod stats;
