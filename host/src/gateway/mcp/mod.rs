@@ -355,13 +355,21 @@ impl ChatModel for Menu {
     }
 }
 
-/// A tool's output as an MCP result: a JSON string as its text, other JSON
-/// as text and as structured content (an object); an error object (a
-/// filter's refusal, `{"error": {...}}`) marked as an error.
+/// A tool's output as an MCP result: a JSON string as its text, an array
+/// of MCP content blocks as that content (a server's images, audio and
+/// resources, as it sent them), other JSON as text and as structured
+/// content (an object); an error object (a filter's refusal,
+/// `{"error": {...}}`) marked as an error.
 fn result(output: String) -> CallToolResult {
     let value: Option<Value> = serde_json::from_str(&output).ok();
     match value {
         Some(Value::String(text)) => CallToolResult::success(vec![ContentBlock::text(text)]),
+        Some(Value::Array(blocks)) if !blocks.is_empty() => {
+            match serde_json::from_value::<Vec<ContentBlock>>(Value::Array(blocks)) {
+                Ok(content) => CallToolResult::success(content),
+                Err(_) => CallToolResult::success(vec![ContentBlock::text(output)]),
+            }
+        }
         Some(value) if value.get("error").is_some_and(Value::is_object) => {
             CallToolResult::error(vec![ContentBlock::text(output)])
         }
@@ -385,4 +393,30 @@ fn failed(error: &ChainError) -> CallToolResult {
         }
     });
     CallToolResult::error(vec![ContentBlock::text(text.to_string())])
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ContentBlock;
+    use serde_json::json;
+
+    use super::result;
+
+    #[test]
+    fn content_blocks_stay_content_and_other_arrays_stay_text() {
+        let blocks = json!([
+            { "type": "text", "text": "a red pixel" },
+            { "type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png" },
+            { "type": "resource", "resource": { "uri": "test://doc", "text": "the doc" } },
+        ]);
+        let typed = result(blocks.to_string());
+        assert_eq!(typed.content.len(), 3);
+        assert!(typed.content[1].as_image().is_some());
+        assert!(typed.content[2].as_resource().is_some());
+        assert_eq!(typed.structured_content, None);
+
+        let numbers = json!([1, 2, 3]).to_string();
+        let text = result(numbers.clone());
+        assert_eq!(text.content, vec![ContentBlock::text(numbers)]);
+    }
 }
