@@ -558,3 +558,38 @@ async fn a_server_that_says_its_tools_changed_is_listed_again() {
         .unwrap();
     assert_eq!(late.value().unwrap(), json!({ "result": "I am late" }));
 }
+
+/// A call that asks for its progress hears what the server reports, in
+/// order, through the gateway: its numbers, not its words (which would
+/// reach the client without passing the token transforms). A server that
+/// floods its reports is answered all the same, the client hearing no
+/// more than it was sent, in order; a call that does not ask hears none.
+#[tokio::test]
+async fn a_call_that_asks_for_its_progress_hears_what_the_server_reports() {
+    let (served, _) = endpoint("mcp-progress", "", GatewayConfig::default()).await;
+    let asked = ["progress", "test_report", r#"{"times": 3}"#];
+    let reported = client(&served, "ops-secret", &asked).await;
+    assert_eq!(reported["structured"]["result"], "reported 3", "{reported}");
+    let heard = |n: f64| json!({ "progress": n, "total": 3.0, "message": null });
+    assert_eq!(
+        reported["progress"],
+        json!([heard(1.0), heard(2.0), heard(3.0)])
+    );
+
+    let flood = ["progress", "test_report", r#"{"times": 5000}"#];
+    let flooded = client(&served, "ops-secret", &flood).await;
+    assert_eq!(flooded["structured"]["result"], "reported 5000");
+    let heard: Vec<f64> = flooded["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|report| report["progress"].as_f64().unwrap())
+        .collect();
+    assert!(!heard.is_empty() && heard.len() <= 5000, "{}", heard.len());
+    assert!(heard.windows(2).all(|w| w[0] < w[1]), "in order: {heard:?}");
+
+    let quiet = call(&served, "ops-secret", "test_report", json!({ "times": 3 })).await;
+    assert_eq!(quiet["structured"]["result"], "reported 3");
+    assert_eq!(quiet.get("progress"), None);
+    served.stop().await.unwrap();
+}

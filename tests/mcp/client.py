@@ -3,11 +3,13 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
 
     client.py URL KEY list                 # the tools' names, one JSON list
     client.py URL KEY call TOOL ARGUMENTS  # the result, one JSON object
+    client.py URL KEY progress TOOL ARGS   # a call asking for its progress
     client.py URL KEY watch                # the names, then again at each change
     client.py URL KEY watch-legacy         # the same over the initialize handshake
 
 KEY is sent as `Authorization: Bearer KEY` (`-` sends none). A result is
-printed as {"is_error", "text", "structured"}; an MCP error (one the
+printed as {"is_error", "text", "structured"} (with `progress`, also
+"progress": what the call reported, in order); an MCP error (one the
 gateway answered a refused connection with, too) as {"error": {"code",
 "message"}}. The SDK
 connects as it does by default (`mode="auto"`: the newest protocol,
@@ -98,16 +100,25 @@ async def main(url, key, command, *rest):
             if command == "watch":
                 return await watch(client)
             tool, arguments = rest
+            heard = []
+
+            async def progressed(progress, total, message):
+                heard.append({"progress": progress, "total": total, "message": message})
+
+            asked = progressed if command == "progress" else None
             try:
-                result = await client.call_tool(tool, json.loads(arguments))
+                result = await client.call_tool(tool, json.loads(arguments), progress_callback=asked)
             except MCPError as error:
                 return said(error)
             text = "\n".join(block.text for block in result.content if block.type == "text")
-            return {
+            answer = {
                 "is_error": bool(result.is_error),
                 "text": text,
                 "structured": result.structured_content,
             }
+            if command == "progress":
+                answer["progress"] = heard
+            return answer
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """An MCP server on the official Python SDK (`mcp`, pinned in
 tests/gateway/requirements.txt), for shallot's MCP tests: tools that work,
-tools that fail, hang, flood, write garbage or kill the server, and tools that change
+tools that fail, hang, flood, write garbage or kill the server, a tool that
+reports its progress, and tools that change
 the list of tools (or say so when nothing changed). Over stdio; with
 `--http PORT`, over streamable HTTP on 127.0.0.1:PORT at /mcp."""
 
@@ -93,6 +94,14 @@ async def churn(times: int, ctx: Context) -> str:
     for _ in range(times):
         await ctx.session.send_tool_list_changed()
     return "churned"
+
+
+@server.tool()
+async def report(times: int, ctx: Context) -> str:
+    """Reports its progress `times` times (1 to `times` of `times`), as fast as it can."""
+    for n in range(1, times + 1):
+        await ctx.report_progress(n, times, f"step {n}")
+    return f"reported {times}"
 
 
 if __name__ == "__main__":

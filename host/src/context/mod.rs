@@ -2,6 +2,7 @@
 //! and writable by every filter and by the terminals (conversation id,
 //! tenant, user id, ...). Distinct from each filter's private FCtx.
 
+mod progress;
 mod spend;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
+pub(crate) use progress::{Progress, Report};
 pub(crate) use spend::{Cost, Tokens, Tree};
 
 /// The shared-context key naming the conversation an invoke belongs to,
@@ -94,6 +96,9 @@ pub struct Context {
     tree: Option<Arc<Tree>>,
     /// A side call's tokens, on the context its side call runs with.
     tokens: Option<Arc<Tokens>>,
+    /// Where the server behind a tool reports progress on the invoke's
+    /// calls (the `/mcp` client that made the call), shared by every view.
+    progress: Option<Progress>,
 }
 
 #[derive(Debug)]
@@ -203,6 +208,7 @@ impl Context {
             })),
             tree: self.tree.clone(),
             tokens: self.tokens.clone(),
+            progress: self.progress.clone(),
         }
     }
 
@@ -229,6 +235,20 @@ impl Context {
     /// A side call's tokens, on its own context.
     pub(crate) fn tokens(&self) -> Option<&Arc<Tokens>> {
         self.tokens.as_ref()
+    }
+
+    /// This context (the same map), the progress of its tool calls going
+    /// to `progress`.
+    pub(crate) fn with_progress(&self, progress: Progress) -> Self {
+        Context {
+            progress: Some(progress),
+            ..self.clone()
+        }
+    }
+
+    /// Where the progress of the invoke's tool calls goes, if anywhere.
+    pub(crate) fn progress(&self) -> Option<&Progress> {
+        self.progress.as_ref()
     }
 
     /// Folds the writes of a batch's calls into this context: each `(index, written)` is a call's index in its

@@ -202,10 +202,15 @@ impl KernelBuilder {
                 self.clash = Some((spec.name.clone(), server.name().to_owned()));
             }
             let server = server.clone();
-            self.tools.register(spec, move |arguments, _| {
-                let (server, tool) = (server.clone(), tool.clone());
-                async move { server.call(&tool, arguments).await }
-            });
+            self.tools
+                .register(spec, move |arguments, context: Context| {
+                    let (server, tool) = (server.clone(), tool.clone());
+                    async move {
+                        server
+                            .call_reporting(&tool, arguments, context.progress())
+                            .await
+                    }
+                });
         }
         self
     }

@@ -15,6 +15,7 @@
 //! longer one is dropped); what it writes to its stderr goes to the host's
 //! debug log, a line (or a kibibyte) at a time.
 
+mod progress;
 mod result;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,7 +25,8 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::handler::client::progress::ProgressDispatcher;
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam, Tool};
 use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
@@ -36,6 +38,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{Mutex, watch};
 
+use crate::context::Progress;
 use crate::types::{ChainError, ErrorKind, Origin, ToolSpec};
 
 /// One `[[mcp]]` table: a server and how its tools are named.
@@ -114,6 +117,8 @@ struct Listed {
     again: AtomicBool,
     name: String,
     timeout: Duration,
+    /// Where the progress the server reports on a call goes.
+    reports: ProgressDispatcher,
 }
 
 impl Listed {
@@ -165,13 +170,22 @@ impl Listed {
 }
 
 /// What the host does with a server's notifications: lists its tools
-/// again when it says they changed.
+/// again when it says they changed, and passes on the progress it reports
+/// on a call.
 #[derive(Clone)]
 struct Listener(Arc<Listed>);
 
 impl ClientHandler for Listener {
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         self.0.relist(&context.peer).await;
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.0.reports.handle_notification(params).await;
     }
 }
 
@@ -196,6 +210,7 @@ impl McpServer {
             again: AtomicBool::new(false),
             name: config.name.clone(),
             timeout: timeout(&config),
+            reports: ProgressDispatcher::new(),
         });
         let connection = connect(&config, &listed)
             .await
@@ -272,6 +287,17 @@ impl McpServer {
     /// gone is started again first; one that fails the call's transport
     /// or runs past the bound is killed.
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ChainError> {
+        self.call_reporting(tool, arguments, None).await
+    }
+
+    /// As [`McpServer::call`]; what the server reports of the call's
+    /// progress goes to `progress`, if given.
+    pub(crate) async fn call_reporting(
+        &self,
+        tool: &str,
+        arguments: Value,
+        progress: Option<&Progress>,
+    ) -> Result<Value, ChainError> {
         let connection = self.connection().await?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = match arguments {
@@ -282,7 +308,8 @@ impl McpServer {
                 return Err(self.error(ErrorKind::InvalidRequest, message));
             }
         };
-        let call = connection.session.call_tool(params);
+        let peer = connection.session.peer();
+        let call = progress::called(peer, &self.listed.reports, params, progress);
         let answered = tokio::time::timeout(timeout(&self.config), call);
         match answered.await {
             Ok(Ok(answer)) => {

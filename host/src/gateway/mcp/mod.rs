@@ -40,20 +40,21 @@ use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 use self::sessions::Sessions;
 use self::told::Handshaken;
 use super::GatewayState;
 use super::answer::bounded;
 use crate::config::{ClientKey, LOOPBACK};
-use crate::context::Context;
+use crate::context::{Context, Progress};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
 use crate::model::{ChatModel, ModelEvent};
 use crate::onion::{Cancel, InvokeOptions};
@@ -278,7 +279,7 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = Self::caller(&context)?;
+        let mut caller = Self::caller(&context)?;
         let name = request.name.as_ref();
         let offered = caller.key.as_ref().is_none_or(|key| key.may_call(name))
             && caller
@@ -297,11 +298,22 @@ impl ServerHandler for Tools {
             Value::Null => Value::Object(serde_json::Map::new()),
             arguments => arguments,
         };
-        let kernel = &caller.endpoint.kernel;
+        let relaying = context.meta.get_progress_token().map(|token| {
+            let (progress, relaying) = relay(context.peer.clone(), token);
+            caller.context = caller.context.with_progress(progress);
+            relaying
+        });
+        let kernel = caller.endpoint.kernel.clone();
         let call = |options: InvokeOptions| async move {
             Ok(kernel.tool(name, arguments, options.shown()).await?.output)
         };
-        let result = match self.bounded(&caller, &context, "the call", call).await {
+        let answer = self.bounded(&caller, &context, "the call", call).await;
+        // The progress reported goes before the answer.
+        drop(caller);
+        if let Some(relaying) = relaying {
+            let _ = tokio::time::timeout(told::NOTICE, relaying).await;
+        }
+        let result = match answer {
             Ok(output) => result(output),
             Err(error) if error.kind == ErrorKind::Overloaded => {
                 self.shared.metrics.mcp_call(name, "refused");
@@ -380,6 +392,25 @@ fn result(output: String) -> CallToolResult {
         }
         _ => CallToolResult::success(vec![ContentBlock::text(output)]),
     }
+}
+
+/// Where the progress of a call that asked for it (its `progressToken`)
+/// goes: to its client, under the client's token, each report within
+/// [`told::NOTICE`] (a client that does not read gets no more), ending
+/// when the call has ended.
+fn relay(peer: Peer<RoleServer>, token: ProgressToken) -> (Progress, JoinHandle<()>) {
+    let (progress, mut reports) = Progress::channel();
+    let relaying = tokio::spawn(async move {
+        while let Some(report) = reports.recv().await {
+            let mut said = ProgressNotificationParam::new(token.clone(), report.progress);
+            said.total = report.total;
+            let told = tokio::time::timeout(told::NOTICE, peer.notify_progress(said)).await;
+            if !matches!(told, Ok(Ok(()))) {
+                return;
+            }
+        }
+    });
+    (progress, relaying)
 }
 
 /// A call the chain failed, as an MCP result marked as an error: what the

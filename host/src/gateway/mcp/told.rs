@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 /// How long telling one session may take (its client may not read its
 /// stream), and how long closing one's stream at a shutdown may.
-const NOTICE: Duration = Duration::from_secs(5);
+pub(super) const NOTICE: Duration = Duration::from_secs(5);
 
 /// The peers of the sessions opened with the initialize handshake, told
 /// when the tools change; a closed session's peer is dropped at the next
