@@ -593,3 +593,33 @@ async fn a_call_that_asks_for_its_progress_hears_what_the_server_reports() {
     assert_eq!(quiet.get("progress"), None);
     served.stop().await.unwrap();
 }
+
+/// A call the gateway gives up on (at the request deadline) is cancelled at
+/// the server too (`notifications/cancelled`), whether or not it asked for
+/// its progress: the server's tool hears it and stops.
+#[tokio::test]
+async fn a_call_cut_at_the_deadline_is_cancelled_at_the_server() {
+    let config = GatewayConfig {
+        request_timeout: Duration::from_secs(2),
+        ..GatewayConfig::default()
+    };
+    let (served, _) = endpoint("mcp-cancelled", "", config).await;
+    let dir = target_dir().join("test-scratch").join("mcp-cancelled");
+    for how in ["call", "progress"] {
+        let told = dir.join(format!("{how}.told"));
+        let _ = std::fs::remove_file(&told);
+        let arguments = json!({ "path": told.display().to_string() }).to_string();
+        let cut = client(&served, "ops-secret", &[how, "test_linger", &arguments]).await;
+        assert_eq!(cut["is_error"], true, "{cut}");
+        assert!(cut["text"].as_str().unwrap().contains("timeout"), "{cut}");
+        let heard = async {
+            while !told.exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), heard)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the server's tool was never cancelled"));
+    }
+    served.stop().await.unwrap();
+}

@@ -41,6 +41,18 @@ async def hang() -> str:
 
 
 @server.tool()
+async def linger(path: str) -> str:
+    """Never answers; when the call is cancelled, writes `cancelled` to `path`."""
+    try:
+        await anyio.sleep(3600)
+    except anyio.get_cancelled_exc_class():
+        with open(path, "w") as told:
+            told.write("cancelled")
+        raise
+    return "late"
+
+
+@server.tool()
 def die() -> str:
     """Ends the server's process in the middle of the call."""
     os._exit(3)
