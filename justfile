@@ -41,6 +41,12 @@ bench-gateway:
 profile-gateway:
     scripts/profile-gateway
 
+# The MCP conformance suite's server scenarios against /mcp, the suite's
+# reference server behind the gateway (installs the suite and Node 22 on
+# first use).
+mcp-conformance:
+    scripts/mcp-conformance
+
 # The demo: the built-in filters over the embedded model, streaming.
 demo: build-guests
     cargo run --bin shallot -- chat --config plugins/shallot.toml --stream \
