@@ -15,23 +15,26 @@
 //! longer one is dropped); what it writes to its stderr goes to the host's
 //! debug log, a line (or a kibibyte) at a time.
 
+mod listed;
 mod progress;
 mod result;
 
+use self::listed::{Listed, Listener};
+
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt;
 use rmcp::handler::client::progress::ProgressDispatcher;
-use rmcp::model::{CallToolRequestParams, ProgressNotificationParam, Tool};
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, ServiceExt};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
@@ -105,88 +108,6 @@ pub struct McpError {
 struct Connection {
     session: RunningService<RoleClient, Listener>,
     _process: Option<tokio::process::Child>,
-}
-
-/// A server's tools as last listed, and who is told when they change.
-struct Listed {
-    tools: RwLock<Vec<Tool>>,
-    /// Counts the changes; [`McpServer::changed`] waits for the next.
-    changes: watch::Sender<u64>,
-    /// Set while a listing runs; `again` asks it for one more.
-    listing: AtomicBool,
-    again: AtomicBool,
-    name: String,
-    timeout: Duration,
-    /// Where the progress the server reports on a call goes.
-    reports: ProgressDispatcher,
-}
-
-impl Listed {
-    /// The tools as last listed.
-    fn held(&self) -> RwLockReadGuard<'_, Vec<Tool>> {
-        self.tools.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The tools, listed over `peer` within `bound`.
-    async fn fetch(&self, peer: &Peer<RoleClient>, bound: Duration) -> Result<Vec<Tool>, String> {
-        match tokio::time::timeout(bound, peer.list_all_tools()).await {
-            Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(e)) => Err(format!("tools/list failed: {e}")),
-            Err(_) => Err(format!("tools/list took over {} ms", bound.as_millis())),
-        }
-    }
-
-    /// Lists the tools over `peer`, and says so if they changed.
-    async fn list(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
-        let tools = self.fetch(peer, self.timeout).await?;
-        let mut held = self.tools.write().unwrap_or_else(PoisonError::into_inner);
-        if *held != tools {
-            *held = tools;
-            drop(held);
-            self.changes.send_modify(|n| *n += 1);
-        }
-        Ok(())
-    }
-
-    /// Lists again after the server said its tools changed: one listing
-    /// at a time, and one more for what was said meanwhile, however often
-    /// a server says it.
-    async fn relist(&self, peer: &Peer<RoleClient>) {
-        self.again.store(true, Ordering::Release);
-        // Whoever holds `listing` lists until nothing more was asked; one
-        // that finds it held leaves its ask to the holder.
-        while !self.listing.swap(true, Ordering::AcqRel) {
-            while self.again.swap(false, Ordering::AcqRel) {
-                if let Err(e) = self.list(peer).await {
-                    tracing::warn!(server = %self.name, "its tools changed, and listing them: {e}");
-                }
-            }
-            self.listing.store(false, Ordering::Release);
-            if !self.again.load(Ordering::Acquire) {
-                return;
-            }
-        }
-    }
-}
-
-/// What the host does with a server's notifications: lists its tools
-/// again when it says they changed, and passes on the progress it reports
-/// on a call.
-#[derive(Clone)]
-struct Listener(Arc<Listed>);
-
-impl ClientHandler for Listener {
-    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
-        self.0.relist(&context.peer).await;
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.0.reports.handle_notification(params).await;
-    }
 }
 
 /// A running MCP server: its tools, and the connection calls go over.
