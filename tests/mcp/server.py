@@ -109,10 +109,11 @@ async def churn(times: int, ctx: Context) -> str:
 
 
 @server.tool()
-async def report(times: int, ctx: Context) -> str:
-    """Reports its progress `times` times (1 to `times` of `times`), as fast as it can."""
+async def report(times: int, ctx: Context, pause_ms: int = 0) -> str:
+    """Reports its progress `times` times (1 to `times` of `times`), `pause_ms` apart and before its answer."""
     for n in range(1, times + 1):
         await ctx.report_progress(n, times, f"step {n}")
+        await anyio.sleep(pause_ms / 1000)
     return f"reported {times}"
 
 

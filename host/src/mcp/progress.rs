@@ -4,14 +4,17 @@
 //! the server reports under it goes on until the call ends, and reports
 //! under any other token go nowhere. What a server sends past what the
 //! client has taken is dropped, and so are its words ([`Progress`]). A
-//! report the server makes before the host hears the call's token is lost
-//! (the SDK names the token as it sends the call).
+//! report the server makes before the host hears the call's token, or that
+//! arrives after the call's answer, is lost (the SDK names the token as it
+//! sends the call, and hands each notification to a task of its own); one
+//! not above the last passed on is dropped, so the client sees progress
+//! grow.
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientRequest, RequestId, ServerResult,
+    ClientRequest, ProgressNotificationParam, RequestId, ServerResult,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, ServiceError};
 
@@ -38,19 +41,53 @@ pub(super) async fn called(
     let mut abandoned = Abandoned(Some((peer.clone(), handle.id.clone())));
     let answer = handle.await_response();
     tokio::pin!(answer);
+    let mut relay = Relay {
+        progress,
+        last: None,
+    };
     let answered = loop {
         tokio::select! {
+            biased;
+            Some(said) = heard.next() => relay.pass(&said),
             answer = &mut answer => break answer,
-            Some(said) = heard.next() => progress.report(Report {
-                progress: said.progress,
-                total: said.total,
-            }),
         }
     };
     abandoned.0 = None;
+    // The SDK hands each notification to a task of its own, so a report the
+    // server made just before its answer may still be on its way: what has
+    // come by the time those tasks have had their turns goes on too.
+    for _ in 0..LATE_TURNS {
+        tokio::task::yield_now().await;
+        while let Some(Some(said)) = heard.next().now_or_never() {
+            relay.pass(&said);
+        }
+    }
     match answered? {
         ServerResult::CallToolResult(result) => Ok(result),
         _ => Err(ServiceError::UnexpectedResponse),
+    }
+}
+
+/// How many turns the reports still on their way get after the answer.
+const LATE_TURNS: usize = 4;
+
+/// Passes a call's reports on, each above the one before: the SDK's tasks
+/// may hand them over out of order, and progress only grows.
+struct Relay<'a> {
+    progress: &'a Progress,
+    last: Option<f64>,
+}
+
+impl Relay<'_> {
+    fn pass(&mut self, said: &ProgressNotificationParam) {
+        if self.last.is_some_and(|last| said.progress <= last) {
+            return;
+        }
+        self.last = Some(said.progress);
+        self.progress.report(Report {
+            progress: said.progress,
+            total: said.total,
+        });
     }
 }
 
