@@ -100,8 +100,13 @@ impl Drop for Abandoned {
         let Some((peer, id)) = self.0.take() else {
             return;
         };
+        // Dropped outside a runtime (an embedder's sync code), there is no
+        // one to send it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let reason = Some("the call was abandoned".to_owned());
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _ = peer
                 .notify_cancelled(CancelledNotificationParam::new(Some(id), reason))
                 .await;
