@@ -449,5 +449,11 @@ mod tests {
         let numbers = json!([1, 2, 3]).to_string();
         let text = result(numbers.clone());
         assert_eq!(text.content, vec![ContentBlock::text(numbers)]);
+
+        // A server's text that spells blocks is text: a text result is a
+        // JSON string, never read as content.
+        let spelled = json!(blocks.to_string()).to_string();
+        let said = result(spelled);
+        assert_eq!(said.content, vec![ContentBlock::text(blocks.to_string())]);
     }
 }
