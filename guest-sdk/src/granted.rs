@@ -86,7 +86,7 @@ pub mod kv {
     use crate::FilterError;
     use crate::bindings::shallot::filter::kv as wit;
 
-    pub use wit::{Count, Entry};
+    pub use wit::{Count, Entry, Period, Taken, Window, WindowSeen};
 
     fn own(e: crate::bindings::shallot::filter::types::FilterError) -> FilterError {
         FilterError::new(e.kind, e.message)
@@ -125,6 +125,35 @@ pub mod kv {
     /// Forgets the key; whether it was there.
     pub fn delete(key: &str) -> Result<bool, FilterError> {
         wit::delete(key).map_err(own)
+    }
+
+    /// Counts in several windows at once, all or nothing, on the store's
+    /// clock: each window's `amount` is added only if no window had
+    /// counted its `limit` yet (`Taken::admitted`). At most 8 windows.
+    ///
+    /// ```ignore
+    /// use shallot_guest::kv::{self, Period, Window};
+    /// let window = |key: &str, period, limit| Window { key: key.into(), period, limit, amount: 1 };
+    /// let taken = kv::take(&[
+    ///     window("requests:rae:minute", Period::Sliding(60_000), 60),
+    ///     window("requests:rae:day", Period::Aligned(86_400_000), 10_000),
+    /// ])?;
+    /// ```
+    pub fn take(windows: &[Window]) -> Result<Taken, FilterError> {
+        wit::take(windows).map_err(own)
+    }
+
+    /// Adds `delta` to the counter of the window a take saw end at
+    /// `ends_ms` (settling what it held, or giving it back), only while
+    /// that window's counter lives and never below 0: the counter after,
+    /// or `None` when the window had ended.
+    pub fn settle(
+        key: &str,
+        period: Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Result<Option<u64>, FilterError> {
+        wit::settle(key, period, ends_ms, delta).map_err(own)
     }
 
     /// How a filter goes on when its store fails (a `kv` call's
@@ -170,40 +199,53 @@ pub mod kv {
         matches!(error.kind, ErrorKind::Transient | ErrorKind::Timeout)
     }
 
-    /// Adds `delta` to the counter at `key` for what an answer already
-    /// made cost (its tokens, its price), or gives back what a request
-    /// held (a negative `delta`): tried twice, and if the store cannot take
-    /// it, logged as owed, as `what`'s, never failing the answer. The count,
-    /// if it was made.
-    ///
-    /// What is given back must have been added to this counter: one that
-    /// would go below zero has lost it (its window ended, it expired, the
-    /// store evicted it), so the amount is added back rather than left as
-    /// a debt that the next window would start with.
-    pub fn charge(key: &str, delta: i64, ttl_ms: u64, what: &str) -> Option<Count> {
-        let count = charged(key, delta, ttl_ms, what)?;
-        if delta >= 0 || count.value >= 0 {
-            return Some(count);
-        }
-        charged(key, -delta, ttl_ms, what)
+    /// What an admitted take added to one window, kept to settle it when
+    /// the request ends: with what was used (an answer's tokens, its
+    /// price), or nothing (a request that failed gives it back).
+    #[derive(Debug, Clone)]
+    pub struct Hold {
+        /// The window's key and period, as taken.
+        pub key: String,
+        pub period: Period,
+        /// The window's end, as the take saw it: its name to `settle`.
+        pub ends_ms: u64,
+        /// What the take added.
+        pub amount: u64,
     }
 
-    /// `add`, tried again once where the store failed; a failure logged as
-    /// owed.
-    fn charged(key: &str, delta: i64, ttl_ms: u64, what: &str) -> Option<Count> {
-        let mut tried = add(key, delta, ttl_ms);
-        if tried.as_ref().is_err_and(failed) {
-            tried = add(key, delta, ttl_ms);
+    impl Hold {
+        /// What `window`'s take, which saw it as `seen`, added.
+        pub fn of(window: &Window, seen: &WindowSeen) -> Self {
+            Hold {
+                key: window.key.clone(),
+                period: window.period,
+                ends_ms: seen.ends_ms,
+                amount: window.amount,
+            }
         }
-        match tried {
-            Ok(count) => Some(count),
-            Err(e) => {
+
+        /// Makes what was added `used`, in the window it was added to (a
+        /// window that ended takes nothing, and no later window is
+        /// charged): tried twice, and if the store cannot take it, logged
+        /// as owed, as `what`'s, never failing the answer. The counter
+        /// after, if the window still counts.
+        pub fn settle(&self, used: u64, what: &str) -> Option<u64> {
+            let delta = used as i64 - self.amount as i64;
+            if delta == 0 {
+                return None;
+            }
+            let settle = || settle(&self.key, self.period, self.ends_ms, delta);
+            let mut tried = settle();
+            if tried.as_ref().is_err_and(failed) {
+                tried = settle();
+            }
+            tried.unwrap_or_else(|e| {
                 crate::log::warn(&format!(
-                    "{what}: owed: {delta} not added to {key}, the answer delivered: {}",
-                    e.message
+                    "{what}: owed: {delta} not added to {}, the answer delivered: {}",
+                    self.key, e.message
                 ));
                 None
-            }
+            })
         }
     }
 }

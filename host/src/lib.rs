@@ -100,7 +100,10 @@ pub use gateway::{
     RouteError, Serving,
 };
 pub use kernel::{BuildError, Kernel, KernelBuilder};
-pub use kv::{Count, Entry, KvStore, NAMESPACE_CAP, STORED_NAMESPACE_CAP, open_kv};
+pub use kv::{
+    Count, Entry, KvStore, NAMESPACE_CAP, Period, STORED_NAMESPACE_CAP, Seen, Taken, Window,
+    open_kv,
+};
 pub use mcp::{McpConfig, McpError, McpServer};
 pub use model::{
     AnthropicConfig, AnthropicModel, BUDGET_HEADER, BUDGET_LEFT_HEADER, ChatModel, EmbeddedModel,

@@ -67,7 +67,7 @@ fn plugins_check_describes_a_filter() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("is a shallot:filter@0.1.4 filter"),
+        stdout.contains("is a shallot:filter@0.1.5 filter"),
         "{stdout}"
     );
     assert!(stdout.contains("hooks    around-chat"), "{stdout}");
@@ -1472,7 +1472,7 @@ fn plugins_check_says_what_a_filter_needs_without_its_configuration() {
     assert!(!out.status.success());
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("is a shallot:filter@0.1.4 filter that needs a configuration")
+        stdout.contains("is a shallot:filter@0.1.5 filter that needs a configuration")
             && stdout.contains("`pattern`")
             && stdout.contains("--with-config"),
         "{stdout}"

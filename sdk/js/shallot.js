@@ -26,14 +26,14 @@
 // `FilterError` to fail a request on purpose; any other exception fails it
 // as a `plugin-fault` carrying the exception's message and stack.
 
-import * as wnext from 'shallot:filter/next@0.1.4';
-import * as wfctx from 'shallot:filter/fctx@0.1.4';
-import * as wcontext from 'shallot:filter/context@0.1.4';
-import * as wkv from 'shallot:filter/kv@0.1.4';
-import * as wmetrics from 'shallot:filter/metrics@0.1.4';
-import * as wmodel from 'shallot:filter/model@0.1.4';
-import { log as wlog } from 'shallot:filter/log@0.1.4';
-import { ChatResponse } from 'shallot:filter/types@0.1.4';
+import * as wnext from 'shallot:filter/next@0.1.5';
+import * as wfctx from 'shallot:filter/fctx@0.1.5';
+import * as wcontext from 'shallot:filter/context@0.1.5';
+import * as wkv from 'shallot:filter/kv@0.1.5';
+import * as wmetrics from 'shallot:filter/metrics@0.1.5';
+import * as wmodel from 'shallot:filter/model@0.1.5';
+import { log as wlog } from 'shallot:filter/log@0.1.5';
+import { ChatResponse } from 'shallot:filter/types@0.1.5';
 
 /** A typed failure: `kind` is transient, timeout, content-filtered,
  * invalid-request, auth, not-found, limit-exceeded, plugin-fault or internal. */
@@ -138,7 +138,46 @@ export const kv = {
   },
   /** Forgets the key; whether it was there. */
   delete: (key) => granted(() => wkv.delete(key)),
+  /** Counts in several windows at once, all or nothing, on the store's clock:
+   * each window's `amount` is added only if none had counted its `limit` yet.
+   * A window is `{ key, period, limit, amount }`, its period `{ fixed: ms }`,
+   * `{ sliding: ms }`, `{ aligned: ms }` or `'month'`. `{ admitted, windows:
+   * [{ used, resetMs, endsMs }] }`. */
+  take(windows) {
+    const taken = granted(() =>
+      wkv.take(
+        windows.map((w) => ({
+          key: w.key,
+          period: period(w.period),
+          limit: BigInt(w.limit),
+          amount: BigInt(w.amount ?? 1),
+        })),
+      ),
+    );
+    return {
+      admitted: taken.admitted,
+      windows: taken.windows.map((seen) => ({
+        used: Number(seen.used),
+        resetMs: Number(seen.resetMs),
+        endsMs: Number(seen.endsMs),
+      })),
+    };
+  },
+  /** Adds `delta` to the counter of the window a take saw end at `endsMs`,
+   * only while it lives and never below 0: the counter after, or null when
+   * the window had ended. */
+  settle(key, windowPeriod, endsMs, delta) {
+    const after = granted(() => wkv.settle(key, period(windowPeriod), BigInt(endsMs), BigInt(delta)));
+    return after === undefined ? null : Number(after);
+  },
 };
+
+/** A window's period as the host takes it. */
+function period(p) {
+  if (p === 'month') return { tag: 'month' };
+  const [tag, ms] = Object.entries(p)[0];
+  return { tag, val: BigInt(ms) };
+}
 
 /** Counters and histograms of the filter's own, on the gateway's
  * `/metrics` as `shallot_gateway_plugin_<filter>__<name>` (no grant

@@ -445,6 +445,26 @@ impl shallot::KvStore for Unwritable {
     async fn delete(&self, _: &str, _: &str) -> Result<bool, ChainError> {
         Ok(false)
     }
+
+    async fn take(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: &[shallot::Window],
+    ) -> Result<shallot::Taken, ChainError> {
+        Err(full())
+    }
+
+    async fn settle(
+        &self,
+        _: &str,
+        _: &str,
+        _: shallot::Period,
+        _: u64,
+        _: i64,
+    ) -> Result<Option<u64>, ChainError> {
+        Err(full())
+    }
 }
 
 /// An answer the model made is delivered though keeping it failed, whole

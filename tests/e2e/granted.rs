@@ -999,10 +999,6 @@ async fn rate_limit_refuses_a_bad_configuration_and_runs_nothing_without_its_gra
             "give `requests`, `tokens` or both",
         ),
         (json!({ "requests": 1, "window_s": 0 }), "at least 1"),
-        (
-            json!({ "requests": 1, "window": "sliding" }),
-            "clock = true",
-        ),
     ] {
         let error = refused("rate_limit", "limit", config).await.to_string();
         assert!(error.contains(says), "{error}");
@@ -1019,9 +1015,7 @@ async fn rate_limit_refuses_a_bad_configuration_and_runs_nothing_without_its_gra
 #[tokio::test]
 async fn a_sliding_window_carries_the_previous_windows_count() {
     let config = json!({ "requests": 2, "window_s": 3600, "window": "sliding", "by": "user" });
-    let (path, mut filter) = rate_limit("limit", config, ":memory:sliding");
-    filter.grants.clock = true;
-    let plugins = load(vec![(path, filter)]).await;
+    let plugins = load(vec![rate_limit("limit", config, ":memory:sliding")]).await;
     let kernel = shallot_tests::answering(&plugins, "ok");
     let store = shallot::open_kv(":memory:sliding").await.unwrap();
     // The previous hour held two requests: some of that weight is still in
@@ -1051,13 +1045,12 @@ async fn a_sliding_window_carries_the_previous_windows_count() {
     assert_eq!(first.is_ok(), used <= 2, "{seen}");
 }
 
-/// `budget` with `config`, its spend in `store`, with the clock.
+/// `budget` with `config`, its spend in `store`.
 fn budget(config: Value, store: &str) -> (PathBuf, FilterSpec) {
     granted(
         spec("budget", "budget", config),
         Grants {
             kv: Some(shallot::StoreSpec::from(store).into()),
-            clock: true,
             ..Grants::default()
         },
     )
@@ -1105,7 +1098,7 @@ async fn budget_refuses_a_bucket_once_its_period_is_spent_streamed_answers_count
 }
 
 #[tokio::test]
-async fn budget_refuses_a_bad_configuration_at_load_and_every_call_without_the_clock() {
+async fn budget_refuses_a_bad_configuration_at_load_and_keeps_its_periods_without_the_clock() {
     let prices = json!({ "*": { "input": 1, "output": 1 } });
     for (config, says) in [
         (
@@ -1121,15 +1114,19 @@ async fn budget_refuses_a_bad_configuration_at_load_and_every_call_without_the_c
         let error = refused("budget", "budget", config).await.to_string();
         assert!(error.contains(says), "{error}");
     }
-    let (path, mut spec) = budget(json!({ "limit_usd": 1, "prices": prices }), ":memory:");
-    spec.grants.clock = false;
-    let plugins = load(vec![(path, spec)]).await;
-    let error = shallot_tests::answering(&plugins, "ok")
-        .chat(ask("hi"), Context::new())
-        .await
-        .unwrap_err();
-    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
-    assert!(error.message.contains("clock = true"), "{error}");
+    // The periods are the store's calendar: the filter needs no clock.
+    let dollar =
+        json!({ "limit_usd": 1, "prices": { "*": { "input": 250_000, "output": 250_000 } } });
+    let plugins = load(vec![budget(dollar, ":memory:no-clock")]).await;
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .model(shallot::EmbeddedModel::new())
+        .build()
+        .unwrap();
+    kernel.chat(ask("hi"), Context::new()).await.unwrap();
+    let error = kernel.chat(ask("hi"), Context::new()).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::LimitExceeded, "{error}");
+    assert!(error.message.contains("renews in"), "{error}");
 }
 
 /// A kernel with `cache` (its entries in `store`) over `model`.

@@ -1635,8 +1635,10 @@ async fn writes_to_a_full_namespace_cost_little_and_what_they_cost_is_the_filter
 /// Every abuse of `kv` fails the abuser's own call with a typed error, in
 /// every store: floods, chatter and compare-and-set storms past the
 /// per-call bounds, huge keys and values, counter overflow, a time to live
-/// past a year, and keys spelled as another namespace's, which reach
-/// nothing of it.
+/// past a year, takes of too many windows, of none wide, of amounts past
+/// 2^53 or until the operations run out, settles that would drive a
+/// counter below zero or reach a window never taken, and keys spelled as
+/// another namespace's, which reach nothing of it.
 #[tokio::test]
 async fn kv_abuses_are_contained_in_every_store() {
     let redis = RedisServer::start();
@@ -1662,6 +1664,18 @@ async fn kv_abuses_are_contained_in_every_store() {
             ("kv-huge-value", ErrorKind::LimitExceeded, "over the cap"),
             ("kv-overflow", ErrorKind::InvalidRequest, "64-bit range"),
             ("kv-forever", ErrorKind::InvalidRequest, "a year"),
+            ("kv-take-crowd", ErrorKind::InvalidRequest, "1 to 8 windows"),
+            (
+                "kv-take-instant",
+                ErrorKind::InvalidRequest,
+                "a window is 1 to",
+            ),
+            ("kv-take-huge", ErrorKind::InvalidRequest, "2^53"),
+            (
+                "kv-take-storm",
+                ErrorKind::LimitExceeded,
+                "256 key-store operations",
+            ),
         ] {
             let plugins = load(vec![granted(
                 hostile("chat", action, generous()),
@@ -1673,13 +1687,16 @@ async fn kv_abuses_are_contained_in_every_store() {
             assert_contained(&error, kind, "around-chat", says);
             innocent_chat_works(&kernel).await;
         }
-        let plugins = load(vec![granted(
-            hostile("chat", "kv-trespass", generous()),
-            kv_grant(&store),
-        )])
-        .await;
-        let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
-        kernel.chat(ask("boom"), Context::new()).await.unwrap();
+        for action in ["kv-trespass", "kv-settle-drain"] {
+            let plugins = load(vec![granted(
+                hostile("chat", action, generous()),
+                kv_grant(&store),
+            )])
+            .await;
+            let kernel = kernel(&plugins, ScriptedModel::answer("fine"));
+            let answer = kernel.chat(ask("boom"), Context::new()).await;
+            assert!(answer.is_ok(), "{store} {action}: {answer:?}");
+        }
         let kept = victim.get("victim", "secret").await.unwrap().unwrap();
         assert_eq!(kept.value, "kept", "{store}");
     }

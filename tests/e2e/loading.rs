@@ -96,7 +96,7 @@ async fn a_filter_for_another_wit_version_is_refused_naming_both_versions() {
     assert!(matches!(error, LoadError::WrongVersion { .. }), "{error}");
     let message = error.to_string();
     assert!(
-        message.contains("shallot:filter@0.2.0") && message.contains("shallot:filter@0.1.4"),
+        message.contains("shallot:filter@0.2.0") && message.contains("shallot:filter@0.1.5"),
         "{message}"
     );
 }
@@ -309,7 +309,7 @@ fn built_for_0_1_0(name: &str) -> PathBuf {
         let named_ours = bytes[at.saturating_sub(48)..at]
             .windows(14)
             .any(|w| w == b"shallot:filter");
-        if &bytes[at..at + 6] == b"@0.1.4" && named_ours {
+        if &bytes[at..at + 6] == b"@0.1.5" && named_ours {
             bytes[at + 5] = b'0';
             rewritten += 1;
         }
@@ -345,7 +345,7 @@ async fn a_filter_built_for_an_earlier_patch_version_still_loads_and_runs() {
         &mut |_| {},
     )
     .await
-    .expect("0.1.0 is compatible with 0.1.4");
+    .expect("0.1.0 is compatible with 0.1.5");
     let kernel = Kernel::builder()
         .plugins(&plugins)
         .model(ScriptedModel::answer("ok"))

@@ -42,3 +42,4 @@ mod tool_search;
 mod tools;
 mod turn;
 mod upstreams;
+mod windows;

@@ -92,12 +92,10 @@ fn messages(text: &str) -> Value {
 }
 
 /// The filter `plugin` (named as it names itself), configured with
-/// `config`, its store the Redis at `url`, granted the clock where it
-/// reads the calendar.
+/// `config`, its store the Redis at `url`.
 fn stateful(plugin: &str, config: Value, url: &str) -> (PathBuf, FilterSpec) {
     let (path, filter) = spec(plugin, &plugin.replace('_', "-"), config);
     let grants = Grants {
-        clock: plugin == "budget",
         sleep_ms: if plugin == "cache" { 30_000 } else { 0 },
         kv: Some(StoreSpec::from(url).into()),
         ..Grants::default()

@@ -4,15 +4,36 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
+use super::windows::{self, Counters, Period, Taken, Window};
 use super::{
     Count, ENTRY_BYTES, Entry, KvStore, NAMESPACE_CAP, counter, full, owner_cap, owner_full, sum,
 };
 use crate::types::ChainError;
+
+/// The store's clock: an instant and the Unix time it was, so that
+/// windows are named in milliseconds since the epoch while expiry stays
+/// on the monotonic clock.
+static ORIGIN: LazyLock<(Instant, u64)> = LazyLock::new(|| {
+    let unix = SystemTime::now().duration_since(UNIX_EPOCH);
+    (Instant::now(), unix.map_or(0, |d| d.as_millis() as u64))
+});
+
+/// `at` in milliseconds since the Unix epoch.
+fn unix_ms(at: Instant) -> u64 {
+    let (origin, unix) = *ORIGIN;
+    unix + at.saturating_duration_since(origin).as_millis() as u64
+}
+
+/// The instant that is `ms` since the Unix epoch.
+fn instant(ms: u64) -> Instant {
+    let (origin, unix) = *ORIGIN;
+    origin + Duration::from_millis(ms.saturating_sub(unix))
+}
 
 /// What an expiring entry's place in the expiry index costs beside its
 /// key: the instant, the key's header and the tree's spare room.
@@ -165,6 +186,48 @@ impl Namespace {
     }
 }
 
+/// A namespace's counters under its lock, for a take by `owner`.
+struct Locked<'a> {
+    space: &'a mut Namespace,
+    next: &'a dyn Fn() -> u64,
+    owner: Option<&'a str>,
+    now: Instant,
+}
+
+impl Counters for Locked<'_> {
+    type Error = ChainError;
+
+    fn read(&mut self, key: &str) -> Result<Option<(String, Option<u64>)>, ChainError> {
+        let slot = self.space.live(key, self.now);
+        Ok(slot.map(|slot| (slot.value.clone(), slot.expires.map(unix_ms))))
+    }
+
+    fn write(&mut self, key: &str, value: i64, expires: Option<u64>) -> Result<(), ChainError> {
+        let (expires, owner) = match self.space.live(key, self.now) {
+            Some(slot) => (slot.expires, slot.owner.clone()),
+            None => (expires.map(instant), self.owner.map(str::to_owned)),
+        };
+        let version = (self.next)();
+        self.space
+            .write(key, value.to_string(), version, expires, owner.as_deref())
+    }
+
+    fn room(&mut self, keys: &[&str]) -> Result<(), ChainError> {
+        let widest = i64::MIN.to_string();
+        let new = keys
+            .iter()
+            .map(|key| size(key, &widest, Some(self.now), self.owner))
+            .sum();
+        self.space.sweep(self.now, SWEEP);
+        // No key is empty: this asks for room beside every key.
+        if let Err(full) = self.space.room("", new, self.owner) {
+            self.space.sweep(self.now, usize::MAX);
+            self.space.room("", new, self.owner).map_err(|_| full)?;
+        }
+        Ok(())
+    }
+}
+
 impl InProcess {
     /// Runs `work` on the namespace, under its own lock, with the store's
     /// next version.
@@ -264,6 +327,44 @@ impl KvStore for InProcess {
         let now = Instant::now();
         self.with(namespace, |space, _| {
             Ok(space.remove(key).is_some_and(|slot| slot.live(now)))
+        })
+    }
+
+    async fn take(
+        &self,
+        namespace: &str,
+        owner: Option<&str>,
+        windows: &[Window],
+    ) -> Result<Taken, ChainError> {
+        let now = Instant::now();
+        self.with(namespace, |space, next| {
+            let mut locked = Locked {
+                space,
+                next,
+                owner,
+                now,
+            };
+            windows::take(&mut locked, unix_ms(now), windows)
+        })
+    }
+
+    async fn settle(
+        &self,
+        namespace: &str,
+        key: &str,
+        period: Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Result<Option<u64>, ChainError> {
+        let now = Instant::now();
+        self.with(namespace, |space, next| {
+            let mut locked = Locked {
+                space,
+                next,
+                owner: None,
+                now,
+            };
+            windows::settle(&mut locked, key, period, ends_ms, delta)
         })
     }
 }

@@ -25,6 +25,9 @@
 mod in_process;
 mod redis;
 mod sqlite;
+mod windows;
+
+pub use windows::{Period, Seen, Taken, Window};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,6 +131,26 @@ pub trait KvStore: Send + Sync + 'static {
     ) -> Result<Count, ChainError>;
     /// Forgets the key; whether it was live.
     async fn delete(&self, namespace: &str, key: &str) -> Result<bool, ChainError>;
+    /// Counts in `windows`, all or nothing, on the store's clock: each
+    /// window's amount is added only if none has counted its limit.
+    /// Counters it creates count in `owner`'s part.
+    async fn take(
+        &self,
+        namespace: &str,
+        owner: Option<&str>,
+        windows: &[Window],
+    ) -> Result<Taken, ChainError>;
+    /// Adds `delta` to the counter of `key`'s window of `period` that ends
+    /// at `ends_ms`, while it lives, never below 0; the counter after, or
+    /// `None` when that window's counter is gone.
+    async fn settle(
+        &self,
+        namespace: &str,
+        key: &str,
+        period: Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Result<Option<u64>, ChainError>;
 }
 
 /// Opens the key store `spec` names, or shares the one already open.

@@ -19,9 +19,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod windows;
+
 use super::{
-    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, STORED_NAMESPACE_CAP, full, owner_cap,
-    owner_full, stored_key, unavailable,
+    Count, ENTRY_BYTES, Entry, KvStore, OPERATION_TIMEOUT, Period, STORED_NAMESPACE_CAP, Taken,
+    Window, full, owner_cap, owner_full, stored_key, unavailable,
 };
 use crate::store::{Connected, connect_redis};
 use crate::types::{ChainError, ErrorKind};
@@ -366,5 +368,26 @@ impl KvStore for Redis {
         );
         let deleted: u64 = self.run(delete).await?;
         Ok(deleted > 0)
+    }
+
+    async fn take(
+        &self,
+        namespace: &str,
+        owner: Option<&str>,
+        windows: &[Window],
+    ) -> Result<Taken, ChainError> {
+        self.take_windows(namespace, owner, windows).await
+    }
+
+    async fn settle(
+        &self,
+        namespace: &str,
+        key: &str,
+        period: Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Result<Option<u64>, ChainError> {
+        self.settle_window(namespace, key, period, ends_ms, delta)
+            .await
     }
 }

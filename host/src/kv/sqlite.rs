@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::windows::{self, Period, Taken, Window};
 use super::{
     Count, ENTRY_BYTES, Entry, KvStore, STORE_CAP, STORED_NAMESPACE_CAP, counter, full, owner_cap,
     owner_full, sum, unavailable,
@@ -419,7 +420,49 @@ impl KvStore for Sqlite {
         })
         .await
     }
+
+    async fn take(
+        &self,
+        namespace: &str,
+        owner: Option<&str>,
+        windows: &[Window],
+    ) -> Result<Taken, ChainError> {
+        let (namespace, windows) = (namespace.to_owned(), windows.to_vec());
+        let owner = owner.map(str::to_owned);
+        self.with(TransactionBehavior::Immediate, move |db, now| {
+            let mut counters = counters::Transacted {
+                db,
+                namespace: &namespace,
+                owner: owner.as_deref(),
+                now,
+            };
+            windows::take(&mut counters, now.max(0) as u64, &windows)
+        })
+        .await
+    }
+
+    async fn settle(
+        &self,
+        namespace: &str,
+        key: &str,
+        period: Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Result<Option<u64>, ChainError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        self.with(TransactionBehavior::Immediate, move |db, now| {
+            let mut counters = counters::Transacted {
+                db,
+                namespace: &namespace,
+                owner: None,
+                now,
+            };
+            windows::settle(&mut counters, &key, period, ends_ms, delta)
+        })
+        .await
+    }
 }
 
+mod counters;
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,7 @@ use super::error::LoadError;
 pub const WIT_PACKAGE: &str = "shallot:filter";
 /// The version of it this host speaks; components built for a compatible
 /// version (same major, and same minor while the major is 0) load.
-pub const WIT_VERSION: &str = "0.1.4";
+pub const WIT_VERSION: &str = "0.1.5";
 
 /// A compiled and linked plugin file.
 pub struct Plugin {

@@ -21,21 +21,21 @@
 //! {"gpt-4o": {"input": 2.5, "output": 10}, "*": {"input": 1, "output":
 //! 1}}, "reserve_output_tokens": 4096}`: prices in dollars per million
 //! tokens, by the model that answered (`*` for any other; a model with no
-//! price and no `*` costs nothing and is logged). Needs `grants.clock` (the period is the calendar's):
-//! without it every call is refused with an `auth` error saying so.
+//! price and no `*` costs nothing and is logged). The hold and the
+//! refusal are one `kv.take`, atomic on the store's clock (the period is
+//! that clock's calendar), and what the answer cost settles the period
+//! the hold was taken from, never a later one.
 //! `on_store_error` (`closed`, or `open`) says what a call gets while the
 //! store fails: refused, or let through unchecked; an answer already made
 //! is delivered and its price charged after it (or logged as owed).
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
-use shallot_guest::kv::OnStoreError;
+use shallot_guest::kv::{Hold, OnStoreError};
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, Usage, context, kv, log,
 };
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Budget {
@@ -93,60 +93,42 @@ fn default_by() -> String {
 }
 
 const HOUR_MS: u64 = 3_600_000;
-const DAY_MS: u64 = 24 * HOUR_MS;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The first day (days since the epoch) of the month after the one `day`
-/// is in, and that month's number (months since 1970-01).
-fn next_month(day: u64) -> (u64, u64) {
-    // Howard Hinnant's civil-from-days, then days-from-civil.
-    let z = day as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (year, month) = if month == 12 {
-        (year + 1, 1)
-    } else {
-        (year, month + 1)
-    };
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let first = era * 146_097 + doe - 719_468;
-    (first as u64, ((year - 1970) * 12 + month - 2) as u64)
-}
 
 impl Budget {
     fn limit_micro(&self) -> u64 {
         (self.limit_usd * 1e6).round() as u64
     }
 
-    /// The counter of this period for the request's bucket, and the
-    /// milliseconds until the period ends.
-    fn period(&self) -> (String, u64) {
-        let now = now_ms();
-        let (index, end) = match self.period {
-            Period::Hour => (now / HOUR_MS, (now / HOUR_MS + 1) * HOUR_MS),
-            Period::Day => (now / DAY_MS, (now / DAY_MS + 1) * DAY_MS),
-            Period::Month => {
-                let (first, month) = next_month(now / DAY_MS);
-                (month, first * DAY_MS)
-            }
-        };
+    /// The window of this period for the request's bucket, holding
+    /// `amount`.
+    fn window(&self, amount: u64) -> kv::Window {
         let bucket = context::get_text(&self.by).unwrap_or_default();
-        (format!("spent:{}:{bucket}:{index}", self.by), end - now)
+        kv::Window {
+            key: format!("spent:{}:{bucket}", self.by),
+            period: match self.period {
+                Period::Hour => kv::Period::Aligned(HOUR_MS),
+                Period::Day => kv::Period::Aligned(24 * HOUR_MS),
+                Period::Month => kv::Period::Month,
+            },
+            limit: self.limit_micro(),
+            amount,
+        }
+    }
+
+    /// Adds what an answer nothing was held for cost (the store failed
+    /// before it, and the operator let it through): logged as owed if the
+    /// store cannot take it.
+    fn charge(&self, cost: u64) {
+        let window = kv::Window {
+            limit: u64::MAX,
+            ..self.window(cost)
+        };
+        if let Err(e) = kv::take(&[window]) {
+            log::warn(&format!(
+                "budget: owed: {cost} not added, the answer delivered: {}",
+                e.message
+            ));
+        }
     }
 
     /// The price of `model`, or of any other (`*`).
@@ -205,39 +187,25 @@ impl Filter for Budget {
     }
 
     fn around_chat(&self, request: &ChatRequest, next: Next) -> Result<ChatResponse, FilterError> {
-        if now_ms() == 0 {
-            return Err(FilterError::new(
-                ErrorKind::Auth,
-                "budget: its periods are the calendar's: the operator grants the clock with `grants = { clock = true, kv = ... }`",
-            ));
-        }
-        let (key, reset_ms) = self.period();
         let limit = self.limit_micro();
-        // Kept a day past its period, so a clock a little behind another
-        // host's still finds it.
-        let keep = reset_ms + DAY_MS;
         // The worst this call may cost is held before it is forwarded, so
         // that calls in flight count against the budget: a call is refused
         // once what was spent and what others hold reach the limit.
-        let worst = self.worst_case(request);
-        let read = kv::add(&key, worst as i64, keep);
-        let (spent, held) = match self.on_store_error.tolerate(read, "budget")? {
-            Some(count) => ((count.value.max(0) as u64).saturating_sub(worst), worst),
-            None => (0, 0),
+        let window = self.window(self.worst_case(request));
+        let taken = kv::take(std::slice::from_ref(&window));
+        let Some(taken) = self.on_store_error.tolerate(taken, "budget")? else {
+            let response = next.chat(request)?;
+            self.charge(self.cost(&response));
+            return Ok(response);
         };
-        context::report_limit("budget", limit, limit.saturating_sub(spent), reset_ms);
-        let settle = |cost: u64| {
-            let delta = cost as i64 - held as i64;
-            if delta == 0 {
-                return;
-            }
-            if let Some(count) = kv::charge(&key, delta, keep, "budget") {
-                let spent = count.value.max(0) as u64;
-                context::report_limit("budget", limit, limit.saturating_sub(spent), reset_ms);
-            }
-        };
-        if spent >= limit {
-            settle(0);
+        let seen = &taken.windows[0];
+        context::report_limit(
+            "budget",
+            limit,
+            limit.saturating_sub(seen.used),
+            seen.reset_ms,
+        );
+        if !taken.admitted {
             return Err(FilterError::new(
                 ErrorKind::LimitExceeded,
                 format!(
@@ -248,13 +216,19 @@ impl Filter for Budget {
                         Period::Day => "day",
                         Period::Month => "month",
                     },
-                    reset_ms.div_ceil(1000)
+                    seen.reset_ms.div_ceil(1000)
                 ),
             ));
         }
         // What the answer cost replaces what was held (nothing, when it
         // failed); the answer is delivered whatever the store does (a charge
         // it cannot take is logged as owed).
+        let held = Hold::of(&window, seen);
+        let settle = |cost: u64| {
+            if let Some(spent) = held.settle(cost, "budget") {
+                context::report_limit("budget", limit, limit.saturating_sub(spent), seen.reset_ms);
+            }
+        };
         let response = next.chat(request).inspect_err(|_| settle(0))?;
         settle(self.cost(&response));
         Ok(response)

@@ -18,10 +18,14 @@
 //! client got it wrong (`invalid-request`, `content-filtered`, `auth`,
 //! `not-found` still count).
 //!
-//! A `fixed` window is one counter per bucket that expires with its
-//! window (one `kv.add`). A `sliding` window weighs the previous window's
-//! count by how much of it still overlaps the last `window_s` seconds
-//! (two operations), and needs `grants.clock`.
+//! Every decision is one `kv.take`: the request's windows (its count,
+//! its tokens) counted all or nothing, in one atomic operation on the
+//! store's clock, so replicas sharing a Redis never disagree. A `fixed`
+//! window starts with the first request that finds none and ends
+//! `window_s` later; a `sliding` one weighs the previous window's count
+//! (windows of `window_s` from the Unix epoch) by how much of it still
+//! overlaps the last `window_s` seconds. What a call held is settled in
+//! the window it was taken from, never in a later one.
 //!
 //! Config: `{"requests": 60, "tokens": 100000, "window_s": 60, "window":
 //! "fixed", "by": "key"}`: `requests` or `tokens` (or both); `by`
@@ -32,10 +36,8 @@
 //! made is delivered whatever the store does (a count it cannot take is
 //! logged as owed).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde::{Deserialize, Serialize};
-use shallot_guest::kv::OnStoreError;
+use shallot_guest::kv::{Hold, OnStoreError, Period};
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, Next, TurnRequest, TurnResult,
     context, kv,
@@ -80,88 +82,69 @@ fn default_by() -> String {
 
 /// Whether this invoke was counted already (by its turn).
 #[derive(Serialize, Deserialize, Default)]
-struct Counted {
+struct Turned {
     counted: bool,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl RateLimit {
-    fn window_ms(&self) -> u64 {
-        u64::from(self.window_s) * 1000
-    }
-
-    /// The bucket this request counts in: the `by` key's value.
-    fn bucket(&self) -> String {
-        context::get_text(&self.by).unwrap_or_default()
-    }
-
-    /// The counter key of `what` in `bucket`, and the time its window has
-    /// left; for a sliding window, the key of the window now and the
-    /// weighted count of the one before.
-    fn window(&self, what: &str, bucket: &str) -> Result<Slot, FilterError> {
-        let name = format!("{what}:{}:{bucket}", self.by);
-        if self.window == Window::Fixed {
-            return Ok(Slot {
-                key: name,
-                ttl_ms: self.window_ms(),
-                carried: 0,
-                reset_ms: None,
-            });
+    fn period(&self) -> Period {
+        let width = u64::from(self.window_s) * 1000;
+        match self.window {
+            Window::Fixed => Period::Fixed(width),
+            Window::Sliding => Period::Sliding(width),
         }
-        let (now, width) = (now_ms(), self.window_ms());
-        let (index, into) = (now / width, now % width);
-        let previous = match kv::get(&format!("{name}:{}", index.wrapping_sub(1)))? {
-            Some(entry) => entry.value.parse::<u64>().unwrap_or(0),
-            None => 0,
-        };
-        Ok(Slot {
-            key: format!("{name}:{index}"),
-            ttl_ms: 2 * width,
-            carried: previous * (width - into) / width,
-            reset_ms: Some(width - into),
-        })
+    }
+
+    /// The window counting `what` for this request's bucket (the `by`
+    /// key's value): refused at `limit`, adding `amount`.
+    fn counter(&self, what: &str, limit: u64, amount: u64) -> kv::Window {
+        let bucket = context::get_text(&self.by).unwrap_or_default();
+        kv::Window {
+            key: format!("{what}:{}:{bucket}", self.by),
+            period: self.period(),
+            limit,
+            amount,
+        }
     }
 
     /// Counts the request and holds `reserve` tokens for it (what its
-    /// model call may use); refuses it, all or nothing, past the limits.
-    /// What it saw goes to the shared context either way.
+    /// model call may use), all or nothing: refused past a limit. What it
+    /// saw goes to the shared context either way.
     fn admit(&self, reserve: u64) -> Result<Taken, FilterError> {
-        let bucket = self.bucket();
-        let mut taken = Taken::default();
-        let mut refused = None;
-        if let Some(limit) = self.requests.map(u64::from) {
-            let slot = self.window("requests", &bucket)?;
-            let count = kv::add(&slot.key, 1, slot.ttl_ms)?;
-            let used = slot.carried + count.value.max(0) as u64;
-            let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
-            if used > limit {
-                refused = Some(("requests", limit, reset_ms));
-            }
-            context::report_limit("requests", limit, limit.saturating_sub(used), reset_ms);
-            taken.request = Some(Held::of(slot, 1));
+        let mut windows = Vec::new();
+        if let Some(limit) = self.requests {
+            windows.push(("requests", self.counter("requests", limit.into(), 1)));
         }
         if let Some(limit) = self.tokens {
-            let slot = self.window("tokens", &bucket)?;
-            let count = kv::add(&slot.key, reserve as i64, slot.ttl_ms)?;
-            // What others used and hold: the window is spent when that is.
-            let used = (slot.carried + count.value.max(0) as u64).saturating_sub(reserve);
-            let reset_ms = slot.reset_ms.unwrap_or(count.ttl_ms);
-            if used >= limit && refused.is_none() {
-                refused = Some(("tokens", limit, reset_ms));
+            windows.push(("tokens", self.counter("tokens", limit, reserve)));
+        }
+        let counters: Vec<kv::Window> = windows.iter().map(|(_, w)| w.clone()).collect();
+        let taken = kv::take(&counters)?;
+        let mut held = Taken::default();
+        let mut refused = None;
+        for ((what, window), seen) in windows.iter().zip(&taken.windows) {
+            // A request's own count is in what its window has left.
+            let own = if *what == "requests" && taken.admitted {
+                1
+            } else {
+                0
+            };
+            let remaining = window.limit.saturating_sub(seen.used + own);
+            context::report_limit(what, window.limit, remaining, seen.reset_ms);
+            if seen.used >= window.limit && refused.is_none() {
+                refused = Some((*what, window.limit, seen.reset_ms));
             }
-            context::report_limit("tokens", limit, limit.saturating_sub(used), reset_ms);
-            taken.tokens = Some(Held::of(slot, reserve));
+            if taken.admitted {
+                let hold = Some(Hold::of(window, seen));
+                match *what {
+                    "requests" => held.request = hold,
+                    _ => held.tokens = hold,
+                }
+            }
         }
         let Some((what, limit, reset_ms)) = refused else {
-            return Ok(taken);
+            return Ok(held);
         };
-        // A refused request is not one of the window's.
-        taken.give_back();
         Err(FilterError::new(
             ErrorKind::LimitExceeded,
             format!(
@@ -181,18 +164,20 @@ impl RateLimit {
             .unwrap_or_default())
     }
 
-    /// Holds `reserve` tokens for a model call of a turn already admitted
-    /// (no refusal: the turn was let in).
+    /// Adds `amount` tokens to the window without refusing (a model call
+    /// of a turn already admitted, an answer's usage nothing held for).
+    fn count(&self, amount: u64) -> Result<Hold, FilterError> {
+        let window = self.counter("tokens", u64::MAX, amount);
+        let taken = kv::take(std::slice::from_ref(&window))?;
+        Ok(Hold::of(&window, &taken.windows[0]))
+    }
+
+    /// Holds `reserve` tokens for a model call of a turn already admitted.
     fn hold(&self, reserve: u64) -> Taken {
         if self.tokens.is_none() {
             return Taken::default();
         }
-        let slot = self.window("tokens", &self.bucket());
-        let held = slot.and_then(|slot| {
-            kv::add(&slot.key, reserve as i64, slot.ttl_ms)?;
-            Ok(Held::of(slot, reserve))
-        });
-        match held {
+        match self.count(reserve) {
             Ok(held) => Taken {
                 request: None,
                 tokens: Some(held),
@@ -216,20 +201,17 @@ impl RateLimit {
         }
         let used = u64::from(response.usage().total_tokens);
         if let Some(held) = &taken.tokens {
-            held.settle(used);
+            held.settle(used, "rate-limit");
             return;
         }
         if used == 0 {
             return;
         }
-        match self.window("tokens", &self.bucket()) {
-            Ok(slot) => {
-                kv::charge(&slot.key, used as i64, slot.ttl_ms, "rate-limit");
-            }
-            Err(e) => shallot_guest::log::warn(&format!(
+        if let Err(e) = self.count(used) {
+            shallot_guest::log::warn(&format!(
                 "rate-limit: owed: {used} tokens not counted, the answer delivered: {}",
                 e.message
-            )),
+            ));
         }
     }
 }
@@ -253,70 +235,27 @@ fn refunded(error: &FilterError) -> bool {
 /// ends: settled with what it used, or given back when it fails.
 #[derive(Default)]
 struct Taken {
-    request: Option<Held>,
-    tokens: Option<Held>,
+    request: Option<Hold>,
+    tokens: Option<Hold>,
 }
 
 impl Taken {
-    /// Gives back all it took.
-    fn give_back(&self) {
-        for held in [&self.request, &self.tokens].into_iter().flatten() {
-            held.settle(0);
-        }
-    }
-
     /// What the request's failure with `error` gives back: the tokens held
     /// for an answer that never came, and the request's place if
     /// [`refunded`].
     fn failed(&self, error: &FilterError) {
         if let Some(held) = &self.tokens {
-            held.settle(0);
+            held.settle(0, "rate-limit");
         }
         if let Some(held) = self.request.as_ref().filter(|_| refunded(error)) {
-            held.settle(0);
+            held.settle(0, "rate-limit");
         }
     }
-}
-
-/// An amount added to one window's counter.
-struct Held {
-    key: String,
-    ttl_ms: u64,
-    amount: u64,
-}
-
-impl Held {
-    fn of(slot: Slot, amount: u64) -> Self {
-        Held {
-            key: slot.key,
-            ttl_ms: slot.ttl_ms,
-            amount,
-        }
-    }
-
-    /// Makes what was added `used`: adds the difference (tried twice, a
-    /// failure logged as owed).
-    fn settle(&self, used: u64) {
-        let delta = used as i64 - self.amount as i64;
-        if delta != 0 {
-            kv::charge(&self.key, delta, self.ttl_ms, "rate-limit");
-        }
-    }
-}
-
-/// One window's counter.
-struct Slot {
-    key: String,
-    ttl_ms: u64,
-    /// The previous window's weighted count (sliding windows).
-    carried: u64,
-    /// When the window ends, where the counter's expiry does not say.
-    reset_ms: Option<u64>,
 }
 
 #[shallot_guest::filter(name = "rate-limit")]
 impl Filter for RateLimit {
-    type State = Counted;
+    type State = Turned;
 
     fn configure(&mut self) -> Result<(), String> {
         if self.requests.is_none() && self.tokens.is_none() {
@@ -325,21 +264,15 @@ impl Filter for RateLimit {
         if self.window_s == 0 {
             return Err("rate-limit: `window_s` must be at least 1".into());
         }
-        if self.window == Window::Sliding && now_ms() == 0 {
-            return Err(
-                "rate-limit: a sliding window reads the clock: grant it with `grants = { clock = true, kv = ... }`"
-                    .into(),
-            );
-        }
         Ok(())
     }
 
-    fn around_turn(&self, request: &TurnRequest, next: Next<Counted>) -> TurnResult {
+    fn around_turn(&self, request: &TurnRequest, next: Next<Turned>) -> TurnResult {
         let taken = match self.admitted(0) {
             Ok(taken) => taken,
             Err(refused) => return TurnResult::Error(refused),
         };
-        next.fctx().set(&Counted { counted: true });
+        next.fctx().set(&Turned { counted: true });
         let result = next.turn(request);
         if let TurnResult::Error(e) = &result {
             taken.failed(e);
@@ -350,7 +283,7 @@ impl Filter for RateLimit {
     fn around_chat(
         &self,
         request: &ChatRequest,
-        next: Next<Counted>,
+        next: Next<Turned>,
     ) -> Result<ChatResponse, FilterError> {
         let reserve = match self.tokens {
             Some(_) => u64::from(request.estimated_usage(0).total_tokens),

@@ -29,7 +29,7 @@ reports it with the traceback and discards the instance.
 """
 
 import json
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from componentize_py_types import Err
 from wit_world.imports import context as _context
@@ -248,6 +248,36 @@ class _Kv:
     def delete(self, key: str) -> bool:
         """Forgets the key; whether it was there."""
         return _granted(_kv.delete, key)
+
+    def take(self, windows: List[Tuple[str, Union[str, Tuple[str, int]], int, int]]) -> Tuple[bool, List[Tuple[int, int, int]]]:
+        """Counts in several windows at once, all or nothing, on the
+        store's clock: each window's amount is added only if none had
+        counted its limit yet. A window is ``(key, period, limit,
+        amount)``, its period ``("fixed", ms)``, ``("sliding", ms)``,
+        ``("aligned", ms)`` or ``"month"``. Whether it was admitted, and
+        each window's ``(used, reset_ms, ends_ms)``."""
+        taken = _granted(
+            _kv.take,
+            [_kv.Window(key, _period(period), limit, amount) for key, period, limit, amount in windows],
+        )
+        return (taken.admitted, [(w.used, w.reset_ms, w.ends_ms) for w in taken.windows])
+
+    def settle(self, key: str, period: Union[str, Tuple[str, int]], ends_ms: int, delta: int) -> Optional[int]:
+        """Adds ``delta`` to the counter of the window a take saw end at
+        ``ends_ms``, only while it lives and never below 0: the counter
+        after, or ``None`` when the window had ended."""
+        return _granted(_kv.settle, key, _period(period), ends_ms, delta)
+
+
+def _period(period: Union[str, Tuple[str, int]]):
+    """A window's period as the host takes it."""
+    if period == "month":
+        return _kv.Period_Month()
+    kind, ms = period
+    cases = {"fixed": _kv.Period_Fixed, "sliding": _kv.Period_Sliding, "aligned": _kv.Period_Aligned}
+    if kind not in cases:
+        raise ValueError(f"a period is fixed, sliding, aligned or month, not {kind!r}")
+    return cases[kind](ms)
 
 
 class _Metrics:

@@ -2,7 +2,7 @@
 // can mix languages. Configuration (all optional): tag, hooks,
 // short_circuit, calls, count, prefix, batch, fault, mimic, kv_count,
 // fetch, metric (see tests/polyglot/py_probe/app.py, which takes the same options).
-import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.4';
+import { ChatResponse, ToolResponse } from 'shallot:filter/types@0.1.5';
 import { Filter, FilterError, TokenTransform, context, exportFilter, kv, metrics, next } from './shallot.js';
 
 const OPTIONS = ['tag', 'hooks', 'short_circuit', 'calls', 'count', 'prefix', 'batch', 'fault', 'mimic', 'kv_count', 'fetch', 'metric'];

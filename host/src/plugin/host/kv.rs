@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::HostState;
 use super::service::{GrantedServices, PROMPTED, Service, Spent, error};
-use crate::kv::{KvStore, open_kv};
+use crate::kv::{KvStore, Period, Window, open_kv};
 use crate::plugin::bindings::shallot::filter::kv;
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::store::StoreSpec;
@@ -24,6 +24,11 @@ const VALUE_CAP: usize = 1 << 20;
 const OPS_PER_CALL: u32 = 256;
 /// The longest time to live: a year.
 const TTL_CAP_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+/// The most windows one take counts in.
+const WINDOWS_CAP: usize = 8;
+/// The largest amount a take adds: what a double (Redis's scripts) holds
+/// exactly.
+const AMOUNT_CAP: u64 = 1 << 53;
 
 type Answer<T> = wasmtime::Result<Result<T, wit::FilterError>>;
 
@@ -161,6 +166,59 @@ impl HostState {
     }
 }
 
+/// `period` as the store takes it, or why it cannot be.
+fn period(period: kv::Period) -> Result<Period, wit::FilterError> {
+    let period = match period {
+        kv::Period::Fixed(width) => Period::Fixed(width),
+        kv::Period::Sliding(width) => Period::Sliding(width),
+        kv::Period::Aligned(width) => Period::Aligned(width),
+        kv::Period::Month => return Ok(Period::Month),
+    };
+    let (Period::Fixed(width) | Period::Sliding(width) | Period::Aligned(width)) = period else {
+        unreachable!("a month has no width")
+    };
+    if width == 0 || width > TTL_CAP_MS {
+        return Err(error(
+            wit::ErrorKind::InvalidRequest,
+            format!("a window is 1 to {TTL_CAP_MS} ms (a year) wide"),
+        ));
+    }
+    Ok(period)
+}
+
+/// `windows` as the store takes them, each one operation of the call.
+fn windows(
+    state: &mut HostState,
+    windows: Vec<kv::Window>,
+) -> Result<(GrantedKv, String, Vec<Window>), wit::FilterError> {
+    if windows.is_empty() || windows.len() > WINDOWS_CAP {
+        return Err(error(
+            wit::ErrorKind::InvalidRequest,
+            format!("a take counts in 1 to {WINDOWS_CAP} windows"),
+        ));
+    }
+    let mut taken = Vec::with_capacity(windows.len());
+    let mut granted = None;
+    for window in windows {
+        let period = period(window.period)?;
+        if window.amount > AMOUNT_CAP {
+            return Err(error(
+                wit::ErrorKind::InvalidRequest,
+                format!("a take adds at most {AMOUNT_CAP} (2^53) to a window"),
+            ));
+        }
+        granted = Some(state.keys(&window.key, 20, 0)?);
+        taken.push(Window {
+            key: window.key,
+            period,
+            limit: window.limit,
+            amount: window.amount,
+        });
+    }
+    let (granted, namespace) = granted.expect("at least one window");
+    Ok((granted, namespace, taken))
+}
+
 fn ttl(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
@@ -237,5 +295,42 @@ impl kv::Host for HostState {
             Err(e) => return Ok(Err(e)),
         };
         Ok(self.on_store(granted.store.delete(&namespace, &key)).await)
+    }
+
+    async fn take(&mut self, windows: Vec<kv::Window>) -> Answer<kv::Taken> {
+        let (granted, namespace, windows) = match self::windows(self, windows) {
+            Ok(taken) => taken,
+            Err(e) => return Ok(Err(e)),
+        };
+        let owner = self.owner();
+        let take = granted.store.take(&namespace, owner.as_deref(), &windows);
+        Ok(self.on_store(take).await.map(|taken| kv::Taken {
+            admitted: taken.admitted,
+            windows: (taken.windows.into_iter())
+                .map(|seen| kv::WindowSeen {
+                    used: seen.used,
+                    reset_ms: seen.reset_ms,
+                    ends_ms: seen.ends_ms,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn settle(
+        &mut self,
+        key: String,
+        period: kv::Period,
+        ends_ms: u64,
+        delta: i64,
+    ) -> Answer<Option<u64>> {
+        let checked = self::period(period).and_then(|period| Ok((period, self.keys(&key, 20, 0)?)));
+        let (period, (granted, namespace)) = match checked {
+            Ok(checked) => checked,
+            Err(e) => return Ok(Err(e)),
+        };
+        let settle = granted
+            .store
+            .settle(&namespace, &key, period, ends_ms, delta);
+        Ok(self.on_store(settle).await)
     }
 }

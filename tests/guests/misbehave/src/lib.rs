@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+mod windows;
+
 use serde::Deserialize;
 use shallot_guest::{
     ChatRequest, ChatResponse, ErrorKind, Filter, FilterError, FinishReason, Message, Next,
@@ -56,7 +58,9 @@ struct Misbehave {
     /// refused, until its operations run out), kv-huge-key (a 4 KiB key), kv-huge-value (a
     /// 2 MiB value), kv-overflow (adds 1 to a counter at `i64::MAX`),
     /// kv-swap-storm (compare-and-sets with a stale version until refused),
-    /// kv-forever (a time to live of ten years), batch-chatter (reads its
+    /// kv-forever (a time to live of ten years), kv-take-crowd,
+    /// kv-take-instant, kv-take-huge, kv-take-storm and kv-settle-drain
+    /// (`windows.rs`), batch-chatter (reads its
     /// tool call's batch until its time runs out), registered-chatter (asks
     /// its chat request's registered tools until its time runs out), kv-trespass (reads and
     /// deletes keys spelled as another namespace's, and fails if it finds
@@ -106,6 +110,9 @@ impl Misbehave {
     fn strike(&self, at: &str, text: &str) -> Result<(), FilterError> {
         if !self.armed(at, text) {
             return Ok(());
+        }
+        if let Some(abused) = windows::abuse(&self.action) {
+            return abused;
         }
         match self.action.as_str() {
             "trap" => std::process::abort(),
