@@ -416,7 +416,7 @@ async fn an_inner_failure_a_python_or_javascript_filter_lets_through_keeps_its_o
 }
 
 #[tokio::test]
-async fn python_and_javascript_filters_keep_counters_in_kv_with_their_sdks() {
+async fn python_and_javascript_filters_keep_counters_and_windows_in_kv_with_their_sdks() {
     let counting = |lang: &str, store: Option<&str>| {
         let (path, mut filter) = probes(&[lang], json!({ "kv_count": "calls" })).remove(0);
         filter.grants.kv = store.map(|store| shallot::StoreSpec::from(store).into());
@@ -436,6 +436,9 @@ async fn python_and_javascript_filters_keep_counters_in_kv_with_their_sdks() {
             let seen = context.get(&format!("kv:{lang}")).unwrap();
             assert_eq!(seen["count"], n, "{lang}: {seen}");
             assert!(seen["version"].as_u64().unwrap() > 0, "{lang}: {seen}");
+            // A window of two: the third take is refused, adding nothing.
+            assert_eq!(seen["admitted"], n <= 2, "{lang}: {seen}");
+            assert_eq!(seen["settled"], n.min(2), "{lang}: {seen}");
         }
     }
     let kept = shallot::open_kv(store).await.unwrap();

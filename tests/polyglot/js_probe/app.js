@@ -101,7 +101,15 @@ class Probe extends Filter {
     this.before(fctx);
     if (this.kvCount) {
       const count = kv.add(this.kvCount, 1, 60000).value;
-      context.set(`kv:${this.tag}`, { count, version: kv.get(this.kvCount).version });
+      const window = { key: `${this.kvCount}:taken`, period: { fixed: 60000 }, limit: 2, amount: 1 };
+      const taken = kv.take([window]);
+      const settled = kv.settle(window.key, window.period, taken.windows[0].endsMs, 0);
+      context.set(`kv:${this.tag}`, {
+        count,
+        version: kv.get(this.kvCount).version,
+        admitted: taken.admitted,
+        settled,
+      });
     }
     let response;
     if (this.shortCircuit) {

@@ -78,7 +78,13 @@ class Probe(Filter):
         if self.kv_count:
             count, _ = kv.add(self.kv_count, 1, 60_000)
             _, version = kv.get(self.kv_count)
-            context.set(f"kv:{self.tag}", {"count": count, "version": version})
+            key, period = f"{self.kv_count}:taken", ("fixed", 60_000)
+            admitted, seen = kv.take([(key, period, 2, 1)])
+            settled = kv.settle(key, period, seen[0][2], 0)
+            context.set(
+                f"kv:{self.tag}",
+                {"count": count, "version": version, "admitted": admitted, "settled": settled},
+            )
         if self.metric:
             metrics.count(self.metric, {"lang": "py"})
         if self.fetch:
