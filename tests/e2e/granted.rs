@@ -953,6 +953,47 @@ async fn stacked_windows_are_all_or_nothing() {
     }
 }
 
+/// One `rate-limit` with several `limits` decides them in one take: a
+/// request the hour refuses is not counted in the minute either.
+#[tokio::test]
+async fn one_rate_limit_decides_its_windows_together() {
+    let redis = shallot_tests::RedisServer::start();
+    for store in shallot_tests::every_store("granted-limits", &redis) {
+        let config = json!({ "by": "user", "limits": [
+            { "requests": 5, "window_s": 60 },
+            { "requests": 2, "window_s": 3600, "window": "sliding" },
+        ] });
+        let plugins = load(vec![rate_limit("limits", config, &store)]).await;
+        let kernel = shallot_tests::answering(&plugins, "ok");
+        for remaining in [1, 0] {
+            let (passed, seen) = limited(&kernel, "val").await;
+            passed.unwrap();
+            assert_eq!(
+                seen["requests"]["remaining"], remaining,
+                "{store}: the tighter window: {seen}"
+            );
+        }
+        for _ in 0..3 {
+            let (refused, _) = limited(&kernel, "val").await;
+            let refused = refused.unwrap_err();
+            assert!(
+                refused.message.contains("2 requests per 3600 s"),
+                "{store}: {refused}"
+            );
+        }
+        let kept = shallot::open_kv(store.as_str()).await.unwrap();
+        let minute = kept
+            .get("limits", "requests:user:val:per-60s")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            minute.value, "2",
+            "{store}: the minute counts only what the hour let through"
+        );
+    }
+}
+
 #[tokio::test]
 async fn filters_naming_one_kv_namespace_share_its_keys() {
     let shared = |name: &str| {
@@ -999,6 +1040,15 @@ async fn rate_limit_refuses_a_bad_configuration_and_runs_nothing_without_its_gra
             "give `requests`, `tokens` or both",
         ),
         (json!({ "requests": 1, "window_s": 0 }), "at least 1"),
+        (
+            json!({ "requests": 1, "limits": [{ "requests": 1, "window_s": 60 }] }),
+            "not both",
+        ),
+        (
+            json!({ "limits": [{ "requests": 1, "window_s": 60 }, { "tokens": 9, "window_s": 60 }] }),
+            "two `limits` of one 60 s window",
+        ),
+        (json!({ "limits": [{ "window_s": 60 }] }), "give `requests`"),
     ] {
         let error = refused("rate_limit", "limit", config).await.to_string();
         assert!(error.contains(says), "{error}");

@@ -52,13 +52,34 @@ struct RateLimit {
     window_s: u32,
     #[serde(default)]
     window: Window,
+    /// Several windows decided together (instead of the ones above).
+    #[serde(default)]
+    limits: Vec<Limit>,
     #[serde(default = "default_by")]
     by: String,
     /// What a request gets while the store fails: refused (`closed`), or
     /// let through uncounted (`open`).
     #[serde(default = "closed")]
     on_store_error: OnStoreError,
+    /// The windows, once configured, each with the suffix of its keys.
+    #[serde(skip)]
+    spans: Vec<(Limit, String)>,
 }
+
+/// One window's limits.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Limit {
+    requests: Option<u32>,
+    tokens: Option<u64>,
+    window_s: u32,
+    #[serde(default)]
+    window: Window,
+}
+
+/// The most windows of `limits`: each may count requests and tokens, and
+/// one take counts in at most 8.
+const LIMITS_CAP: usize = 4;
 
 fn closed() -> OnStoreError {
     OnStoreError::Closed
@@ -86,7 +107,7 @@ struct Turned {
     counted: bool,
 }
 
-impl RateLimit {
+impl Limit {
     fn period(&self) -> Period {
         let width = u64::from(self.window_s) * 1000;
         match self.window {
@@ -94,62 +115,86 @@ impl RateLimit {
             Window::Sliding => Period::Sliding(width),
         }
     }
+}
 
-    /// The window counting `what` for this request's bucket (the `by`
-    /// key's value): refused at `limit`, adding `amount`.
-    fn counter(&self, what: &str, limit: u64, amount: u64) -> kv::Window {
+/// One window a request counts in: what it counts, and its limit's window.
+struct Counting {
+    what: &'static str,
+    window_s: u32,
+    window: kv::Window,
+}
+
+impl RateLimit {
+    /// The windows counting `what` for this request's bucket (the `by`
+    /// key's value), each adding `amount`; `refusing`: each refuses at
+    /// its limit, else at none.
+    fn counting(&self, what: &'static str, amount: u64, refusing: bool) -> Vec<Counting> {
         let bucket = context::get_text(&self.by).unwrap_or_default();
-        kv::Window {
-            key: format!("{what}:{}:{bucket}", self.by),
-            period: self.period(),
-            limit,
-            amount,
-        }
+        let spans = self.spans.iter().filter_map(|(limit, suffix)| {
+            let most = match what {
+                "requests" => limit.requests.map(u64::from),
+                _ => limit.tokens,
+            }?;
+            Some(Counting {
+                what,
+                window_s: limit.window_s,
+                window: kv::Window {
+                    key: format!("{what}:{}:{bucket}{suffix}", self.by),
+                    period: limit.period(),
+                    limit: if refusing { most } else { u64::MAX },
+                    amount,
+                },
+            })
+        });
+        spans.collect()
     }
 
     /// Counts the request and holds `reserve` tokens for it (what its
-    /// model call may use), all or nothing: refused past a limit. What it
-    /// saw goes to the shared context either way.
+    /// model call may use) in every window, all or nothing: refused past
+    /// a limit. What it saw goes to the shared context either way.
     fn admit(&self, reserve: u64) -> Result<Taken, FilterError> {
-        let mut windows = Vec::new();
-        if let Some(limit) = self.requests {
-            windows.push(("requests", self.counter("requests", limit.into(), 1)));
-        }
-        if let Some(limit) = self.tokens {
-            windows.push(("tokens", self.counter("tokens", limit, reserve)));
-        }
-        let counters: Vec<kv::Window> = windows.iter().map(|(_, w)| w.clone()).collect();
-        let taken = kv::take(&counters)?;
+        let mut counting = self.counting("requests", 1, true);
+        counting.extend(self.counting("tokens", reserve, true));
+        let windows: Vec<kv::Window> = counting.iter().map(|c| c.window.clone()).collect();
+        let taken = kv::take(&windows)?;
         let mut held = Taken::default();
         let mut refused = None;
-        for ((what, window), seen) in windows.iter().zip(&taken.windows) {
+        let mut tightest: Vec<(&str, u64, u64, u64)> = Vec::new();
+        for (counted, seen) in counting.iter().zip(&taken.windows) {
+            let (what, limit) = (counted.what, counted.window.limit);
             // A request's own count is in what its window has left.
-            let own = if *what == "requests" && taken.admitted {
-                1
-            } else {
-                0
-            };
-            let remaining = window.limit.saturating_sub(seen.used + own);
-            context::report_limit(what, window.limit, remaining, seen.reset_ms);
-            if seen.used >= window.limit && refused.is_none() {
-                refused = Some((*what, window.limit, seen.reset_ms));
+            let own = u64::from(what == "requests" && taken.admitted);
+            let remaining = limit.saturating_sub(seen.used + own);
+            match tightest.iter_mut().find(|(w, ..)| *w == what) {
+                Some(shown)
+                    if (remaining, u64::MAX - seen.reset_ms) < (shown.2, u64::MAX - shown.3) =>
+                {
+                    *shown = (what, limit, remaining, seen.reset_ms);
+                }
+                Some(_) => {}
+                None => tightest.push((what, limit, remaining, seen.reset_ms)),
+            }
+            if seen.used >= limit && refused.is_none() {
+                refused = Some((what, limit, counted.window_s, seen.reset_ms));
             }
             if taken.admitted {
-                let hold = Some(Hold::of(window, seen));
-                match *what {
-                    "requests" => held.request = hold,
-                    _ => held.tokens = hold,
+                let hold = Hold::of(&counted.window, seen);
+                match what {
+                    "requests" => held.requests.push(hold),
+                    _ => held.tokens.push(hold),
                 }
             }
         }
-        let Some((what, limit, reset_ms)) = refused else {
+        for (what, limit, remaining, reset_ms) in tightest {
+            context::report_limit(what, limit, remaining, reset_ms);
+        }
+        let Some((what, limit, window_s, reset_ms)) = refused else {
             return Ok(held);
         };
         Err(FilterError::new(
             ErrorKind::LimitExceeded,
             format!(
-                "rate limit of {limit} {what} per {} s reached; retry in {} s",
-                self.window_s,
+                "rate limit of {limit} {what} per {window_s} s reached; retry in {} s",
                 reset_ms.div_ceil(1000)
             ),
         ))
@@ -164,23 +209,30 @@ impl RateLimit {
             .unwrap_or_default())
     }
 
-    /// Adds `amount` tokens to the window without refusing (a model call
-    /// of a turn already admitted, an answer's usage nothing held for).
-    fn count(&self, amount: u64) -> Result<Hold, FilterError> {
-        let window = self.counter("tokens", u64::MAX, amount);
-        let taken = kv::take(std::slice::from_ref(&window))?;
-        Ok(Hold::of(&window, &taken.windows[0]))
+    /// Adds `amount` tokens to every window without refusing (a model
+    /// call of a turn already admitted, an answer's usage nothing was
+    /// held for).
+    fn count(&self, amount: u64) -> Result<Vec<Hold>, FilterError> {
+        let windows: Vec<kv::Window> = (self.counting("tokens", amount, false).into_iter())
+            .map(|c| c.window)
+            .collect();
+        let taken = kv::take(&windows)?;
+        Ok(windows
+            .iter()
+            .zip(&taken.windows)
+            .map(|(w, seen)| Hold::of(w, seen))
+            .collect())
     }
 
     /// Holds `reserve` tokens for a model call of a turn already admitted.
     fn hold(&self, reserve: u64) -> Taken {
-        if self.tokens.is_none() {
+        if self.counting("tokens", 0, false).is_empty() {
             return Taken::default();
         }
         match self.count(reserve) {
-            Ok(held) => Taken {
-                request: None,
-                tokens: Some(held),
+            Ok(tokens) => Taken {
+                requests: Vec::new(),
+                tokens,
             },
             Err(e) => {
                 shallot_guest::log::warn(&format!(
@@ -196,15 +248,14 @@ impl RateLimit {
     /// the answer is delivered whatever the store does, and a count it
     /// cannot take is logged as owed.
     fn spent(&self, taken: &Taken, response: &ChatResponse) {
-        if self.tokens.is_none() {
-            return;
-        }
         let used = u64::from(response.usage().total_tokens);
-        if let Some(held) = &taken.tokens {
-            held.settle(used, "rate-limit");
+        if !taken.tokens.is_empty() {
+            for held in &taken.tokens {
+                held.settle(used, "rate-limit");
+            }
             return;
         }
-        if used == 0 {
+        if used == 0 || self.counting("tokens", 0, false).is_empty() {
             return;
         }
         if let Err(e) = self.count(used) {
@@ -235,8 +286,8 @@ fn refunded(error: &FilterError) -> bool {
 /// ends: settled with what it used, or given back when it fails.
 #[derive(Default)]
 struct Taken {
-    request: Option<Hold>,
-    tokens: Option<Hold>,
+    requests: Vec<Hold>,
+    tokens: Vec<Hold>,
 }
 
 impl Taken {
@@ -244,10 +295,8 @@ impl Taken {
     /// for an answer that never came, and the request's place if
     /// [`refunded`].
     fn failed(&self, error: &FilterError) {
-        if let Some(held) = &self.tokens {
-            held.settle(0, "rate-limit");
-        }
-        if let Some(held) = self.request.as_ref().filter(|_| refunded(error)) {
+        let places = self.requests.iter().filter(|_| refunded(error));
+        for held in self.tokens.iter().chain(places) {
             held.settle(0, "rate-limit");
         }
     }
@@ -258,12 +307,42 @@ impl Filter for RateLimit {
     type State = Turned;
 
     fn configure(&mut self) -> Result<(), String> {
-        if self.requests.is_none() && self.tokens.is_none() {
-            return Err("rate-limit: give `requests`, `tokens` or both".into());
+        let spans: Vec<(Limit, String)> = if self.limits.is_empty() {
+            let one = Limit {
+                requests: self.requests,
+                tokens: self.tokens,
+                window_s: self.window_s,
+                window: self.window,
+            };
+            vec![(one, String::new())]
+        } else if self.requests.is_some() || self.tokens.is_some() {
+            return Err("rate-limit: give `limits` or `requests` and `tokens`, not both".into());
+        } else if self.limits.len() > LIMITS_CAP {
+            return Err(format!("rate-limit: at most {LIMITS_CAP} `limits`"));
+        } else {
+            // Each window's counters are its own.
+            (self.limits.iter())
+                .map(|limit| (limit.clone(), format!(":per-{}s", limit.window_s)))
+                .collect()
+        };
+        for (n, (limit, suffix)) in spans.iter().enumerate() {
+            let same = |(other, theirs): &(Limit, String)| {
+                theirs == suffix && other.window == limit.window
+            };
+            if spans[..n].iter().any(same) {
+                return Err(format!(
+                    "rate-limit: two `limits` of one {} s window: give it both `requests` and `tokens`",
+                    limit.window_s
+                ));
+            }
+            if limit.requests.is_none() && limit.tokens.is_none() {
+                return Err("rate-limit: give `requests`, `tokens` or both".into());
+            }
+            if limit.window_s == 0 {
+                return Err("rate-limit: `window_s` must be at least 1".into());
+            }
         }
-        if self.window_s == 0 {
-            return Err("rate-limit: `window_s` must be at least 1".into());
-        }
+        self.spans = spans;
         Ok(())
     }
 
@@ -285,9 +364,9 @@ impl Filter for RateLimit {
         request: &ChatRequest,
         next: Next<Turned>,
     ) -> Result<ChatResponse, FilterError> {
-        let reserve = match self.tokens {
-            Some(_) => u64::from(request.estimated_usage(0).total_tokens),
-            None => 0,
+        let reserve = match self.counting("tokens", 0, false).is_empty() {
+            false => u64::from(request.estimated_usage(0).total_tokens),
+            true => 0,
         };
         let taken = if next.fctx().get().counted {
             self.hold(reserve)
