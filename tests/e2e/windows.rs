@@ -143,5 +143,16 @@ async fn a_take_on_a_key_that_holds_no_number_is_refused_and_changes_nothing() {
         assert_eq!(error.kind, ErrorKind::InvalidRequest, "{store}: {error}");
         assert_eq!(kv.get("ns", "counted").await.unwrap(), None, "{store}");
         assert_eq!(kv.get("ns", "text").await.unwrap().unwrap().value, "ten");
+        // A key is the script's argument, never its text.
+        let lua = "x') redis.call('FLUSHALL') --";
+        let windows = [window(lua, Period::Fixed(60_000), 10, 3)];
+        let taken = kv.take("ns", None, &windows).await.unwrap();
+        assert!(taken.admitted, "{store}");
+        assert_eq!(
+            kv.get("ns", lua).await.unwrap().unwrap().value,
+            "3",
+            "{store}"
+        );
+        assert_eq!(kv.get("ns", "text").await.unwrap().unwrap().value, "ten");
     }
 }
