@@ -104,7 +104,7 @@ pub use kv::{
     Count, Entry, KvStore, NAMESPACE_CAP, Period, STORED_NAMESPACE_CAP, Seen, Taken, Window,
     open_kv,
 };
-pub use mcp::{McpConfig, McpError, McpServer};
+pub use mcp::{McpConfig, McpError, McpServer, ResourceWatch};
 pub use model::{
     AnthropicConfig, AnthropicModel, BUDGET_HEADER, BUDGET_LEFT_HEADER, ChatModel, EmbeddedModel,
     HOPS_HEADER, HttpModel, ModelEvent, OpenAiConfig, OpenAiModel, PoolConfig, ResponseLimits,

@@ -21,6 +21,10 @@ pub(super) struct KeyEntry {
     models: Option<Vec<String>>,
     #[serde(default)]
     tools: Option<Vec<String>>,
+    #[serde(default)]
+    prompts: Option<Vec<String>>,
+    #[serde(default)]
+    resources: Option<Vec<String>>,
 }
 
 /// A key a client of the gateway presents (`Authorization: Bearer ...`),
@@ -38,6 +42,13 @@ pub struct ClientKey {
     /// as name patterns (`*` matches any run of characters); `None`:
     /// every tool. The others do not exist for it.
     tools: Option<ToolPatterns>,
+    /// The prompts of `/mcp` it may list and get, as patterns; `None`:
+    /// every prompt.
+    prompts: Option<ToolPatterns>,
+    /// The resources (by URI) and resource templates (by URI template) of
+    /// `/mcp` it may list, read and subscribe to, as patterns; `None`:
+    /// every one.
+    resources: Option<ToolPatterns>,
     sha256: [u8; 32],
 }
 
@@ -49,6 +60,11 @@ struct ToolPatterns {
 }
 
 impl ToolPatterns {
+    /// Whether `patterns` (`None`: every name) allow `name`.
+    fn allow(patterns: Option<&Self>, name: &str) -> bool {
+        patterns.is_none_or(|patterns| patterns.compiled.iter().any(|p| p.is_match(name)))
+    }
+
     fn new(patterns: &[String]) -> Self {
         let compiled = patterns
             .iter()
@@ -73,6 +89,8 @@ impl ClientKey {
             tenant,
             models: None,
             tools: None,
+            prompts: None,
+            resources: None,
             sha256: Sha256::digest(secret.as_bytes()).into(),
         }
     }
@@ -87,9 +105,34 @@ impl ClientKey {
 
     /// Whether the key may list and call the `/mcp` tool `tool`.
     pub fn may_call(&self, tool: &str) -> bool {
-        self.tools
-            .as_ref()
-            .is_none_or(|tools| tools.compiled.iter().any(|p| p.is_match(tool)))
+        ToolPatterns::allow(self.tools.as_ref(), tool)
+    }
+
+    /// The key, allowed only the `/mcp` prompts these patterns match.
+    pub fn for_prompts(mut self, patterns: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let patterns: Vec<String> = patterns.into_iter().map(Into::into).collect();
+        self.prompts = Some(ToolPatterns::new(&patterns));
+        self
+    }
+
+    /// Whether the key may list and get the `/mcp` prompt `prompt`.
+    pub fn may_prompt(&self, prompt: &str) -> bool {
+        ToolPatterns::allow(self.prompts.as_ref(), prompt)
+    }
+
+    /// The key, allowed only the `/mcp` resources whose URIs (and
+    /// templates whose URI templates) these patterns match
+    /// (`file:///docs/*`).
+    pub fn for_resources(mut self, patterns: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let patterns: Vec<String> = patterns.into_iter().map(Into::into).collect();
+        self.resources = Some(ToolPatterns::new(&patterns));
+        self
+    }
+
+    /// Whether the key may list, read and subscribe to the `/mcp`
+    /// resource `uri` (or list the template `uri`).
+    pub fn may_read(&self, uri: &str) -> bool {
+        ToolPatterns::allow(self.resources.as_ref(), uri)
     }
 
     /// The key, allowed only the routes of these model names.
@@ -125,6 +168,8 @@ impl std::fmt::Debug for ClientKey {
             .field("tenant", &self.tenant)
             .field("models", &self.models)
             .field("tools", &self.tools.as_ref().map(|t| &t.written))
+            .field("prompts", &self.prompts.as_ref().map(|t| &t.written))
+            .field("resources", &self.resources.as_ref().map(|t| &t.written))
             .finish_non_exhaustive()
     }
 }
@@ -133,8 +178,9 @@ impl Config {
     /// The client keys (`[[key]]` tables), for the gateway: each with a
     /// `name`, an optional `tenant`, the key as its hex `sha256` or the
     /// name of the environment variable (`env`) that holds it, and
-    /// optionally the `models` (routes) it may use and the `tools` of
-    /// `/mcp` it may list and call, all when not given.
+    /// optionally the `models` (routes) it may use and the `tools`,
+    /// `prompts` and `resources` (by URI) of `/mcp` it may use, all when
+    /// not given.
     ///
     /// ```toml
     /// [[key]]
@@ -143,6 +189,8 @@ impl Config {
     /// sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     /// models = ["gpt-4o-mini"]
     /// tools = ["files_read*"]             # the /mcp tools it may list and call
+    /// prompts = ["files_*"]               # the /mcp prompts it may list and get
+    /// resources = ["file:///docs/*"]      # the /mcp resources it may list and read
     ///
     /// [[key]]
     /// name = "ops"
@@ -173,6 +221,8 @@ impl Config {
                     ));
                 }
                 let tools = key.tools.as_deref().map(ToolPatterns::new);
+                let prompts = key.prompts.as_deref().map(ToolPatterns::new);
+                let resources = key.resources.as_deref().map(ToolPatterns::new);
                 match (&key.sha256, &key.env) {
                     (Some(hex), None) => {
                         let sha256 = decode_sha256(hex)
@@ -182,6 +232,8 @@ impl Config {
                             tenant: key.tenant.clone(),
                             models: key.models.clone(),
                             tools,
+                            prompts,
+                            resources,
                             sha256,
                         })
                     }
@@ -192,6 +244,8 @@ impl Config {
                         Ok(ClientKey {
                             models: key.models.clone(),
                             tools,
+                            prompts,
+                            resources,
                             ..ClientKey::new(key.name.clone(), key.tenant.clone(), &secret)
                         })
                     }

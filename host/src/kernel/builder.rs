@@ -65,6 +65,19 @@ pub enum BuildError {
         /// The server whose tool it is.
         server: String,
     },
+    /// An MCP server offers a prompt named as another server's, or a
+    /// resource another server lists too: one would hide the other.
+    #[error(
+        "the {what} '{name}' of the MCP server '{server}' is another server's too; give the server another `prefix`, or leave one of them out"
+    )]
+    OfferClash {
+        /// `prompt` or `resource`.
+        what: &'static str,
+        /// The prompt's name in the kernel, or the resource's URI.
+        name: String,
+        /// The server registered second.
+        server: String,
+    },
 }
 
 /// Builds a [`Kernel`].
@@ -82,6 +95,10 @@ pub struct KernelBuilder {
     reducers: Reducers,
     /// The first MCP tool registered over another tool: `(tool, server)`.
     clash: Option<(String, String)>,
+    /// The first prompt or resource another server offers too.
+    offer_clash: Option<BuildError>,
+    /// The MCP servers, in the order registered.
+    servers: Vec<Arc<McpServer>>,
 }
 
 impl KernelBuilder {
@@ -212,6 +229,51 @@ impl KernelBuilder {
                     }
                 });
         }
+        self.offers(server)
+    }
+
+    /// Registers a server's prompts and its resources' reader: each
+    /// `prompts/get` and `resources/read` goes through the tool chain (a
+    /// request of its kind), then to the server.
+    fn offers(mut self, server: &Arc<McpServer>) -> Self {
+        let clash = |what, name: &str| BuildError::OfferClash {
+            what,
+            name: name.to_owned(),
+            server: server.name().to_owned(),
+        };
+        for prompt in server.prompts() {
+            let Some(named) = server.prompt_of(&prompt.name) else {
+                continue;
+            };
+            if self.tools.prompt_spec(&prompt.name).is_some() {
+                self.offer_clash
+                    .get_or_insert(clash("prompt", &prompt.name));
+            }
+            let server = server.clone();
+            self.tools
+                .register_prompt(prompt_spec(&prompt), move |arguments, _| {
+                    let (server, named) = (server.clone(), named.clone());
+                    async move { server.get_prompt(&named, arguments).await }
+                });
+        }
+        for resource in server.resources() {
+            if self.tools.resource_spec(&resource.uri).is_some() {
+                self.offer_clash
+                    .get_or_insert(clash("resource", &resource.uri));
+            }
+        }
+        let (owner, reader) = (server.clone(), server.clone());
+        self.tools.register_reader(
+            move |uri| owner.owns(uri),
+            move |arguments, _| {
+                let reader = reader.clone();
+                async move {
+                    let uri = arguments["uri"].as_str().unwrap_or_default();
+                    reader.read_resource(uri).await
+                }
+            },
+        );
+        self.servers.push(server.clone());
         self
     }
 
@@ -247,6 +309,9 @@ impl KernelBuilder {
         self.check_instances()?;
         if let Some((tool, server)) = self.clash {
             return Err(BuildError::ToolClash { tool, server });
+        }
+        if let Some(clash) = self.offer_clash {
+            return Err(clash);
         }
         if let Some((tool, message)) = self.tools.schema_error() {
             return Err(BuildError::ToolSchema { tool, message });
@@ -290,6 +355,7 @@ impl KernelBuilder {
             wasm: self.wasm.into(),
             tools,
             model,
+            servers: self.servers.into(),
         })
     }
 
@@ -339,4 +405,32 @@ impl KernelBuilder {
         }
         Ok(())
     }
+}
+
+/// A prompt as the tool chain sees it: its arguments are the properties
+/// of an object of strings, those it requires required.
+fn prompt_spec(prompt: &rmcp::model::Prompt) -> ToolSpec {
+    let arguments = prompt.arguments.as_deref().unwrap_or_default();
+    let properties: serde_json::Map<String, serde_json::Value> = arguments
+        .iter()
+        .map(|argument| {
+            let mut property = serde_json::json!({ "type": "string" });
+            if let Some(description) = &argument.description {
+                property["description"] = description.clone().into();
+            }
+            (argument.name.clone(), property)
+        })
+        .collect();
+    let required: Vec<&str> = arguments
+        .iter()
+        .filter(|argument| argument.required == Some(true))
+        .map(|argument| argument.name.as_str())
+        .collect();
+    let schema =
+        serde_json::json!({ "type": "object", "properties": properties, "required": required });
+    ToolSpec::new(
+        &prompt.name,
+        prompt.description.as_deref().unwrap_or_default(),
+        schema,
+    )
 }

@@ -14,6 +14,7 @@ mod builder;
 pub use builder::{BuildError, KernelBuilder};
 
 use crate::context::Context;
+use crate::mcp::McpServer;
 use crate::model::{ChatModel, UpstreamHealth};
 use crate::onion::{
     ChainKind, Chat, Hook, Invoke, InvokeOptions, Next, Onion, Shows, TokenSink, TokenStream, Tool,
@@ -23,8 +24,8 @@ use crate::plugin::{self, WasmFilter};
 use crate::tool::ToolRegistry;
 use crate::types::{
     ChainError, ChatRequest, ChatResponse, Decision, EmbeddingRequest, EmbeddingResponse,
-    ErrorKind, FinishReason, Origin, Resumable, ToolRequest, ToolResponse, ToolSpec, TurnInterrupt,
-    TurnRequest, TurnResult,
+    ErrorKind, FinishReason, Origin, Resumable, ToolKind, ToolRequest, ToolResponse, ToolSpec,
+    TurnInterrupt, TurnRequest, TurnResult,
 };
 
 /// A turn that paused carries its filters' private contexts and the
@@ -70,6 +71,8 @@ pub struct Kernel {
     tools: Arc<ToolRegistry>,
     /// The model at the core of the chat chain.
     model: Arc<dyn ChatModel>,
+    /// The MCP servers whose tools, prompts and resources it runs.
+    servers: Arc<[Arc<McpServer>]>,
 }
 
 impl Kernel {
@@ -114,6 +117,13 @@ impl Kernel {
         self.tools.specs()
     }
 
+    /// The MCP servers it was built over, in order: their prompts and
+    /// resources are what [`Kernel::prompt`] and
+    /// [`Kernel::read_resource`] get.
+    pub fn mcp_servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+
     /// Runs `request` through the chat chain. With a sink in `options`
     /// ([`InvokeOptions::stream_to`]) the answer streams through the token
     /// transforms to it; without, token transforms do not run. Returns the
@@ -150,17 +160,69 @@ impl Kernel {
         arguments: serde_json::Value,
         options: impl Into<InvokeOptions>,
     ) -> Result<ToolResponse, ChainError> {
-        let tool = self.tools.spec(name).ok_or_else(|| {
+        let tool = self.tools.spec(name);
+        self.through_tools(ToolKind::Call, name, tool, arguments, options.into())
+            .await
+    }
+
+    /// Gets an MCP server's prompt `name` (as the kernel names it, with
+    /// its server's prefix) with `arguments`, through the tool chain as a
+    /// request of kind [`ToolKind::Prompt`]: its output is the server's
+    /// `GetPromptResult` as JSON. An unknown prompt fails with `not-found`
+    /// before any filter runs; with [`InvokeOptions::shown`], the output
+    /// is the one shown its caller.
+    pub async fn prompt(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+        options: impl Into<InvokeOptions>,
+    ) -> Result<ToolResponse, ChainError> {
+        let prompt = self.tools.prompt_spec(name);
+        self.through_tools(ToolKind::Prompt, name, prompt, arguments, options.into())
+            .await
+    }
+
+    /// Reads the MCP resource `uri` (of the first server that lists it or
+    /// whose template names it) through the tool chain as a request of
+    /// kind [`ToolKind::Resource`], its arguments `{"uri": ...}`: its
+    /// output is the server's `ReadResourceResult` as JSON. A URI no
+    /// server owns fails with `not-found` before any filter runs.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        options: impl Into<InvokeOptions>,
+    ) -> Result<ToolResponse, ChainError> {
+        let resource = self.tools.resource_spec(uri);
+        let arguments = serde_json::json!({ "uri": uri });
+        self.through_tools(ToolKind::Resource, uri, resource, arguments, options.into())
+            .await
+    }
+
+    /// A call of `kind` to `spec` (`None`: nothing of that name) through
+    /// the tool chain, its output shown as `options` say.
+    async fn through_tools(
+        &self,
+        kind: ToolKind,
+        name: &str,
+        spec: Option<Arc<ToolSpec>>,
+        arguments: serde_json::Value,
+        options: InvokeOptions,
+    ) -> Result<ToolResponse, ChainError> {
+        let spec = spec.ok_or_else(|| {
+            let what = match kind {
+                ToolKind::Call => "tool",
+                ToolKind::Prompt => "prompt",
+                ToolKind::Resource => "resource",
+            };
             ChainError::new(
                 ErrorKind::NotFound,
-                format!("tool '{name}' is not registered"),
+                format!("{what} '{name}' is not registered"),
             )
             .at(Origin::terminal("tools"))
         })?;
-        let invoke = self.admit::<Tool>(options.into(), None).await?;
-        let mut response = invoke
-            .tool(ToolRequest::new(tool, arguments.to_string()))
-            .await?;
+        let invoke = self.admit::<Tool>(options, None).await?;
+        let request = ToolRequest::new(spec, arguments.to_string()).of_kind(kind);
+        let mut response = invoke.tool(request).await?;
         let output = std::mem::take(&mut response.output);
         response.output = show(&invoke, output, FinishReason::Complete).await?;
         Ok(response)

@@ -1,5 +1,6 @@
-//! A server's tools as last listed, listed again when it says they
-//! changed, and what the host does with the server's notifications.
+//! A server's tools (and what else it offers) as last listed, listed
+//! again when it says they changed, and what the host does with the
+//! server's notifications.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,9 +9,11 @@ use std::time::Duration;
 
 use rmcp::ClientHandler;
 use rmcp::handler::client::progress::ProgressDispatcher;
-use rmcp::model::{ProgressNotificationParam, Tool};
+use rmcp::model::{ProgressNotificationParam, ResourceUpdatedNotificationParam, Tool};
 use rmcp::service::{NotificationContext, Peer, RoleClient};
 use tokio::sync::watch;
+
+use super::offered::{Listing, Offered};
 
 /// A server's tools as last listed, and who is told when they change.
 pub(super) struct Listed {
@@ -24,6 +27,8 @@ pub(super) struct Listed {
     pub(super) timeout: Duration,
     /// Where the progress the server reports on a call goes.
     pub(super) reports: ProgressDispatcher,
+    /// Its prompts, resources and templates.
+    pub(super) offered: Offered,
 }
 
 impl Listed {
@@ -45,13 +50,18 @@ impl Listed {
         }
     }
 
-    /// Lists the tools over `peer`, and says so if they changed.
+    /// Lists the tools and what else it offers over `peer`, and says so
+    /// if they changed.
     pub(super) async fn list(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
         let tools = self.fetch(peer, self.timeout).await?;
+        let offered = tokio::time::timeout(self.timeout, Listing::fetch(peer)).await;
+        let offered =
+            offered.map_err(|_| format!("listing took over {} ms", self.timeout.as_millis()))??;
         let mut held = self.tools.write().unwrap_or_else(PoisonError::into_inner);
-        if *held != tools {
-            *held = tools;
-            drop(held);
+        let tools_changed = *held != tools;
+        *held = tools;
+        drop(held);
+        if self.offered.keep(offered) || tools_changed {
             self.changes.send_modify(|n| *n += 1);
         }
         Ok(())
@@ -78,15 +88,33 @@ impl Listed {
     }
 }
 
-/// What the host does with a server's notifications: lists its tools
-/// again when it says they changed, and passes on the progress it reports
-/// on a call.
+/// What the host does with a server's notifications: lists its tools,
+/// prompts and resources again when it says they changed, and passes on
+/// the progress it reports on a call and the resources it says were
+/// updated.
 #[derive(Clone)]
 pub(super) struct Listener(pub(super) Arc<Listed>);
 
 impl ClientHandler for Listener {
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         self.0.relist(&context.peer).await;
+    }
+
+    async fn on_prompt_list_changed(&self, context: NotificationContext<RoleClient>) {
+        self.0.relist(&context.peer).await;
+    }
+
+    async fn on_resource_list_changed(&self, context: NotificationContext<RoleClient>) {
+        self.0.relist(&context.peer).await;
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        // None may be listening.
+        let _ = self.0.offered.updated.send(params.uri);
     }
 
     async fn on_progress(

@@ -16,10 +16,13 @@
 //! debug log, a line (or a kibibyte) at a time.
 
 mod listed;
+mod offered;
 mod progress;
 mod result;
 
 use self::listed::{Listed, Listener};
+use self::offered::Offered;
+pub use self::offered::ResourceWatch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Stdio;
@@ -132,15 +135,25 @@ impl McpServer {
             name: config.name.clone(),
             timeout: timeout(&config),
             reports: ProgressDispatcher::new(),
+            offered: Offered::default(),
         });
         let connection = connect(&config, &listed)
             .await
             .map_err(|e| fail(e.message))?;
+        let peer = connection.session.peer();
         let tools = listed
-            .fetch(connection.session.peer(), start_bound(&config))
+            .fetch(peer, start_bound(&config))
             .await
             .map_err(fail)?;
         *listed.tools.write().unwrap_or_else(PoisonError::into_inner) = tools;
+        let offered = tokio::time::timeout(start_bound(&config), offered::Listing::fetch(peer));
+        let offered = offered.await.unwrap_or_else(|_| {
+            Err(format!(
+                "listing its prompts and resources took over {} ms",
+                start_ms(&config)
+            ))
+        });
+        listed.offered.keep(offered.map_err(fail)?);
         Ok(Arc::new(McpServer {
             config,
             listed,

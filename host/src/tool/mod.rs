@@ -22,7 +22,7 @@ use crate::context::Context;
 use crate::onion::Invoke;
 use crate::onion::{Terminal, Tool};
 use crate::types::{ChainError, ErrorKind};
-use crate::types::{ToolRequest, ToolResponse, ToolSpec};
+use crate::types::{ToolKind, ToolRequest, ToolResponse, ToolSpec};
 
 type Handler =
     Arc<dyn Fn(Value, Context) -> BoxFuture<'static, Result<Value, ChainError>> + Send + Sync>;
@@ -34,10 +34,29 @@ struct Registered {
     schema: Result<jsonschema::Validator, String>,
 }
 
-/// The tools a kernel can run, by name.
+/// The tools a kernel can run, by name; and what else its tool chain
+/// runs: prompts by name, and resources by who reads their URIs.
 #[derive(Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Registered>,
+    prompts: BTreeMap<String, Registered>,
+    readers: Vec<Reader>,
+}
+
+/// Who reads the resources whose URIs `owns` says yes to.
+struct Reader {
+    owns: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    registered: Registered,
+}
+
+/// What a resource read's request is: a URI, which a filter may rewrite.
+fn resource_spec(uri: &str) -> ToolSpec {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": { "uri": { "type": "string" } },
+        "required": ["uri"],
+    });
+    ToolSpec::new(uri, "a resource read", schema)
 }
 
 impl ToolRegistry {
@@ -49,22 +68,57 @@ impl ToolRegistry {
         F: Fn(Value, Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ChainError>> + Send + 'static,
     {
-        let handler: Handler =
-            Arc::new(move |arguments, context| Box::pin(handler(arguments, context)));
-        let schema = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
-        self.tools.insert(
-            spec.name.clone(),
-            Registered {
-                spec: Arc::new(spec),
-                handler,
-                schema,
-            },
-        );
+        let registered = Registered::new(spec, handler);
+        self.tools.insert(registered.spec.name.clone(), registered);
+    }
+
+    /// Registers `handler` as the prompt `spec` describes (its arguments
+    /// as the schema's properties), replacing any of the same name.
+    pub fn register_prompt<F, Fut>(&mut self, spec: ToolSpec, handler: F)
+    where
+        F: Fn(Value, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ChainError>> + Send + 'static,
+    {
+        let registered = Registered::new(spec, handler);
+        self.prompts
+            .insert(registered.spec.name.clone(), registered);
+    }
+
+    /// Registers `handler` as the reader of the resources whose URIs
+    /// `owns` says yes to; it is given `{"uri": ...}`. The first reader
+    /// that owns a URI reads it.
+    pub fn register_reader<F, Fut>(
+        &mut self,
+        owns: impl Fn(&str) -> bool + Send + Sync + 'static,
+        handler: F,
+    ) where
+        F: Fn(Value, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ChainError>> + Send + 'static,
+    {
+        self.readers.push(Reader {
+            owns: Arc::new(owns),
+            registered: Registered::new(resource_spec(""), handler),
+        });
+    }
+
+    /// The spec of the prompt `name`.
+    pub fn prompt_spec(&self, name: &str) -> Option<Arc<ToolSpec>> {
+        self.prompts.get(name).map(|prompt| prompt.spec.clone())
+    }
+
+    /// The request's spec for a read of `uri`, if a reader owns it.
+    pub fn resource_spec(&self, uri: &str) -> Option<Arc<ToolSpec>> {
+        self.reader(uri).map(|_| Arc::new(resource_spec(uri)))
+    }
+
+    fn reader(&self, uri: &str) -> Option<&Registered> {
+        let reader = self.readers.iter().find(|reader| (reader.owns)(uri));
+        reader.map(|reader| &reader.registered)
     }
 
     /// The first tool whose parameter schema does not compile, and why.
     pub fn schema_error(&self) -> Option<(String, String)> {
-        self.tools.iter().find_map(|(name, tool)| {
+        (self.tools.iter().chain(&self.prompts)).find_map(|(name, tool)| {
             tool.schema
                 .as_ref()
                 .err()
@@ -100,16 +154,26 @@ impl Terminal<Tool> for ToolRegistry {
         context: &Context,
     ) -> Result<ToolResponse, ChainError> {
         let name = &request.tool.name;
-        let tool = self.tools.get(name).ok_or_else(|| {
-            ChainError::new(
-                ErrorKind::NotFound,
-                format!("tool '{name}' is not registered"),
-            )
-        })?;
         let arguments: Value = serde_json::from_str(&request.arguments).map_err(|e| {
             ChainError::new(
                 ErrorKind::InvalidRequest,
                 format!("tool '{name}': arguments are not JSON: {e}"),
+            )
+        })?;
+        let found = match request.kind {
+            ToolKind::Call => self.tools.get(name),
+            ToolKind::Prompt => self.prompts.get(name),
+            ToolKind::Resource => arguments["uri"].as_str().and_then(|uri| self.reader(uri)),
+        };
+        let tool = found.ok_or_else(|| {
+            let what = match request.kind {
+                ToolKind::Call => "tool",
+                ToolKind::Prompt => "prompt",
+                ToolKind::Resource => "resource",
+            };
+            ChainError::new(
+                ErrorKind::NotFound,
+                format!("{what} '{name}' is not registered"),
             )
         })?;
         if let Ok(schema) = &tool.schema {
@@ -150,6 +214,21 @@ impl Terminal<Tool> for ToolRegistry {
 }
 
 impl Registered {
+    fn new<F, Fut>(spec: ToolSpec, handler: F) -> Self
+    where
+        F: Fn(Value, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ChainError>> + Send + 'static,
+    {
+        let handler: Handler =
+            Arc::new(move |arguments, context| Box::pin(handler(arguments, context)));
+        let schema = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
+        Registered {
+            spec: Arc::new(spec),
+            handler,
+            schema,
+        }
+    }
+
     /// One call of the handler, bounded by `timeout_ms` (the tool's, or
     /// the tool loop's default for tools that set none), with a panic
     /// turned into an error.

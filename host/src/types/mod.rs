@@ -27,7 +27,7 @@ pub(crate) use error::{Call, Cause, ChainError, ErrorKind, Origin};
 pub use message::{Content, ContentPart, Message, Role, ToolCall};
 pub use options::{ModelOptions, Stop, ToolChoice};
 pub use token::{Token, TokenBatch};
-pub use tool::{ToolRequest, ToolResponse, ToolSpec};
+pub use tool::{ToolKind, ToolRequest, ToolResponse, ToolSpec};
 pub(crate) use turn::{Carried, Resumable};
 pub use turn::{
     Decision, InterruptKind, ToolCallRecord, TurnDone, TurnInterrupt, TurnRequest, TurnResult,

@@ -129,6 +129,22 @@ impl ToolSpec {
     }
 }
 
+/// What a tool chain's call is: a tool's, or a prompt or a resource an
+/// MCP server offers, which pass the same filters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolKind {
+    /// A tool called.
+    #[default]
+    Call,
+    /// A prompt got: its name the prompt's, its arguments the prompt's, its
+    /// output the server's `GetPromptResult` as JSON.
+    Prompt,
+    /// A resource read: its name the URI, its arguments `{"uri": ...}`,
+    /// its output the server's `ReadResourceResult` as JSON.
+    Resource,
+}
+
 /// One tool execution: what the tool chain carries inward.
 #[derive(Debug, Clone)]
 pub struct ToolRequest {
@@ -142,6 +158,8 @@ pub struct ToolRequest {
     /// model's order, this one among them; empty for a direct invoke. A
     /// filter decides on the whole batch from any of its calls.
     pub batch: Arc<[ToolCall]>,
+    /// What it is: a tool's call, a prompt's or a resource's.
+    pub kind: ToolKind,
 }
 
 impl ToolRequest {
@@ -152,7 +170,14 @@ impl ToolRequest {
             call_id: Arc::from(""),
             arguments: arguments.into(),
             batch: Arc::from([]),
+            kind: ToolKind::Call,
         }
+    }
+
+    /// The request as one of `kind`.
+    pub fn of_kind(mut self, kind: ToolKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 

@@ -10,8 +10,8 @@ use super::run::Run;
 use super::{Paused, Ran, ToolLoop, spec_of};
 use crate::onion::Invoke;
 use crate::types::{
-    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, Origin, ToolCall, ToolRequest,
-    ToolSpec, TurnResult, Weigh,
+    ChainError, ChatRequest, ChatResponse, Decision, ErrorKind, Origin, ToolCall, ToolKind,
+    ToolRequest, ToolSpec, TurnResult, Weigh,
 };
 
 impl ToolLoop {
@@ -46,6 +46,7 @@ impl ToolLoop {
                         call_id: Arc::from(call.id.as_str()),
                         arguments: Arc::from(call.arguments.as_str()),
                         batch: batch.clone(),
+                        kind: ToolKind::Call,
                     }),
                     None => Err(ChainError::new(
                         ErrorKind::NotFound,

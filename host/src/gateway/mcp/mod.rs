@@ -28,27 +28,31 @@
 //! session. A shutdown ends a listen at once, gracefully.
 
 pub(super) mod admit;
+mod offers;
+mod results;
 mod sessions;
 mod told;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use futures::stream::BoxStream;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CompleteRequestParams, CompleteResult,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use self::results::{MENU, Menu, failed, result};
 use self::sessions::Sessions;
 use self::told::Handshaken;
 use super::GatewayState;
@@ -56,11 +60,8 @@ use super::answer::bounded;
 use crate::config::{ClientKey, LOOPBACK};
 use crate::context::{Context, Progress};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
-use crate::model::{ChatModel, ModelEvent};
 use crate::onion::{Cancel, InvokeOptions};
-use crate::types::{
-    ChainError, ChatRequest, ChatResponse, ErrorKind, FinishReason, Message, Origin, ToolSpec,
-};
+use crate::types::{ChainError, ChatRequest, ErrorKind, Origin, ToolSpec};
 
 /// The gateway's MCP endpoint: the kernel whose tool chain every
 /// `tools/call` runs through (its tools are the MCP servers'), and the
@@ -133,6 +134,7 @@ pub(super) fn service(
         Ok(Tools {
             shared: shared.clone(),
             handshaken: handshaken.clone(),
+            subscriptions: Arc::default(),
         })
     };
     (
@@ -147,6 +149,8 @@ pub(super) fn service(
 pub(super) struct Tools {
     shared: Arc<GatewayState>,
     handshaken: Arc<Handshaken>,
+    /// The session's subscriptions to resources.
+    subscriptions: Arc<offers::Subscriptions>,
 }
 
 impl Tools {
@@ -227,13 +231,19 @@ impl Tools {
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
+            .enable_completions()
+            .enable_prompts()
+            .enable_resources()
             .enable_tools()
+            .enable_prompts_list_changed()
+            .enable_resources_list_changed()
+            .enable_resources_subscribe()
             .enable_tool_list_changed()
             .build();
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("shallot", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "The tools of this gateway's MCP servers; every call runs through its filters.",
+                "The tools, prompts and resources of this gateway's MCP servers; every call, prompt and read runs through its filters.",
             )
     }
 
@@ -272,6 +282,71 @@ impl ServerHandler for Tools {
             })
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn list_prompts(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Self::prompts(&context)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        self.prompt(request, context).await
+    }
+
+    async fn list_resources(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Self::resources(&context)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Self::templates(&context)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.read(request, context).await
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Tools::subscribe(self, request.uri, context).await
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Tools::unsubscribe(self, &request.uri);
+        Ok(())
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        Tools::complete(self, request, context).await
     }
 
     async fn call_tool(
@@ -331,69 +406,6 @@ impl ServerHandler for Tools {
     }
 }
 
-/// The metadata key [`Menu`] answers with the names of the tools that
-/// reached it.
-const MENU: &str = "mcp_menu";
-
-/// The endpoint's "model": it answers a `tools/list`'s menu with the names
-/// of the tools that reached it through the chat filters (under
-/// `mcp_menu` in the metadata), and nothing else. Of those, only tools the
-/// key was given are listed: a filter can take tools off, never add one.
-struct Menu;
-
-#[async_trait]
-impl ChatModel for Menu {
-    fn name(&self) -> &str {
-        "mcp-menu"
-    }
-
-    async fn chat(&self, request: &ChatRequest, _: &Context) -> Result<ChatResponse, ChainError> {
-        let names: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
-        let mut response = ChatResponse::new(Message::assistant(""), FinishReason::Complete);
-        response.metadata.insert(MENU.to_owned(), json!(names));
-        Ok(response)
-    }
-
-    async fn stream(
-        &self,
-        _: &ChatRequest,
-        _: &Context,
-    ) -> Result<BoxStream<'static, Result<ModelEvent, ChainError>>, ChainError> {
-        Err(ChainError::new(
-            ErrorKind::InvalidRequest,
-            "the MCP endpoint answers menus, not streams",
-        )
-        .at(Origin::terminal("gateway")))
-    }
-}
-
-/// A tool's output as an MCP result: a JSON string as its text, an array
-/// of MCP content blocks as that content (a server's images, audio and
-/// resources, as it sent them), other JSON as text and as structured
-/// content (an object); an error object (a filter's refusal,
-/// `{"error": {...}}`) marked as an error.
-fn result(output: String) -> CallToolResult {
-    let value: Option<Value> = serde_json::from_str(&output).ok();
-    match value {
-        Some(Value::String(text)) => CallToolResult::success(vec![ContentBlock::text(text)]),
-        Some(Value::Array(blocks)) if !blocks.is_empty() => {
-            match serde_json::from_value::<Vec<ContentBlock>>(Value::Array(blocks)) {
-                Ok(content) => CallToolResult::success(content),
-                Err(_) => CallToolResult::success(vec![ContentBlock::text(output)]),
-            }
-        }
-        Some(value) if value.get("error").is_some_and(Value::is_object) => {
-            CallToolResult::error(vec![ContentBlock::text(output)])
-        }
-        Some(value @ Value::Object(_)) => {
-            let mut result = CallToolResult::success(vec![ContentBlock::text(output)]);
-            result.structured_content = Some(value);
-            result
-        }
-        _ => CallToolResult::success(vec![ContentBlock::text(output)]),
-    }
-}
-
 /// Where the progress of a call that asked for it (its `progressToken`)
 /// goes: to its client, under the client's token, each report within
 /// [`told::NOTICE`] (a client that does not read gets no more), ending
@@ -411,49 +423,4 @@ fn relay(peer: Peer<RoleServer>, token: ProgressToken) -> (Progress, JoinHandle<
         }
     });
     (progress, relaying)
-}
-
-/// A call the chain failed, as an MCP result marked as an error: what the
-/// model would see as the tool's failure.
-fn failed(error: &ChainError) -> CallToolResult {
-    let text = serde_json::json!({
-        "error": {
-            "type": "tool_error",
-            "kind": error.kind.as_str(),
-            "message": error.message,
-        }
-    });
-    CallToolResult::error(vec![ContentBlock::text(text.to_string())])
-}
-
-#[cfg(test)]
-mod tests {
-    use rmcp::model::ContentBlock;
-    use serde_json::json;
-
-    use super::result;
-
-    #[test]
-    fn content_blocks_stay_content_and_other_arrays_stay_text() {
-        let blocks = json!([
-            { "type": "text", "text": "a red pixel" },
-            { "type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png" },
-            { "type": "resource", "resource": { "uri": "test://doc", "text": "the doc" } },
-        ]);
-        let typed = result(blocks.to_string());
-        assert_eq!(typed.content.len(), 3);
-        assert!(typed.content[1].as_image().is_some());
-        assert!(typed.content[2].as_resource().is_some());
-        assert_eq!(typed.structured_content, None);
-
-        let numbers = json!([1, 2, 3]).to_string();
-        let text = result(numbers.clone());
-        assert_eq!(text.content, vec![ContentBlock::text(numbers)]);
-
-        // A server's text that spells blocks is text: a text result is a
-        // JSON string, never read as content.
-        let spelled = json!(blocks.to_string()).to_string();
-        let said = result(spelled);
-        assert_eq!(said.content, vec![ContentBlock::text(blocks.to_string())]);
-    }
 }

@@ -25,6 +25,7 @@
 
 mod approval;
 mod context;
+mod conversations;
 mod http;
 mod kv;
 mod log;

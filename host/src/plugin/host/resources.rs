@@ -11,58 +11,9 @@ use super::{HostState, json_text};
 use crate::plugin::bindings::shallot::filter::types as wit;
 use crate::plugin::convert;
 use crate::types::{
-    ChatRequest, ChatResponse, Content, FinishReason, Message, ModelOptions, ToolRequest,
-    ToolResponse, ToolSpec, TurnDone, TurnInterrupt, TurnRequest, Weigh, json_weight,
+    ChatRequest, ChatResponse, Content, FinishReason, ModelOptions, ToolKind, ToolRequest,
+    ToolResponse, ToolSpec, TurnDone, TurnInterrupt, TurnRequest, json_weight,
 };
-
-/// A request that carries a conversation: a chat or a turn request.
-trait Conversation: Weigh + Send + 'static {
-    fn conversation(&mut self) -> &mut Arc<Vec<Message>>;
-}
-
-impl Conversation for ChatRequest {
-    fn conversation(&mut self) -> &mut Arc<Vec<Message>> {
-        &mut self.messages
-    }
-}
-
-impl Conversation for TurnRequest {
-    fn conversation(&mut self) -> &mut Arc<Vec<Message>> {
-        &mut self.messages
-    }
-}
-
-/// The message accessors chat and turn requests share.
-impl HostState {
-    fn read_messages<T: Conversation>(
-        &mut self,
-        this: &Resource<T>,
-    ) -> wasmtime::Result<Vec<wit::Message>> {
-        Ok(convert::messages(self.table.get_mut(this)?.conversation()))
-    }
-
-    fn count_messages<T: Conversation>(&mut self, this: &Resource<T>) -> wasmtime::Result<u32> {
-        Ok(self.table.get_mut(this)?.conversation().len() as u32)
-    }
-
-    fn replace_messages<T: Conversation>(
-        &mut self,
-        this: &Resource<T>,
-        messages: Vec<wit::Message>,
-    ) -> wasmtime::Result<()> {
-        *self.table.get_mut(this)?.conversation() = Arc::new(convert::from_messages(messages));
-        self.recharge(this)
-    }
-
-    fn append_message<T: Conversation>(
-        &mut self,
-        this: &Resource<T>,
-        message: wit::Message,
-    ) -> wasmtime::Result<()> {
-        Arc::make_mut(self.table.get_mut(this)?.conversation()).push(message.into());
-        self.recharge(this)
-    }
-}
 
 impl wit::Host for HostState {}
 
@@ -326,6 +277,14 @@ impl wit::HostToolRequest for HostState {
     fn batch(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<Vec<wit::ToolCall>> {
         let batch = self.table.get(&this)?.batch.iter();
         Ok(batch.map(convert::tool_call).collect())
+    }
+
+    fn kind(&mut self, this: Resource<ToolRequest>) -> wasmtime::Result<wit::ToolKind> {
+        Ok(match self.table.get(&this)?.kind {
+            ToolKind::Call => wit::ToolKind::Call,
+            ToolKind::Prompt => wit::ToolKind::Prompt,
+            ToolKind::Resource => wit::ToolKind::Resource,
+        })
     }
 
     fn set_arguments(
