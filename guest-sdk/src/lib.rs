@@ -115,8 +115,8 @@ pub mod bindings {
 pub use bindings::exports::shallot::filter::plugin::Hook;
 pub use bindings::shallot::filter::types::{
     ChatRequest, ChatResponse, Content, ContentPart, ErrorKind, FinishReason, Image, Message, Role,
-    ToolCall, ToolCallRecord, ToolRequest, ToolResponse, ToolSpec, TurnDone, TurnInterrupt,
-    TurnRequest, Usage,
+    ToolCall, ToolCallRecord, ToolKind, ToolRequest, ToolResponse, ToolSpec, TurnDone,
+    TurnInterrupt, TurnRequest, Usage,
 };
 pub use error::{FilterError, TurnResult};
 pub use fctx::Fctx;

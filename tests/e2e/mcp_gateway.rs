@@ -25,7 +25,8 @@ use crate::gateway::{Served, answer_of, read_until_closed};
 
 /// `ops-secret` may list and call every tool; `reader-secret` only
 /// `test_echo`, `test_add` and `test_hang`, and `tool-guard` takes
-/// `test_add` off its menu and refuses it the call.
+/// `test_add` off its menu and refuses it the call (and the prompt
+/// `test_plain`); it reads only the public notes and the rooms.
 const OPS: &str = "32323cfa9ec9d62750daad0836a4cf3d7b60d23723b7852a529667deed01669f";
 const READER: &str = "f03319dee240faa729e0cfa7ab5ffd80a1d64a127e3643f239009abff6382914";
 
@@ -39,13 +40,15 @@ async fn endpoint(name: &str, more: &str, config: GatewayConfig) -> (Served, Gat
     let server = mcp_script("server.py");
     let toml = format!(
         "[[filter]]\nname = \"guard\"\nplugin = {guard:?}\n\
-         config = {{ by = \"key\", deny = {{ reader = [\"test_add\"] }} }}\n\n\
+         config = {{ by = \"key\", deny = {{ reader = [\"test_add\", \"test_plain\"] }} }}\n\n\
          [[filter]]\nname = \"pii\"\nplugin = {pii:?}\n\n\
          [[filter]]\nname = \"redact\"\nplugin = {redact:?}\n\
          config = {{ pattern = \"SECRET-\\\\d+\", replacement = \"[SECRET]\" }}\n\n\
          [[key]]\nname = \"ops\"\nsha256 = \"{OPS}\"\n\n\
          [[key]]\nname = \"reader\"\nsha256 = \"{READER}\"\n\
-         tools = [\"test_echo\", \"test_add\", \"test_ha*\"]\n\n\
+         tools = [\"test_echo\", \"test_add\", \"test_ha*\"]\n\
+         prompts = [\"test_*\"]\n\
+         resources = [\"test://notes/public\", \"test://rooms/*\"]\n\n\
          [[mcp]]\nname = \"test\"\ncommand = {python:?}\nargs = [{server:?}]\n\n\
          [mcp_gateway]\n{more}\n",
         guard = guest("tool_guard").display().to_string(),
@@ -83,6 +86,71 @@ async fn client(served: &Served, key: &str, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Prompts, resources and templates are federated, each key seeing the
+/// ones its patterns match; a `prompts/get` and a `resources/read` pass
+/// the filters as tool calls do: `tool-guard` refuses a prompt by name,
+/// and the redaction holds on a prompt's messages and a resource's text.
+#[tokio::test]
+async fn prompts_and_resources_are_federated_per_key_through_the_filters() {
+    let (served, _) = endpoint("mcp-gateway-offers", "", GatewayConfig::default()).await;
+    let every = client(&served, "ops-secret", &["offers"]).await;
+    assert_eq!(
+        every["prompts"],
+        json!(["test_greet", "test_plain"]),
+        "{every}"
+    );
+    assert_eq!(
+        every["resources"],
+        json!(["test://notes/private", "test://notes/public"])
+    );
+    assert_eq!(every["templates"], json!(["test://rooms/{room}"]));
+    let given = client(&served, "reader-secret", &["offers"]).await;
+    assert_eq!(
+        given["resources"],
+        json!(["test://notes/public"]),
+        "{given}"
+    );
+    assert_eq!(given["templates"], json!(["test://rooms/{room}"]));
+
+    let greeted = client(
+        &served,
+        "reader-secret",
+        &["prompt", "test_greet", r#"{"name": "Ada"}"#],
+    )
+    .await;
+    assert_eq!(
+        greeted["messages"],
+        json!(["Hello Ada, your code is [SECRET]"]),
+        "{greeted}"
+    );
+    let refused = client(&served, "reader-secret", &["prompt", "test_plain", "{}"]).await;
+    let said = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("test_plain"),
+        "tool-guard refuses it: {refused}"
+    );
+    let plain = client(&served, "ops-secret", &["prompt", "test_plain", "{}"]).await;
+    assert_eq!(plain["messages"], json!(["plain words"]), "{plain}");
+
+    let read = client(&served, "reader-secret", &["read", "test://notes/public"]).await;
+    assert_eq!(
+        read["contents"],
+        json!(["the door code is [SECRET]"]),
+        "{read}"
+    );
+    let room = client(&served, "reader-secret", &["read", "test://rooms/kitchen"]).await;
+    assert_eq!(room["contents"], json!(["room kitchen"]), "{room}");
+    let hidden = client(&served, "reader-secret", &["read", "test://notes/private"]).await;
+    assert!(
+        hidden["error"]["message"].is_string(),
+        "not the key's: {hidden}"
+    );
+    let private = client(&served, "ops-secret", &["read", "test://notes/private"]).await;
+    assert_eq!(private["contents"], json!(["private"]), "{private}");
+    let nowhere = client(&served, "ops-secret", &["read", "test://nowhere"]).await;
+    assert!(nowhere["error"]["message"].is_string(), "{nowhere}");
 }
 
 async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value {

@@ -4,6 +4,9 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
     client.py URL KEY list                 # the tools' names, one JSON list
     client.py URL KEY call TOOL ARGUMENTS  # the result, one JSON object
     client.py URL KEY progress TOOL ARGS   # a call asking for its progress
+    client.py URL KEY offers               # the prompts, resources and templates it lists
+    client.py URL KEY prompt NAME ARGS     # a prompt's messages' text, or the error
+    client.py URL KEY read URI             # a resource's text, or the error
     client.py URL KEY watch                # the names, then again at each change
     client.py URL KEY watch-legacy         # the same over the initialize handshake
 
@@ -85,6 +88,28 @@ async def watch_legacy(transport):
             show(await names(client))
 
 
+async def offers(client, command, *rest):
+    """What `offers`, `prompt` and `read` print."""
+    try:
+        if command == "offers":
+            return {
+                "prompts": sorted(p.name for p in (await client.list_prompts()).prompts),
+                "resources": sorted(r.uri for r in (await client.list_resources()).resources),
+                "templates": sorted(
+                    t.uri_template for t in (await client.list_resource_templates()).resource_templates
+                ),
+            }
+        if command == "prompt":
+            name, arguments = rest
+            got = await client.get_prompt(name, json.loads(arguments))
+            return {"messages": [m.content.text for m in got.messages]}
+        (uri,) = rest
+        read = await client.read_resource(uri)
+        return {"contents": [c.text for c in read.contents]}
+    except MCPError as error:
+        return said(error)
+
+
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
     # The SDK's own client (30 s to connect, 300 s between reads of a
@@ -99,6 +124,8 @@ async def main(url, key, command, *rest):
                 return await names(client)
             if command == "watch":
                 return await watch(client)
+            if command in ("offers", "prompt", "read"):
+                return await offers(client, command, *rest)
             tool, arguments = rest
             heard = []
 

@@ -1,8 +1,9 @@
 """An MCP server on the official Python SDK (`mcp`, pinned in
 tests/gateway/requirements.txt), for shallot's MCP tests: tools that work,
 tools that fail, hang, flood, write garbage or kill the server, a tool that
-reports its progress, and tools that change
-the list of tools (or say so when nothing changed). Over stdio; with
+reports its progress, tools that change
+the list of tools (or say so when nothing changed); resources, a resource
+template and prompts. Over stdio; with
 `--http PORT`, over streamable HTTP on 127.0.0.1:PORT at /mcp."""
 
 import os
@@ -115,6 +116,36 @@ async def report(times: int, ctx: Context, pause_ms: int = 0) -> str:
         await ctx.report_progress(n, times, f"step {n}")
         await anyio.sleep(pause_ms / 1000)
     return f"reported {times}"
+
+
+@server.resource("test://notes/public", mime_type="text/plain")
+def public_notes() -> str:
+    """Notes anyone may read; they name a secret the gateway redacts."""
+    return "the door code is SECRET-1234"
+
+
+@server.resource("test://notes/private", mime_type="text/plain")
+def private_notes() -> str:
+    """Notes only some keys may read."""
+    return "private"
+
+
+@server.resource("test://rooms/{room}", mime_type="text/plain")
+def room(room: str) -> str:
+    """A room, by its name."""
+    return f"room {room}"
+
+
+@server.prompt()
+def greet(name: str) -> str:
+    """Greets `name`, with a secret the gateway redacts."""
+    return f"Hello {name}, your code is SECRET-42"
+
+
+@server.prompt()
+def plain() -> str:
+    """A prompt with no arguments."""
+    return "plain words"
 
 
 if __name__ == "__main__":

@@ -65,16 +65,14 @@ pub enum BuildError {
         /// The server whose tool it is.
         server: String,
     },
-    /// An MCP server offers a prompt named as another server's, or a
-    /// resource another server lists too: one would hide the other.
+    /// An MCP server's prompt has the name of another server's prompt
+    /// (both prefixed): one would hide the other.
     #[error(
-        "the {what} '{name}' of the MCP server '{server}' is another server's too; give the server another `prefix`, or leave one of them out"
+        "the prompt '{prompt}' of the MCP server '{server}' has the name of another server's prompt; give the server another `prefix`"
     )]
-    OfferClash {
-        /// `prompt` or `resource`.
-        what: &'static str,
-        /// The prompt's name in the kernel, or the resource's URI.
-        name: String,
+    PromptClash {
+        /// The prompt's name in the kernel.
+        prompt: String,
         /// The server registered second.
         server: String,
     },
@@ -95,8 +93,8 @@ pub struct KernelBuilder {
     reducers: Reducers,
     /// The first MCP tool registered over another tool: `(tool, server)`.
     clash: Option<(String, String)>,
-    /// The first prompt or resource another server offers too.
-    offer_clash: Option<BuildError>,
+    /// The first prompt named as another server's.
+    prompt_clash: Option<BuildError>,
     /// The MCP servers, in the order registered.
     servers: Vec<Arc<McpServer>>,
 }
@@ -236,18 +234,15 @@ impl KernelBuilder {
     /// `prompts/get` and `resources/read` goes through the tool chain (a
     /// request of its kind), then to the server.
     fn offers(mut self, server: &Arc<McpServer>) -> Self {
-        let clash = |what, name: &str| BuildError::OfferClash {
-            what,
-            name: name.to_owned(),
-            server: server.name().to_owned(),
-        };
         for prompt in server.prompts() {
             let Some(named) = server.prompt_of(&prompt.name) else {
                 continue;
             };
             if self.tools.prompt_spec(&prompt.name).is_some() {
-                self.offer_clash
-                    .get_or_insert(clash("prompt", &prompt.name));
+                self.prompt_clash.get_or_insert(BuildError::PromptClash {
+                    prompt: prompt.name.clone(),
+                    server: server.name().to_owned(),
+                });
             }
             let server = server.clone();
             self.tools
@@ -256,10 +251,15 @@ impl KernelBuilder {
                     async move { server.get_prompt(&named, arguments).await }
                 });
         }
+        // URIs are the servers' own, not prefixed: where two list one, the
+        // first registered reads it (as it lists it).
         for resource in server.resources() {
             if self.tools.resource_spec(&resource.uri).is_some() {
-                self.offer_clash
-                    .get_or_insert(clash("resource", &resource.uri));
+                tracing::warn!(
+                    server = %server.name(),
+                    "the resource '{}' is another MCP server's too: that one reads it",
+                    crate::escape::terminal_line(&resource.uri)
+                );
             }
         }
         let (owner, reader) = (server.clone(), server.clone());
@@ -310,7 +310,7 @@ impl KernelBuilder {
         if let Some((tool, server)) = self.clash {
             return Err(BuildError::ToolClash { tool, server });
         }
-        if let Some(clash) = self.offer_clash {
+        if let Some(clash) = self.prompt_clash {
             return Err(clash);
         }
         if let Some((tool, message)) = self.tools.schema_error() {

@@ -30,8 +30,8 @@ use regex_lite::Regex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use shallot_guest::{
-    ChatRequest, ChatResponse, Filter, FilterError, Message, Next, ToolRequest, ToolResponse,
-    TurnRequest, TurnResult, context, log, trace,
+    ChatRequest, ChatResponse, Filter, FilterError, Message, Next, ToolKind, ToolRequest,
+    ToolResponse, TurnRequest, TurnResult, context, log, trace,
 };
 
 #[derive(Deserialize)]
@@ -211,6 +211,11 @@ impl Filter for Trace {
         let mut event = object(json!({
             "event": "tool",
             "tool": request.name(),
+            "kind": match request.kind() {
+                ToolKind::Call => "call",
+                ToolKind::Prompt => "prompt",
+                ToolKind::Resource => "resource",
+            },
             "call_id": request.call_id(),
             "arguments_bytes": request.arguments().len(),
         }));

@@ -13,14 +13,14 @@
 //! a completion are the servers' own answers: they name things, and run
 //! no chain.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::ErrorData;
 use rmcp::model::{
     CompleteRequestParams, CompleteResult, GetPromptRequestParams, GetPromptResponse,
     GetPromptResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference, ResultType,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde::de::DeserializeOwned;
@@ -121,10 +121,13 @@ impl Tools {
         context: &RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let caller = Self::caller(context)?;
+        // A URI two servers list is the first's (it reads it).
+        let mut listed = HashSet::new();
         let resources = servers(&caller)
             .iter()
             .flat_map(|server| server.resources())
             .filter(|resource| may_read(&caller, &resource.uri))
+            .filter(|resource| listed.insert(resource.uri.clone()))
             .collect();
         Ok(ListResourcesResult::with_all_items(resources))
     }
@@ -166,7 +169,10 @@ impl Tools {
         };
         let output = self.bounded(&caller, &context, "the prompt", get).await;
         let output = output.map_err(|error| refused(&error))?;
-        let result: GetPromptResult = answered(&output, "the prompt")?;
+        let mut result: GetPromptResult = answered(&output, "the prompt")?;
+        // Complete, as this gateway says it to each peer (the SDK drops it
+        // for one of an older protocol), whatever the server's protocol.
+        result.result_type = Some(ResultType::COMPLETE);
         Ok(GetPromptResponse::Complete(result))
     }
 
@@ -191,7 +197,8 @@ impl Tools {
         };
         let output = self.bounded(&caller, &context, "the read", read).await;
         let output = output.map_err(|error| refused(&error))?;
-        let result: ReadResourceResult = answered(&output, "the resource")?;
+        let mut result: ReadResourceResult = answered(&output, "the resource")?;
+        result.result_type = Some(ResultType::COMPLETE);
         Ok(ReadResourceResponse::Complete(result))
     }
 
