@@ -153,6 +153,31 @@ async fn prompts_and_resources_are_federated_per_key_through_the_filters() {
     assert!(nowhere["error"]["message"].is_string(), "{nowhere}");
 }
 
+/// A session subscribed to a resource hears that it was updated (and not
+/// of another resource); a session may subscribe to at most 64, and only
+/// to resources its key may read.
+#[tokio::test]
+async fn a_subscribed_session_hears_its_resource_was_updated_within_its_bounds() {
+    let (served, _) = endpoint("mcp-gateway-subscribe", "", GatewayConfig::default()).await;
+    let heard = client(&served, "ops-secret", &["subscribe", "test://notes/public"]).await;
+    assert_eq!(heard, json!({ "updated": "test://notes/public" }));
+    let many = client(&served, "ops-secret", &["subscribe-many", "64"]).await;
+    assert_eq!(many, json!({ "subscribed": 64 }));
+    let over = client(&served, "ops-secret", &["subscribe-many", "65"]).await;
+    let said = over["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.contains("at most 64"), "{over}");
+    let hidden = client(
+        &served,
+        "reader-secret",
+        &["subscribe", "test://notes/private"],
+    )
+    .await;
+    assert!(
+        hidden["error"]["message"].is_string(),
+        "not the key's: {hidden}"
+    );
+}
+
 async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value {
     let arguments = arguments.to_string();
     client(served, key, &["call", tool, &arguments]).await

@@ -7,6 +7,8 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
     client.py URL KEY offers               # the prompts, resources and templates it lists
     client.py URL KEY prompt NAME ARGS     # a prompt's messages' text, or the error
     client.py URL KEY read URI             # a resource's text, or the error
+    client.py URL KEY subscribe URI        # subscribes, has the server touch it, hears it
+    client.py URL KEY subscribe-many N     # subscribes to N rooms: the first refusal
     client.py URL KEY watch                # the names, then again at each change
     client.py URL KEY watch-legacy         # the same over the initialize handshake
 
@@ -110,6 +112,29 @@ async def offers(client, command, *rest):
         return said(error)
 
 
+async def subscribe(transport, command, arg):
+    """What `subscribe` and `subscribe-many` print: over the initialize
+    handshake, where a resource's updates come on the session's stream."""
+    updated = asyncio.Queue()
+
+    async def told(message):
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await updated.put(str(message.params.uri))
+
+    async with Client(transport, mode="legacy", message_handler=told) as client:
+        try:
+            if command == "subscribe-many":
+                for n in range(int(arg)):
+                    await client.subscribe_resource(f"test://rooms/r{n}")
+                return {"subscribed": int(arg)}
+            await client.subscribe_resource(arg)
+            await client.call_tool("test_touch", {"uri": "test://notes/elsewhere"})
+            await client.call_tool("test_touch", {"uri": arg})
+            return {"updated": await asyncio.wait_for(updated.get(), 60)}
+        except MCPError as error:
+            return said(error)
+
+
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
     # The SDK's own client (30 s to connect, 300 s between reads of a
@@ -119,6 +144,8 @@ async def main(url, key, command, *rest):
         transport = streamable_http_client(url, http_client=http)
         if command == "watch-legacy":
             return await watch_legacy(transport)
+        if command in ("subscribe", "subscribe-many"):
+            return await subscribe(transport, command, *rest)
         async with Client(transport) as client:
             if command == "list":
                 return await names(client)

@@ -118,6 +118,13 @@ async def report(times: int, ctx: Context, pause_ms: int = 0) -> str:
     return f"reported {times}"
 
 
+@server.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Says the resource `uri` was updated."""
+    await ctx.session.send_resource_updated(uri)
+    return f"touched {uri}"
+
+
 @server.resource("test://notes/public", mime_type="text/plain")
 def public_notes() -> str:
     """Notes anyone may read; they name a secret the gateway redacts."""

@@ -55,6 +55,9 @@ impl Drop for ResourceWatch {
             return;
         }
         watched.remove(&self.uri);
+        if !self.server.listing().subscribes {
+            return;
+        }
         let (server, uri) = (self.server.clone(), std::mem::take(&mut self.uri));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -72,6 +75,9 @@ pub(super) struct Listing {
     prompts: Vec<Prompt>,
     resources: Vec<Resource>,
     templates: Vec<ResourceTemplate>,
+    /// Whether the server takes `resources/subscribe` (one that does not
+    /// may still say a resource was updated).
+    subscribes: bool,
 }
 
 /// The most of each kind a server may list: more is cut, and said in the
@@ -106,6 +112,11 @@ impl Listing {
                 .await
                 .map_err(|e| failed("prompts/list", e))?;
         }
+        listing.subscribes = has(|c| {
+            c.resources
+                .as_ref()
+                .is_some_and(|r| r.subscribe == Some(true))
+        });
         if has(|c| c.resources.is_some()) {
             listing.resources =
                 (peer.list_all_resources().await).map_err(|e| failed("resources/list", e))?;
@@ -192,8 +203,9 @@ impl McpServer {
     }
 
     /// Watches `uri`: the first watch asks the server to say when it
-    /// changes (`resources/subscribe`), and dropping the last tells it to
-    /// stop. What it says arrives on [`McpServer::updates`].
+    /// changes (`resources/subscribe`, where the server takes it), and
+    /// dropping the last tells it to stop. What it says arrives on
+    /// [`McpServer::updates`].
     pub async fn watch(self: &Arc<Self>, uri: &str) -> Result<ResourceWatch, ChainError> {
         let first = {
             let watched = self.listed.offered.watched.lock();
@@ -206,7 +218,7 @@ impl McpServer {
             server: self.clone(),
             uri: uri.to_owned(),
         };
-        if first {
+        if first && self.listing().subscribes {
             self.subscribe(uri, true).await?;
         }
         Ok(watch)

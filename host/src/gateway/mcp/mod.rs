@@ -251,8 +251,23 @@ impl ServerHandler for Tools {
         self.handshaken.add(context.peer);
     }
 
-    fn accepted_subscription_filter(&self, _: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    /// The lists a listen may hear of; not a resource's updates, which a
+    /// session subscribes to with `resources/subscribe`.
+    fn accepted_subscription_filter(
+        &self,
+        asked: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::builder();
+        if asked.tools_list_changed != Some(false) {
+            accepted = accepted.tools_list_changed();
+        }
+        if asked.prompts_list_changed == Some(true) {
+            accepted = accepted.prompts_list_changed();
+        }
+        if asked.resources_list_changed == Some(true) {
+            accepted = accepted.resources_list_changed();
+        }
+        Some(accepted.build())
     }
 
     /// A `subscriptions/listen`: see [`told::listen`].

@@ -1,4 +1,5 @@
-//! Telling `/mcp`'s clients that its tools changed, and ending their
+//! Telling `/mcp`'s clients that its tools (and prompts and resources)
+//! changed, and ending their
 //! streams when the gateway shuts down. A client hears of a change on the
 //! stream its protocol gives it: a `subscriptions/listen` request (the
 //! 2026-07-28 protocol), or the session's own stream (`GET /mcp`) for a
@@ -55,7 +56,12 @@ pub(super) async fn tell(
                 let peers = handshaken.open().clone();
                 for peer in peers {
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(NOTICE, peer.notify_tool_list_changed()).await;
+                        let told = async {
+                            peer.notify_tool_list_changed().await?;
+                            peer.notify_prompt_list_changed().await?;
+                            peer.notify_resource_list_changed().await
+                        };
+                        let _ = tokio::time::timeout(NOTICE, told).await;
                     });
                 }
             }
@@ -87,12 +93,29 @@ pub(super) async fn listen(
             () = context.cancelled() => return,
             () = drained(&mut draining) => return,
             changed = menus.changed() => {
-                if changed.is_err() || context.sink().notify_tool_list_changed().await.is_err() {
+                if changed.is_err() || tell_listener(&context).await.is_err() {
                     return;
                 }
             }
         }
     }
+}
+
+/// Tells a listen that the lists it asked to hear of changed.
+async fn tell_listener(
+    context: &SubscriptionContext,
+) -> Result<(), rmcp::service::SubscriptionSendError> {
+    let (sink, asked) = (context.sink(), context.accepted().clone());
+    if asked.tools_list_changed == Some(true) {
+        sink.notify_tool_list_changed().await?;
+    }
+    if asked.prompts_list_changed == Some(true) {
+        sink.notify_prompt_list_changed().await?;
+    }
+    if asked.resources_list_changed == Some(true) {
+        sink.notify_resource_list_changed().await?;
+    }
+    Ok(())
 }
 
 /// Resolves when the drain has started.
