@@ -128,6 +128,61 @@ async fn call(kernel: &Kernel, tool: &str, arguments: Value) -> Result<String, C
 /// Calls that fail, hang, die or answer past the message bound: each a
 /// typed error (the hang at the call's bound, 3 s here), and the server
 /// answers the next call, started again where it had to be.
+/// A server's prompts (prefixed) and resources (by URI) are the kernel's:
+/// a prompt got and a resource read run through the tool chain as calls
+/// of their kind, which a filter sees (`trace` writes it), and the
+/// server's answer is the output; a name or URI no server offers is
+/// `not-found` before any filter runs.
+#[tokio::test]
+async fn a_servers_prompts_and_resources_pass_the_tool_chain_as_calls_of_their_kind() {
+    let server = started(10_000).await;
+    let prompts: Vec<String> = server.prompts().into_iter().map(|p| p.name).collect();
+    assert_eq!(prompts, ["test_greet", "test_plain"]);
+    let path = trace_file("mcp-kinds");
+    let trace = spec("trace", "trace", json!({ "arguments": true, "results": true }));
+    let plugins = load(vec![granted(trace, trace_grant(&path))]).await;
+    let kernel = Kernel::builder().plugins(&plugins).mcp(&server).build().unwrap();
+    assert!(
+        kernel.tools().iter().all(|t| t.name != "test_greet"),
+        "a prompt is no tool the model is offered"
+    );
+    let got = kernel
+        .prompt("test_greet", json!({ "name": "Bo" }), Context::new())
+        .await
+        .unwrap();
+    let got = got.value().unwrap();
+    assert_eq!(got["messages"][0]["content"]["text"], "Hello Bo, your code is SECRET-42");
+    let read = kernel
+        .read_resource("test://rooms/attic", Context::new())
+        .await
+        .unwrap();
+    assert_eq!(read.value().unwrap()["contents"][0]["text"], "room attic");
+    let refused = kernel
+        .prompt("test_greet", json!({}), Context::new())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::InvalidRequest, "a required argument: {refused}");
+    for missing in [
+        kernel.prompt("test_nothing", json!({}), Context::new()).await,
+        kernel.read_resource("test://nowhere", Context::new()).await,
+    ] {
+        assert_eq!(missing.unwrap_err().kind, ErrorKind::NotFound);
+    }
+    let kinds: Vec<(String, String)> = lines(&path)
+        .iter()
+        .filter(|line| line["event"] == "tool")
+        .map(|line| (line["kind"].as_str().unwrap().into(), line["tool"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("prompt".into(), "test_greet".into()),
+            ("resource".into(), "test://rooms/attic".into()),
+            ("prompt".into(), "test_greet".into()),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_failing_hanging_or_dying_server_is_a_typed_error_and_is_started_again() {
     let kernel = kernel_of(&started(3_000).await);
