@@ -139,9 +139,17 @@ async fn a_servers_prompts_and_resources_pass_the_tool_chain_as_calls_of_their_k
     let prompts: Vec<String> = server.prompts().into_iter().map(|p| p.name).collect();
     assert_eq!(prompts, ["test_greet", "test_plain"]);
     let path = trace_file("mcp-kinds");
-    let trace = spec("trace", "trace", json!({ "arguments": true, "results": true }));
+    let trace = spec(
+        "trace",
+        "trace",
+        json!({ "arguments": true, "results": true }),
+    );
     let plugins = load(vec![granted(trace, trace_grant(&path))]).await;
-    let kernel = Kernel::builder().plugins(&plugins).mcp(&server).build().unwrap();
+    let kernel = Kernel::builder()
+        .plugins(&plugins)
+        .mcp(&server)
+        .build()
+        .unwrap();
     assert!(
         kernel.tools().iter().all(|t| t.name != "test_greet"),
         "a prompt is no tool the model is offered"
@@ -151,7 +159,10 @@ async fn a_servers_prompts_and_resources_pass_the_tool_chain_as_calls_of_their_k
         .await
         .unwrap();
     let got = got.value().unwrap();
-    assert_eq!(got["messages"][0]["content"]["text"], "Hello Bo, your code is SECRET-42");
+    assert_eq!(
+        got["messages"][0]["content"]["text"],
+        "Hello Bo, your code is SECRET-42"
+    );
     let read = kernel
         .read_resource("test://rooms/attic", Context::new())
         .await
@@ -161,9 +172,15 @@ async fn a_servers_prompts_and_resources_pass_the_tool_chain_as_calls_of_their_k
         .prompt("test_greet", json!({}), Context::new())
         .await
         .unwrap_err();
-    assert_eq!(refused.kind, ErrorKind::InvalidRequest, "a required argument: {refused}");
+    assert_eq!(
+        refused.kind,
+        ErrorKind::InvalidRequest,
+        "a required argument: {refused}"
+    );
     for missing in [
-        kernel.prompt("test_nothing", json!({}), Context::new()).await,
+        kernel
+            .prompt("test_nothing", json!({}), Context::new())
+            .await,
         kernel.read_resource("test://nowhere", Context::new()).await,
     ] {
         assert_eq!(missing.unwrap_err().kind, ErrorKind::NotFound);
@@ -171,7 +188,12 @@ async fn a_servers_prompts_and_resources_pass_the_tool_chain_as_calls_of_their_k
     let kinds: Vec<(String, String)> = lines(&path)
         .iter()
         .filter(|line| line["event"] == "tool")
-        .map(|line| (line["kind"].as_str().unwrap().into(), line["tool"].as_str().unwrap().into()))
+        .map(|line| {
+            (
+                line["kind"].as_str().unwrap().into(),
+                line["tool"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     assert_eq!(
         kinds,
