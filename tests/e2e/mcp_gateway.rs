@@ -427,6 +427,53 @@ fn initialize() -> String {
     .to_string()
 }
 
+/// With `sessions` in one Redis, a session of the initialize handshake
+/// opened on one replica is served by another that never saw it (the SDK
+/// replays its handshake there), as a load balancer without affinity
+/// sends it: requests alternating between the two all answer, to the key
+/// that opened it only; without the store, the other replica does not
+/// know it.
+#[tokio::test]
+async fn a_session_opened_on_one_replica_is_served_by_another_sharing_its_store() {
+    let redis = shallot_tests::RedisServer::start();
+    let kept = format!("sessions = {:?}", redis.url());
+    let (one, _) = endpoint("mcp-replica-one", &kept, GatewayConfig::default()).await;
+    let (two, _) = endpoint("mcp-replica-two", &kept, GatewayConfig::default()).await;
+    let (status, body, headers) = raw(&one, &[], initialize()).await;
+    assert_eq!(status, 200, "{body}");
+    let id = headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let session = [
+        ("mcp-session-id", id.as_str()),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let (status, body, _) = raw(&one, &session, initialized.to_string()).await;
+    assert!((200..300).contains(&status), "{status} {body}");
+    for (n, replica) in [&two, &one, &two].into_iter().enumerate() {
+        let call = json!({
+            "jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
+            "params": { "name": "test_echo", "arguments": { "text": format!("hop {n}") } },
+        });
+        let (status, body, _) = raw(replica, &session, call.to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(&format!("hop {n}")), "{body}");
+    }
+    let listed = json!({ "jsonrpc": "2.0", "id": 20, "method": "tools/list" }).to_string();
+    let (status, body, _) = raw_as(
+        &two,
+        "reader-secret",
+        reqwest::Method::POST,
+        &session,
+        listed.clone(),
+    )
+    .await;
+    assert_eq!(status, 404, "another key's session does not exist: {body}");
+
+    let (alone, _) = endpoint("mcp-replica-alone", "", GatewayConfig::default()).await;
+    let (status, body, _) = raw(&alone, &session, listed).await;
+    assert_eq!(status, 404, "no store, no session: {body}");
+}
+
 #[tokio::test]
 async fn hostile_clients_of_mcp_get_clear_errors_and_the_endpoint_serves_on() {
     let config = GatewayConfig {

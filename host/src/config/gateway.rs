@@ -168,6 +168,7 @@ pub struct RouteSpec {
 /// filters = ["trace", "guard"]      # [[filter]] names, in order (default: all)
 /// allowed_hosts = ["mcp.example.com"]  # `Host`s it answers (default: loopback)
 /// max_sessions = 4096               # sessions open at once (503 beyond)
+/// sessions = "redis://10.0.0.3:6379/0"  # sessions any replica serves
 /// ```
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +184,11 @@ pub struct McpGatewaySpec {
     /// another gets `503`. An idle session closes after five minutes.
     #[serde(default = "max_sessions")]
     pub max_sessions: usize,
+    /// Where the sessions of the initialize handshake are kept, so that
+    /// any replica sharing the store serves them (a load balancer needs
+    /// no affinity): a `redis://` URL, an SQLite file or `:memory:`.
+    /// `None`: only the replica that opened a session serves it.
+    pub sessions: Option<StoreSpec>,
 }
 
 /// The names of loopback, the `Host`s an MCP endpoint answers by default.

@@ -116,7 +116,7 @@ impl Serving {
         };
         let mcp = match config.map(Config::mcp_gateway).transpose()?.flatten() {
             None => None,
-            Some(spec) => Some(endpoint(spec, plugins, &servers)?),
+            Some(spec) => Some(endpoint(spec, plugins, &servers).await?),
         };
         if specs.is_empty() {
             let upstream = default.map_or(Upstream::Embedded, Upstream::Server);
@@ -149,8 +149,9 @@ impl Serving {
     }
 }
 
-/// The MCP endpoint `spec` asks for, its filters over `servers`.
-fn endpoint(
+/// The MCP endpoint `spec` asks for, its filters over `servers`, its
+/// sessions in the store it names.
+async fn endpoint(
     spec: McpGatewaySpec,
     plugins: &FilterSet,
     servers: &[Arc<McpServer>],
@@ -159,9 +160,17 @@ fn endpoint(
     for server in servers {
         builder = builder.mcp(server);
     }
+    let sessions = match spec.sessions {
+        None => None,
+        Some(store) => Some(open_kv(store).await.map_err(|error| RouteError::Store {
+            route: "/mcp".to_owned(),
+            error,
+        })?),
+    };
     Ok(McpEndpoint {
         allowed_hosts: spec.allowed_hosts,
         max_sessions: spec.max_sessions,
+        sessions,
         ..McpEndpoint::new(builder)?
     })
 }

@@ -64,13 +64,13 @@ pub(in crate::gateway) async fn admit(
     }
     request.extensions_mut().insert(Caller {
         key: key.clone(),
-        endpoint,
+        endpoint: endpoint.clone(),
         context,
     });
     let response = next.run(request).await;
     let opened = response.headers().get(SESSION_ID);
     if let (true, Some(id)) = (sessionless, opened.and_then(|id| id.to_str().ok())) {
-        sessions.opened(id, key.as_ref()).await;
+        sessions.opened(id, key.as_ref(), &endpoint).await;
     }
     response
 }
@@ -88,7 +88,7 @@ async fn may_open(
         .get(SESSION_ID)
         .map(|id| id.to_str().unwrap_or_default())
     {
-        Some(id) if !sessions.may_use(id, key) => Err(sessions::not_found()),
+        Some(id) if !sessions.may_use(id, key, endpoint).await => Err(sessions::not_found()),
         Some(_) => Ok(()),
         None if sessions.manager.sessions.read().await.len() >= endpoint.max_sessions => {
             Err(refuse(

@@ -60,6 +60,7 @@ use super::answer::bounded;
 use crate::config::{ClientKey, LOOPBACK};
 use crate::context::{Context, Progress};
 use crate::kernel::{BuildError, Kernel, KernelBuilder};
+use crate::kv::KvStore;
 use crate::onion::{Cancel, InvokeOptions};
 use crate::types::{ChainError, ChatRequest, ErrorKind, Origin, ToolSpec};
 
@@ -75,6 +76,9 @@ pub struct McpEndpoint {
     pub allowed_hosts: Vec<String>,
     /// Sessions open at once; a client that would open another gets `503`.
     pub max_sessions: usize,
+    /// Where the sessions of the initialize handshake are kept so that any
+    /// replica sharing the store serves them; `None`: in this process.
+    pub sessions: Option<Arc<dyn KvStore>>,
 }
 
 /// How long a session may sit unused before it is closed.
@@ -91,6 +95,7 @@ impl McpEndpoint {
             kernel: builder.model(Menu).build()?,
             allowed_hosts: LOOPBACK.map(String::from).to_vec(),
             max_sessions: 4096,
+            sessions: None,
         })
     }
 }
@@ -120,9 +125,10 @@ pub(super) fn service(
     let sessions = Arc::new(sessions);
     // `gate` checks the Host against the endpoint being served (it can
     // change on a reload); the body is bounded as every request's.
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_max_request_body_bytes(shared.config.max_body_bytes);
+    config.session_store = Some(Arc::new(sessions::Kept(Arc::downgrade(&shared))));
     let handshaken = Arc::new(Handshaken::default());
     tokio::spawn(told::tell(
         shared.menus.subscribe(),
