@@ -178,6 +178,34 @@ async fn a_subscribed_session_hears_its_resource_was_updated_within_its_bounds()
     );
 }
 
+/// A server that asks for a model's answer during a call
+/// (`sampling/createMessage`) is answered by the `/mcp` client that made
+/// the call, when that client said it answers sampling, what it is asked
+/// shown through the redaction first; a client that did not is never
+/// answered for: the server hears no one can.
+#[tokio::test]
+async fn a_servers_sampling_during_a_call_is_answered_by_that_calls_client() {
+    let (served, _) = endpoint("mcp-gateway-sampling", "", GatewayConfig::default()).await;
+    let asked = json!({ "prompt": "a haiku about SECRET-77" }).to_string();
+    let answered = client(&served, "ops-secret", &["sample", "test_ask_model", &asked]).await;
+    assert_eq!(answered["is_error"], false, "{answered}");
+    let text = answered["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("the model said: echo of a haiku about [SECRET]"),
+        "{answered}"
+    );
+    let unasked = call(
+        &served,
+        "ops-secret",
+        "test_ask_model",
+        json!({ "prompt": "a haiku" }),
+    )
+    .await;
+    assert_eq!(unasked["is_error"], true, "{unasked}");
+    let said = unasked["text"].as_str().unwrap_or_default();
+    assert!(said.contains("no one can answer"), "{unasked}");
+}
+
 async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value {
     let arguments = arguments.to_string();
     client(served, key, &["call", tool, &arguments]).await

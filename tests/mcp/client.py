@@ -7,6 +7,7 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
     client.py URL KEY offers               # the prompts, resources and templates it lists
     client.py URL KEY prompt NAME ARGS     # a prompt's messages' text, or the error
     client.py URL KEY read URI             # a resource's text, or the error
+    client.py URL KEY sample TOOL ARGS     # a call whose server asks the client's model
     client.py URL KEY subscribe URI        # subscribes, has the server touch it, hears it
     client.py URL KEY subscribe-many N     # subscribes to N rooms: the first refusal
     client.py URL KEY watch                # the names, then again at each change
@@ -135,6 +136,22 @@ async def subscribe(transport, command, arg):
             return said(error)
 
 
+async def sample(transport, tool, arguments):
+    """What `sample` prints: the call's result, the client answering the
+    server's sampling as a model would (it says back what it was asked)."""
+
+    async def model(context, params):
+        asked = params.messages[0].content.text
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text=f"echo of {asked}"), model="client-model"
+        )
+
+    async with Client(transport, mode="legacy", sampling_callback=model) as client:
+        result = await client.call_tool(tool, json.loads(arguments))
+        text = "\n".join(block.text for block in result.content if block.type == "text")
+        return {"is_error": bool(result.is_error), "text": text}
+
+
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
     # The SDK's own client (30 s to connect, 300 s between reads of a
@@ -146,6 +163,8 @@ async def main(url, key, command, *rest):
             return await watch_legacy(transport)
         if command in ("subscribe", "subscribe-many"):
             return await subscribe(transport, command, *rest)
+        if command == "sample":
+            return await sample(transport, *rest)
         async with Client(transport) as client:
             if command == "list":
                 return await names(client)

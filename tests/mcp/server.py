@@ -10,6 +10,7 @@ import os
 import sys
 
 import anyio
+from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -123,6 +124,14 @@ async def touch(uri: str, ctx: Context) -> str:
     """Says the resource `uri` was updated."""
     await ctx.session.send_resource_updated(uri)
     return f"touched {uri}"
+
+
+@server.tool()
+async def ask_model(prompt: str, ctx: Context) -> str:
+    """Asks the client's model (`sampling/createMessage`) and says what it answered."""
+    asked = [types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))]
+    answer = await ctx.session.create_message(asked, max_tokens=50)
+    return f"the model said: {answer.content.text}"
 
 
 @server.resource("test://notes/public", mime_type="text/plain")

@@ -2,6 +2,7 @@
 //! and writable by every filter and by the terminals (conversation id,
 //! tenant, user id, ...). Distinct from each filter's private FCtx.
 
+mod asker;
 mod progress;
 mod spend;
 
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
+pub(crate) use asker::Asker;
 pub(crate) use progress::{Progress, Report};
 pub(crate) use spend::{Cost, Tokens, Tree};
 
@@ -99,6 +101,9 @@ pub struct Context {
     /// Where the server behind a tool reports progress on the invoke's
     /// calls (the `/mcp` client that made the call), shared by every view.
     progress: Option<Progress>,
+    /// Whom the server behind a tool may ask for a model's or a person's
+    /// answer during the invoke's calls, shared by every view.
+    asker: Option<Arc<dyn Asker>>,
 }
 
 #[derive(Debug)]
@@ -209,6 +214,7 @@ impl Context {
             tree: self.tree.clone(),
             tokens: self.tokens.clone(),
             progress: self.progress.clone(),
+            asker: self.asker.clone(),
         }
     }
 
@@ -249,6 +255,20 @@ impl Context {
     /// Where the progress of the invoke's tool calls goes, if anywhere.
     pub(crate) fn progress(&self) -> Option<&Progress> {
         self.progress.as_ref()
+    }
+
+    /// This context (the same map), the servers of its tool calls asking
+    /// `asker` for the answers they need.
+    pub(crate) fn with_asker(&self, asker: Arc<dyn Asker>) -> Self {
+        Context {
+            asker: Some(asker),
+            ..self.clone()
+        }
+    }
+
+    /// Whom the servers of the invoke's tool calls may ask, if anyone.
+    pub(crate) fn asker(&self) -> Option<&Arc<dyn Asker>> {
+        self.asker.as_ref()
     }
 
     /// Folds the writes of a batch's calls into this context: each `(index, written)` is a call's index in its

@@ -220,11 +220,7 @@ impl KernelBuilder {
             self.tools
                 .register(spec, move |arguments, context: Context| {
                     let (server, tool) = (server.clone(), tool.clone());
-                    async move {
-                        server
-                            .call_reporting(&tool, arguments, context.progress())
-                            .await
-                    }
+                    async move { server.call_for(&tool, arguments, &context).await }
                 });
         }
         self.offers(server)

@@ -44,7 +44,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{Mutex, watch};
 
-use crate::context::Progress;
+use crate::context::Context;
 use crate::types::{ChainError, ErrorKind, Origin, ToolSpec};
 
 /// One `[[mcp]]` table: a server and how its tools are named.
@@ -136,6 +136,7 @@ impl McpServer {
             timeout: timeout(&config),
             reports: ProgressDispatcher::new(),
             offered: Offered::default(),
+            askers: std::sync::Mutex::default(),
         });
         let connection = connect(&config, &listed)
             .await
@@ -221,16 +222,17 @@ impl McpServer {
     /// gone is started again first; one that fails the call's transport
     /// or runs past the bound is killed.
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<Value, ChainError> {
-        self.call_reporting(tool, arguments, None).await
+        self.call_for(tool, arguments, &Context::new()).await
     }
 
-    /// As [`McpServer::call`]; what the server reports of the call's
-    /// progress goes to `progress`, if given.
-    pub(crate) async fn call_reporting(
+    /// As [`McpServer::call`], for the invoke of `context`: what the server
+    /// reports of the call's progress goes where it says, and what the
+    /// server asks during the call to whom it says.
+    pub(crate) async fn call_for(
         &self,
         tool: &str,
         arguments: Value,
-        progress: Option<&Progress>,
+        context: &Context,
     ) -> Result<Value, ChainError> {
         let connection = self.connection().await?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
@@ -243,7 +245,12 @@ impl McpServer {
             }
         };
         let peer = connection.session.peer();
-        let call = progress::called(peer, &self.listed.reports, params, progress);
+        let caller = progress::Caller {
+            progress: context.progress(),
+            asker: context.asker(),
+        };
+        let heard = (&self.listed.reports, &self.listed.askers);
+        let call = progress::called(peer, heard, params, caller);
         let answered = tokio::time::timeout(timeout(&self.config), call);
         match answered.await {
             Ok(Ok(answer)) => {

@@ -10,6 +10,8 @@
 //! not above the last passed on is dropped, so the client sees progress
 //! grow.
 
+use std::sync::Arc;
+
 use futures::{FutureExt, StreamExt};
 use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
@@ -18,48 +20,71 @@ use rmcp::model::{
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, ServiceError};
 
-use crate::context::{Progress, Report};
+use super::listed::{Asked, Askers};
+use crate::context::{Asker, Progress, Report};
 
-/// Calls the tool `params` names over `peer`; where `progress` is given,
-/// what the server reports of the call (heard by `reports`) goes to it
-/// until the call ends. A call dropped before its answer is cancelled at
-/// the server.
+/// Whom a call reports its progress to and whom its server may ask.
+#[derive(Clone, Copy)]
+pub(super) struct Caller<'a> {
+    pub(super) progress: Option<&'a Progress>,
+    pub(super) asker: Option<&'a Arc<dyn Asker>>,
+}
+
+/// Calls the tool `params` names over `peer`; where the caller takes
+/// progress, what the server reports of the call (heard by `reports`)
+/// goes to it until the call ends, and where it answers questions, what
+/// the server asks during the call (registered in `askers`) goes to it. A
+/// call dropped before its answer is cancelled at the server.
 pub(super) async fn called(
     peer: &Peer<RoleClient>,
-    reports: &ProgressDispatcher,
+    (reports, askers): (&ProgressDispatcher, &Askers),
     params: CallToolRequestParams,
-    progress: Option<&Progress>,
+    caller: Caller<'_>,
 ) -> Result<CallToolResult, ServiceError> {
-    let Some(progress) = progress else {
+    if caller.progress.is_none() && caller.asker.is_none() {
         return peer.call_tool(params).await;
-    };
+    }
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = peer
         .send_request_with_option(request, PeerRequestOptions::no_options())
         .await?;
-    let mut heard = reports.subscribe(handle.progress_token.clone()).await;
+    let _asked = caller
+        .asker
+        .map(|asker| Asked::new(askers, handle.id.clone(), asker.clone()));
+    let (mut heard, progress) = match caller.progress {
+        Some(progress) => (
+            Some(reports.subscribe(handle.progress_token.clone()).await),
+            Some(progress),
+        ),
+        None => (None, None),
+    };
     let mut abandoned = Abandoned(Some((peer.clone(), handle.id.clone())));
     let answer = handle.await_response();
     tokio::pin!(answer);
-    let mut relay = Relay {
+    let mut relay = progress.map(|progress| Relay {
         progress,
         last: None,
-    };
-    let answered = loop {
-        tokio::select! {
-            biased;
-            Some(said) = heard.next() => relay.pass(&said),
-            answer = &mut answer => break answer,
-        }
+    });
+    let answered = match (&mut heard, &mut relay) {
+        (Some(heard), Some(relay)) => loop {
+            tokio::select! {
+                biased;
+                Some(said) = heard.next() => relay.pass(&said),
+                answer = &mut answer => break answer,
+            }
+        },
+        _ => answer.await,
     };
     abandoned.0 = None;
     // The SDK hands each notification to a task of its own, so a report the
     // server made just before its answer may still be on its way: what has
     // come by the time those tasks have had their turns goes on too.
-    for _ in 0..LATE_TURNS {
-        tokio::task::yield_now().await;
-        while let Some(Some(said)) = heard.next().now_or_never() {
-            relay.pass(&said);
+    if let (Some(heard), Some(relay)) = (&mut heard, &mut relay) {
+        for _ in 0..LATE_TURNS {
+            tokio::task::yield_now().await;
+            while let Some(Some(said)) = heard.next().now_or_never() {
+                relay.pass(&said);
+            }
         }
     }
     match answered? {

@@ -28,6 +28,7 @@
 //! session. A shutdown ends a listen at once, gracefully.
 
 pub(super) mod admit;
+mod asked;
 mod offers;
 mod results;
 mod sessions;
@@ -394,6 +395,10 @@ impl ServerHandler for Tools {
             Value::Null => Value::Object(serde_json::Map::new()),
             arguments => arguments,
         };
+        let endpoint = &caller.endpoint.kernel;
+        if let Some(client) = asked::Client::of(&context.peer, endpoint, &caller.context) {
+            caller.context = caller.context.with_asker(Arc::new(client));
+        }
         let relaying = context.meta.get_progress_token().map(|token| {
             let (progress, relaying) = relay(context.peer.clone(), token);
             caller.context = caller.context.with_progress(progress);
