@@ -203,7 +203,32 @@ async fn a_servers_sampling_during_a_call_is_answered_by_that_calls_client() {
     .await;
     assert_eq!(unasked["is_error"], true, "{unasked}");
     let said = unasked["text"].as_str().unwrap_or_default();
-    assert!(said.contains("no one can answer"), "{unasked}");
+    assert!(
+        said.contains("the client of this call does not answer sampling"),
+        "{unasked}"
+    );
+}
+
+/// What a server logs during a call reaches the client of that call, at
+/// or above the level that client set, redacted as every text shown.
+#[tokio::test]
+async fn a_servers_log_lines_during_a_call_reach_that_calls_client_at_its_level() {
+    let (served, _) = endpoint("mcp-gateway-logs", "", GatewayConfig::default()).await;
+    let every = client(&served, "ops-secret", &["logs", "test_chatty", "-"]).await;
+    assert_eq!(
+        every["heard"],
+        json!([
+            { "level": "info", "data": "starting with [SECRET]" },
+            { "level": "error", "data": "failed with [SECRET]" },
+        ]),
+        "{every}"
+    );
+    let errors = client(&served, "ops-secret", &["logs", "test_chatty", "error"]).await;
+    assert_eq!(
+        errors["heard"],
+        json!([{ "level": "error", "data": "failed with [SECRET]" }]),
+        "{errors}"
+    );
 }
 
 async fn call(served: &Served, key: &str, tool: &str, arguments: Value) -> Value {

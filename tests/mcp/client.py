@@ -8,6 +8,7 @@ pinned in tests/gateway/requirements.txt), for the MCP gateway's tests.
     client.py URL KEY prompt NAME ARGS     # a prompt's messages' text, or the error
     client.py URL KEY read URI             # a resource's text, or the error
     client.py URL KEY sample TOOL ARGS     # a call whose server asks the client's model
+    client.py URL KEY logs TOOL LEVEL      # a call's log lines, at LEVEL or above (`-`: any)
     client.py URL KEY subscribe URI        # subscribes, has the server touch it, hears it
     client.py URL KEY subscribe-many N     # subscribes to N rooms: the first refusal
     client.py URL KEY watch                # the names, then again at each change
@@ -152,6 +153,25 @@ async def sample(transport, tool, arguments):
         return {"is_error": bool(result.is_error), "text": text}
 
 
+async def logs(transport, tool, level):
+    """What `logs` prints: the log lines heard by the end of the call."""
+    heard = []
+
+    async def logged(params):
+        heard.append({"level": params.level, "data": params.data})
+
+    async with Client(transport, mode="legacy", logging_callback=logged) as client:
+        if level != "-":
+            await client.set_logging_level(level)
+        await client.call_tool(tool, {})
+        # A line the server sent as it answered may still be on its way.
+        for _ in range(100):
+            if len(heard) >= (2 if level == "-" else 1):
+                break
+            await asyncio.sleep(0.05)
+        return {"heard": heard}
+
+
 async def main(url, key, command, *rest):
     headers = {} if key == "-" else {"Authorization": f"Bearer {key}"}
     # The SDK's own client (30 s to connect, 300 s between reads of a
@@ -165,6 +185,8 @@ async def main(url, key, command, *rest):
             return await subscribe(transport, command, *rest)
         if command == "sample":
             return await sample(transport, *rest)
+        if command == "logs":
+            return await logs(transport, *rest)
         async with Client(transport) as client:
             if command == "list":
                 return await names(client)

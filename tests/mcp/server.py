@@ -134,6 +134,14 @@ async def ask_model(prompt: str, ctx: Context) -> str:
     return f"the model said: {answer.content.text}"
 
 
+@server.tool()
+async def chatty(ctx: Context) -> str:
+    """Logs a line at info and one at error, naming a secret, then answers."""
+    await ctx.info("starting with SECRET-5")
+    await ctx.error("failed with SECRET-6")
+    return "chatted"
+
+
 @server.resource("test://notes/public", mime_type="text/plain")
 def public_notes() -> str:
     """Notes anyone may read; they name a secret the gateway redacts."""

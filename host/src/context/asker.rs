@@ -1,7 +1,7 @@
 //! Whom the server behind a tool may ask, during a call, for a model's
 //! answer (`sampling/createMessage`) or a person's
-//! (`elicitation/create`): the `/mcp` client whose call it is, where it
-//! said it can answer. Carried on the invoke's context, the host's own (no
+//! (`elicitation/create`), and tell what it logs: the `/mcp` client whose
+//! call it is, where it said it can answer. Carried on the invoke's context, the host's own (no
 //! filter sees or sets it), to the terminal that calls the server; a call
 //! with no one to ask is refused to the server, saying so, never answered
 //! on anyone's behalf.
@@ -19,4 +19,7 @@ pub(crate) trait Asker: std::fmt::Debug + Send + Sync + 'static {
     /// The answer to an `elicitation/create` with `params`, or why there
     /// is none.
     async fn elicit(&self, params: Value) -> Result<Value, String>;
+    /// Passes on a `notifications/message` (a log line) with `params`, if
+    /// the client takes it at its level.
+    fn log(&self, params: Value);
 }

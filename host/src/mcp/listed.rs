@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use rmcp::handler::client::progress::ProgressDispatcher;
+#[allow(deprecated, reason = "servers of the 2025 protocols log so")]
+use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
     ClientConfig, ElicitRequestParams, ElicitResult, Implementation, ProgressNotificationParam,
     RequestId, ResourceUpdatedNotificationParam, Tool,
@@ -232,6 +234,26 @@ impl ClientHandler for Listener {
     ) {
         // None may be listening.
         let _ = self.0.offered.updated.send(params.uri);
+    }
+
+    /// A log line goes to the client of the one call in flight whose
+    /// client hears them, if only one is (a notification carries no mark
+    /// of the stream it came on); else nowhere.
+    #[allow(deprecated, reason = "servers of the 2025 protocols log so")]
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        let asker = {
+            let held = self.0.askers.lock().unwrap_or_else(PoisonError::into_inner);
+            (held.len() == 1)
+                .then(|| held.values().next().cloned())
+                .flatten()
+        };
+        if let (Some(asker), Ok(params)) = (asker, serde_json::to_value(params)) {
+            asker.log(params);
+        }
     }
 
     async fn on_progress(

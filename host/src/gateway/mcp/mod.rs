@@ -142,6 +142,7 @@ pub(super) fn service(
             shared: shared.clone(),
             handshaken: handshaken.clone(),
             subscriptions: Arc::default(),
+            level: Arc::default(),
         })
     };
     (
@@ -158,6 +159,8 @@ pub(super) struct Tools {
     handshaken: Arc<Handshaken>,
     /// The session's subscriptions to resources.
     subscriptions: Arc<offers::Subscriptions>,
+    /// The least level of a server's log lines the session takes.
+    level: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl Tools {
@@ -247,6 +250,11 @@ impl ServerHandler for Tools {
             .enable_resources_subscribe()
             .enable_tool_list_changed()
             .build();
+        let mut capabilities = capabilities;
+        #[allow(deprecated, reason = "clients of the 2025 protocols set a log level")]
+        {
+            capabilities.logging = Some(serde_json::Map::new());
+        }
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("shallot", env!("CARGO_PKG_VERSION")))
             .with_instructions(
@@ -363,6 +371,20 @@ impl ServerHandler for Tools {
         Ok(())
     }
 
+    /// The least level of a server's log lines this session takes.
+    #[allow(deprecated, reason = "clients of the 2025 protocols set a log level")]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let named = serde_json::to_value(request.level).unwrap_or_default();
+        let level = asked::rank(named.as_str().unwrap_or_default());
+        self.level
+            .store(level, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn complete(
         &self,
         request: CompleteRequestParams,
@@ -395,10 +417,9 @@ impl ServerHandler for Tools {
             Value::Null => Value::Object(serde_json::Map::new()),
             arguments => arguments,
         };
-        let endpoint = &caller.endpoint.kernel;
-        if let Some(client) = asked::Client::of(&context.peer, endpoint, &caller.context) {
-            caller.context = caller.context.with_asker(Arc::new(client));
-        }
+        let shown = (&caller.endpoint.kernel, &caller.context);
+        let client = asked::Client::of(&context.peer, shown, self.level.clone());
+        caller.context = caller.context.with_asker(Arc::new(client));
         let relaying = context.meta.get_progress_token().map(|token| {
             let (progress, relaying) = relay(context.peer.clone(), token);
             caller.context = caller.context.with_progress(progress);
