@@ -674,7 +674,7 @@ async fn a_keyless_message_is_refused_from_its_head_and_counted() {
 /// call that hangs, a listing is refused, saying so; once the call is cut
 /// at the deadline, the listing is served.
 #[tokio::test]
-async fn a_listing_takes_a_place_as_a_call_does() {
+async fn a_listing_a_subscription_and_a_completion_take_a_place_as_a_call_does() {
     let config = GatewayConfig {
         max_concurrent: 1,
         max_queued: 0,
@@ -690,16 +690,34 @@ async fn a_listing_takes_a_place_as_a_call_does() {
     raw(&served, &ours, initialized.to_string()).await;
     let listed = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" }).to_string();
 
+    // A subscription and a completion ask a server: they take a place too.
+    let subscribe = json!({
+        "jsonrpc": "2.0", "id": 3, "method": "resources/subscribe",
+        "params": { "uri": "test://notes/public" },
+    });
+    let complete = json!({
+        "jsonrpc": "2.0", "id": 4, "method": "completion/complete",
+        "params": {
+            "ref": { "type": "ref/prompt", "name": "test_greet" },
+            "argument": { "name": "name", "value": "A" },
+        },
+    });
     let hung = call(&served, "ops-secret", "test_hang", json!({}));
     let refused = async {
         served
             .metric_reads("shallot_gateway_requests_in_progress 1")
             .await;
-        raw(&served, &ours, listed.clone()).await
+        let mut answers = Vec::new();
+        for asked in [listed.clone(), subscribe.to_string(), complete.to_string()] {
+            answers.push(raw(&served, &ours, asked).await);
+        }
+        answers
     };
-    let (hung, (status, body, _)) = tokio::join!(hung, refused);
-    assert!(body.contains("requests are in progress"), "{status} {body}");
-    assert!(!body.contains("test_echo"), "{body}");
+    let (hung, answers) = tokio::join!(hung, refused);
+    for (status, body, _) in &answers {
+        assert!(body.contains("requests are in progress"), "{status} {body}");
+    }
+    assert!(!answers[0].1.contains("test_echo"), "{}", answers[0].1);
     assert!(hung["text"].as_str().unwrap().contains("timeout"), "{hung}");
 
     let (status, body, _) = raw(&served, &ours, listed).await;

@@ -125,6 +125,11 @@ struct Counting {
 }
 
 impl RateLimit {
+    /// Whether any window counts tokens.
+    fn counts_tokens(&self) -> bool {
+        self.spans.iter().any(|(limit, _)| limit.tokens.is_some())
+    }
+
     /// The windows counting `what` for this request's bucket (the `by`
     /// key's value), each adding `amount`; `refusing`: each refuses at
     /// its limit, else at none.
@@ -226,7 +231,7 @@ impl RateLimit {
 
     /// Holds `reserve` tokens for a model call of a turn already admitted.
     fn hold(&self, reserve: u64) -> Taken {
-        if self.counting("tokens", 0, false).is_empty() {
+        if !self.counts_tokens() {
             return Taken::default();
         }
         match self.count(reserve) {
@@ -255,7 +260,7 @@ impl RateLimit {
             }
             return;
         }
-        if used == 0 || self.counting("tokens", 0, false).is_empty() {
+        if used == 0 || !self.counts_tokens() {
             return;
         }
         if let Err(e) = self.count(used) {
@@ -364,9 +369,9 @@ impl Filter for RateLimit {
         request: &ChatRequest,
         next: Next<Turned>,
     ) -> Result<ChatResponse, FilterError> {
-        let reserve = match self.counting("tokens", 0, false).is_empty() {
-            false => u64::from(request.estimated_usage(0).total_tokens),
-            true => 0,
+        let reserve = match self.counts_tokens() {
+            true => u64::from(request.estimated_usage(0).total_tokens),
+            false => 0,
         };
         let taken = if next.fctx().get().counted {
             self.hold(reserve)

@@ -11,7 +11,9 @@
 //! shown through the token transforms, so a redaction filter holds on a
 //! prompt's messages and a resource's text. A listing, a subscription and
 //! a completion are the servers' own answers: they name things, and run
-//! no chain.
+//! no chain; a subscription and a completion ask a server, so they take a
+//! place among the requests served at once, as a call does (a listing is
+//! the gateway's own, from memory).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -231,7 +233,12 @@ impl Tools {
             }
         }
         let mut updates = server.updates();
-        let watch = server.watch(&uri).await.map_err(|error| refused(&error))?;
+        // Asking the server is work: it takes a place, as a call does.
+        let watching = |_: InvokeOptions| async { server.watch(&uri).await };
+        let watch = self
+            .bounded(&caller, &context, "the subscription", watching)
+            .await;
+        let watch = watch.map_err(|error| refused(&error))?;
         let (peer, watched) = (context.peer.clone(), uri.clone());
         let task = tokio::spawn(async move {
             loop {
@@ -312,9 +319,15 @@ impl Tools {
                 ));
             }
         };
-        server
-            .complete(request)
-            .await
-            .map_err(|error| refused(&error))
+        // Asking the server is work: it takes a place, as a call does.
+        let completing = |_: InvokeOptions| async move { server.complete(request).await };
+        let completed = self
+            .bounded(&caller, &context, "the completion", completing)
+            .await;
+        let mut result = completed.map_err(|error| refused(&error))?;
+        // Complete, as this gateway says it to each peer (the SDK drops it
+        // for one of an older protocol), whatever the server's protocol.
+        result.result_type = Some(ResultType::COMPLETE);
+        Ok(result)
     }
 }
